@@ -1,0 +1,293 @@
+"""The only place that turns the model into JSON (annotations, custom resources) and back.
+
+Annotation payloads carry an explicit ``version``; custom resources are versioned by their
+apiVersion. Decoding is strict: unknown versions, unknown keys, wrong types and out-of-range
+values are rejected with a ``CodecError`` that says which field and what is allowed.
+"""
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final, TypeVar
+
+from fracgpu.errors import CodecError
+from fracgpu.model import (
+    Assignment,
+    ContainerAssignment,
+    GPUAllocation,
+    GPUDevice,
+    Quota,
+    Reservation,
+    ResourceAmounts,
+    ResourceLimits,
+)
+from fracgpu.names import CORES_PER_GPU
+
+ASSIGNMENT_VERSION: Final = 1
+MAX_ANNOTATION_BYTES: Final = 64 * 1024
+_T = TypeVar("_T")
+
+
+# -- assignment annotation -------------------------------------------------------------------
+def encode_assignment(assignment: Assignment) -> str:
+    payload = {
+        "version": ASSIGNMENT_VERSION,
+        "node": assignment.node,
+        "reservationId": assignment.reservation_id,
+        "containers": [
+            {"name": c.container, "devices": [_encode_allocation(d) for d in c.devices]}
+            for c in assignment.containers
+        ],
+    }
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True)
+
+
+def decode_assignment(text: str) -> Assignment:
+    what = "assignment annotation"
+    if len(text.encode()) > MAX_ANNOTATION_BYTES:
+        raise CodecError(what, f"is larger than {MAX_ANNOTATION_BYTES} bytes")
+    try:
+        payload = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise CodecError(what, f"is not JSON ({error})") from None
+    obj = _object(what, payload, required={"version", "node", "reservationId", "containers"})
+    version = _field(what, obj, "version", int)
+    if version != ASSIGNMENT_VERSION:
+        raise CodecError(what, f"version {version} is not supported: use {ASSIGNMENT_VERSION}")
+    containers = []
+    for i, raw in enumerate(_field(what, obj, "containers", list)):
+        where = f"{what} containers[{i}]"
+        entry = _object(where, raw, required={"name", "devices"})
+        devices = tuple(
+            _decode_allocation(f"{where} devices[{j}]", dev)
+            for j, dev in enumerate(_field(where, entry, "devices", list))
+        )
+        if not devices:
+            raise CodecError(where, "has no devices: every assigned container holds a GPU")
+        containers.append(ContainerAssignment(_name(where, entry, "name"), devices))
+    names = [c.container for c in containers]
+    if len(set(names)) != len(names):
+        raise CodecError(what, "names a container twice")
+    return Assignment(
+        _name(what, obj, "node"), _name(what, obj, "reservationId"), tuple(containers)
+    )
+
+
+def _encode_allocation(alloc: GPUAllocation) -> dict[str, Any]:
+    return {"uuid": alloc.uuid, "cores": alloc.cores, "memoryMiB": alloc.memory_mib}
+
+
+def _decode_allocation(what: str, raw: object) -> GPUAllocation:
+    obj = _object(what, raw, required={"uuid", "cores", "memoryMiB"})
+    cores = _bounded(what, obj, "cores", 0, CORES_PER_GPU)
+    memory = _bounded(what, obj, "memoryMiB", 0, 2**40)
+    return GPUAllocation(_name(what, obj, "uuid"), cores, memory)
+
+
+# -- GPUNode status: devices and reservations ---------------------------------------------------
+def encode_device(device: GPUDevice) -> dict[str, Any]:
+    return {
+        "uuid": device.uuid,
+        "index": device.index,
+        "model": device.model,
+        "memoryMiB": device.memory_mib,
+        "healthy": device.healthy,
+        "migEnabled": device.mig_enabled,
+        "pciBusId": device.pci_bus_id,
+    }
+
+
+def decode_device(what: str, raw: object) -> GPUDevice:
+    obj = _object(
+        what,
+        raw,
+        required={"uuid", "index", "model", "memoryMiB", "healthy"},
+        optional={"migEnabled", "pciBusId"},
+    )
+    return GPUDevice(
+        uuid=_name(what, obj, "uuid"),
+        index=_bounded(what, obj, "index", 0, 1023),
+        model=_name(what, obj, "model"),
+        memory_mib=_bounded(what, obj, "memoryMiB", 1, 2**40),
+        healthy=_field(what, obj, "healthy", bool),
+        mig_enabled=_field(what, obj, "migEnabled", bool, default=False),
+        pci_bus_id=_field(what, obj, "pciBusId", str, default=""),
+    )
+
+
+def decode_devices(what: str, raw: object) -> tuple[GPUDevice, ...]:
+    if not isinstance(raw, list):
+        raise CodecError(what, f"must be a list, not {type(raw).__name__}")
+    devices = tuple(decode_device(f"{what}[{i}]", d) for i, d in enumerate(raw))
+    uuids = [d.uuid for d in devices]
+    if len(set(uuids)) != len(uuids):
+        raise CodecError(what, "lists a GPU UUID twice")
+    return devices
+
+
+def encode_reservation(reservation: Reservation) -> dict[str, Any]:
+    return {
+        "id": reservation.id,
+        "node": reservation.node,
+        "namespace": reservation.namespace,
+        "pod": reservation.pod,
+        "allocations": [_encode_allocation(a) for a in reservation.allocations],
+        "expiresAt": reservation.expires_at,
+    }
+
+
+def decode_reservation(what: str, raw: object) -> Reservation:
+    obj = _object(
+        what, raw, required={"id", "node", "namespace", "pod", "allocations", "expiresAt"}
+    )
+    allocations = tuple(
+        _decode_allocation(f"{what} allocations[{i}]", a)
+        for i, a in enumerate(_field(what, obj, "allocations", list))
+    )
+    return Reservation(
+        id=_name(what, obj, "id"),
+        node=_name(what, obj, "node"),
+        namespace=_name(what, obj, "namespace"),
+        pod=_field(what, obj, "pod", str),
+        allocations=allocations,
+        expires_at=_bounded(what, obj, "expiresAt", 0, 2**62),
+    )
+
+
+# -- GPUQuota ---------------------------------------------------------------------------------
+_LIMIT_KEYS: Final = {"cores", "memoryMiB", "gpus"}
+
+
+def encode_limits(limits: ResourceLimits) -> dict[str, int]:
+    raw = {"cores": limits.cores, "memoryMiB": limits.memory_mib, "gpus": limits.gpus}
+    return {k: v for k, v in raw.items() if v is not None}
+
+
+def encode_amounts(amounts: ResourceAmounts) -> dict[str, int]:
+    return {"cores": amounts.cores, "memoryMiB": amounts.memory_mib, "gpus": amounts.gpus}
+
+
+def decode_limits(what: str, raw: object) -> ResourceLimits:
+    obj = _object(what, raw, required=set(), optional=_LIMIT_KEYS)
+
+    def limit(key: str) -> int | None:
+        return _bounded(what, obj, key, 0, 2**50) if key in obj else None
+
+    return ResourceLimits(limit("cores"), limit("memoryMiB"), limit("gpus"))
+
+
+def decode_amounts(what: str, raw: object) -> ResourceAmounts:
+    obj = _object(what, raw, required=set(), optional=_LIMIT_KEYS)
+
+    def amount(key: str) -> int:
+        return _bounded(what, obj, key, 0, 2**50) if key in obj else 0
+
+    return ResourceAmounts(amount("cores"), amount("memoryMiB"), amount("gpus"))
+
+
+def encode_quota_spec(quota: Quota) -> dict[str, Any]:
+    spec: dict[str, Any] = {"hard": encode_limits(quota.hard)}
+    if quota.hard_by_model:
+        spec["models"] = {m: encode_limits(v) for m, v in sorted(quota.hard_by_model.items())}
+    if quota.pools:
+        spec["pools"] = list(quota.pools)
+    return spec
+
+
+def encode_quota_status(quota: Quota) -> dict[str, Any]:
+    return {
+        "used": encode_amounts(quota.used),
+        "usedByModel": {m: encode_amounts(v) for m, v in sorted(quota.used_by_model.items())},
+    }
+
+
+def decode_quota(raw: object) -> Quota:
+    """Decode a whole GPUQuota object as the API returns it."""
+    what = "GPUQuota"
+    obj = _object(what, raw, required={"metadata", "spec"}, optional=None)
+    meta = _object(
+        f"{what} metadata", obj["metadata"], required={"name", "namespace"}, optional=None
+    )
+    where = f"GPUQuota {meta['namespace']}/{meta['name']}"
+    spec = _object(
+        f"{where} spec", obj["spec"], required=set(), optional={"hard", "models", "pools"}
+    )
+    status_raw = obj.get("status") or {}
+    status = _object(
+        f"{where} status", status_raw, required=set(), optional={"used", "usedByModel"}
+    )
+    pools = _field(where, spec, "pools", list, default=[])
+    if not all(isinstance(p, str) and p for p in pools):
+        raise CodecError(f"{where} spec.pools", "must be a list of non-empty pool names")
+    return Quota(
+        namespace=_name(where, meta, "namespace"),
+        name=_name(where, meta, "name"),
+        hard=decode_limits(f"{where} spec.hard", spec.get("hard") or {}),
+        hard_by_model=_model_map(where, spec, "models", decode_limits),
+        pools=tuple(pools),
+        used=decode_amounts(f"{where} status.used", status.get("used") or {}),
+        used_by_model=_model_map(where, status, "usedByModel", decode_amounts),
+        resource_version=str(meta.get("resourceVersion", "")),
+    )
+
+
+def _model_map(where: str, obj: Mapping[str, Any], key: str, decode: Any) -> dict[str, Any]:
+    raw = _field(where, obj, key, dict, default={})
+    result = {}
+    for model, value in raw.items():
+        if not isinstance(model, str) or not model:
+            raise CodecError(f"{where} {key}", "keys must be GPU model names")
+        result[model] = decode(f"{where} {key}[{model}]", value)
+    return result
+
+
+# -- strict field readers ---------------------------------------------------------------------
+def _object(
+    what: str,
+    raw: object,
+    *,
+    required: set[str],
+    optional: set[str] | frozenset[str] | None = frozenset(),
+) -> dict[str, Any]:
+    """A JSON object with the required keys; unknown keys rejected unless optional is None."""
+    if not isinstance(raw, dict):
+        raise CodecError(what, f"must be a JSON object, not {type(raw).__name__}")
+    missing = required - raw.keys()
+    if missing:
+        raise CodecError(what, f"is missing {', '.join(sorted(missing))}")
+    if optional is not None:
+        unknown = raw.keys() - required - optional
+        if unknown:
+            raise CodecError(
+                what,
+                f"has unknown field(s) {', '.join(sorted(map(str, unknown)))}: "
+                f"allowed are {', '.join(sorted(required | optional))}",
+            )
+    return raw
+
+
+def _field(
+    what: str, obj: Mapping[str, Any], key: str, kind: type[_T], default: _T | None = None
+) -> _T:
+    if key not in obj:
+        if default is None:
+            raise CodecError(what, f"is missing {key}")
+        return default
+    value = obj[key]
+    # bool is an int in Python; JSON keeps them apart, so do we.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CodecError(what, f"{key} must be {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _bounded(what: str, obj: Mapping[str, Any], key: str, low: int, high: int) -> int:
+    value = _field(what, obj, key, int)
+    if not low <= value <= high:
+        raise CodecError(what, f"{key}={value} is out of range: use {low}-{high}")
+    return value
+
+
+def _name(what: str, obj: Mapping[str, Any], key: str) -> str:
+    value = _field(what, obj, key, str)
+    if not value or len(value) > 253:
+        raise CodecError(what, f"{key} must be 1-253 characters")
+    return value

@@ -1,0 +1,289 @@
+"""Read a container's GPU resources in any supported dialect into one ``ContainerRequest``.
+
+Dialects (resource names configurable through ``ResourceNames``):
+
+- TKEStack: ``vcuda-core`` (1..99 = share of one GPU, N x 100 = N whole GPUs) and
+  ``vcuda-memory`` (256 MiB blocks for the container), optional ``vcuda-core-limit``.
+- HAMi: ``nvidia.com/gpu`` (GPUs), per GPU ``gpumem`` (MiB) or ``gpumem-percentage``,
+  and ``gpucores`` (percent).
+- gpushare: ``aliyun.com/gpu-mem`` (GiB by default) and ``aliyun.com/gpu-count``.
+
+Kubernetes does not overcommit extended resources, so a request must equal its limit.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from fracgpu import names
+from fracgpu.errors import QuantityError, RequestError
+from fracgpu.model import (
+    WHOLE_CARD,
+    ContainerAssignment,
+    ContainerRequest,
+    Dialect,
+    MemoryRequest,
+)
+from fracgpu.quantity import format_count, parse_count
+
+# Sanity caps: larger values are typos or attacks, never real hardware.
+MAX_GPUS_PER_CONTAINER: Final = 64
+MAX_MEMORY_MIB: Final = 16 * 1024 * 1024
+
+SHARE_RULE: Final = "use 1-99 for a share of one GPU or a multiple of 100 for whole GPUs"
+
+
+@dataclass(frozen=True)
+class ResourceNames:
+    """The resource names each dialect uses; a cluster may rename them."""
+
+    vcuda_core: str = names.RESOURCE_VCUDA_CORE
+    vcuda_memory: str = names.RESOURCE_VCUDA_MEMORY
+    vcuda_core_limit: str = names.RESOURCE_VCUDA_CORE_LIMIT
+    hami_gpu: str = names.RESOURCE_HAMI_GPU
+    hami_gpumem: str = names.RESOURCE_HAMI_GPUMEM
+    hami_gpumem_percentage: str = names.RESOURCE_HAMI_GPUMEM_PERCENTAGE
+    hami_gpucores: str = names.RESOURCE_HAMI_GPUCORES
+    gpushare_mem: str = names.RESOURCE_GPUSHARE_MEM
+    gpushare_count: str = names.RESOURCE_GPUSHARE_COUNT
+
+    def by_dialect(self) -> dict[Dialect, tuple[str, ...]]:
+        return {
+            Dialect.TKESTACK: (self.vcuda_core, self.vcuda_memory, self.vcuda_core_limit),
+            Dialect.HAMI: (
+                self.hami_gpu,
+                self.hami_gpumem,
+                self.hami_gpumem_percentage,
+                self.hami_gpucores,
+            ),
+            Dialect.GPUSHARE: (self.gpushare_mem, self.gpushare_count),
+        }
+
+    def all(self) -> frozenset[str]:
+        return frozenset(n for group in self.by_dialect().values() for n in group)
+
+
+@dataclass(frozen=True)
+class DialectConfig:
+    """Defaults for what a dialect leaves out; configuration, never literals in code."""
+
+    names: ResourceNames = field(default_factory=ResourceNames)
+    default_memory: MemoryRequest = WHOLE_CARD
+    # 0 = best effort: no compute reserved or limited (HAMi's default for omitted gpucores).
+    default_cores: int = 0
+    default_gpu_count: int = 1
+    gpushare_memory_unit_mib: int = 1024
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.default_cores <= names.CORES_PER_GPU:
+            raise ValueError(f"default_cores={self.default_cores}: use 0-100")
+        if not 1 <= self.default_gpu_count <= MAX_GPUS_PER_CONTAINER:
+            raise ValueError(f"default_gpu_count={self.default_gpu_count}: use 1-64")
+        if self.gpushare_memory_unit_mib not in (1, 1024):
+            raise ValueError("gpushare_memory_unit_mib: use 1024 (GiB) or 1 (MiB)")
+
+
+def gpu_resource_values(
+    container: Mapping[str, object], config: DialectConfig
+) -> dict[str, object]:
+    """The container's GPU resources (limits), after checking requests equal limits."""
+    name = _container_name(container)
+    resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise RequestError(name, "resources", type(resources).__name__, "use a mapping")
+    limits = _resource_map(name, resources, "limits")
+    requests = _resource_map(name, resources, "requests")
+    gpu_names = config.names.all()
+    values: dict[str, object] = {}
+    for key in sorted(gpu_names & (limits.keys() | requests.keys())):
+        if key not in limits:
+            raise RequestError(
+                name,
+                f"requests[{key}]",
+                requests[key],
+                "set it under limits: GPU resources are extended resources, and Kubernetes "
+                "requires their requests to equal their limits",
+            )
+        if key in requests and _count(name, key, requests[key]) != _count(name, key, limits[key]):
+            raise RequestError(
+                name,
+                f"requests[{key}]",
+                requests[key],
+                f"make the request equal the limit {limits[key]} "
+                "(extended resources cannot be overcommitted)",
+            )
+        values[key] = limits[key]
+    return values
+
+
+def parse_container(
+    container: Mapping[str, object], config: DialectConfig
+) -> ContainerRequest | None:
+    """The canonical request of one container, or None when it asks for no GPU."""
+    name = _container_name(container)
+    values = gpu_resource_values(container, config)
+    if not values:
+        return None
+    used = [d for d, keys in config.names.by_dialect().items() if any(k in values for k in keys)]
+    if len(used) > 1:
+        raise RequestError(
+            name,
+            "resources",
+            ",".join(sorted(values)),
+            "use one dialect per container: TKEStack (vcuda-core/vcuda-memory), HAMi "
+            "(nvidia.com/gpu with gpumem/gpucores) or gpushare (aliyun.com/gpu-mem)",
+        )
+    counts = {key: _count(name, key, raw) for key, raw in values.items()}
+    dialect = used[0]
+    if dialect is Dialect.TKESTACK:
+        return _parse_tkestack(name, counts, config)
+    if dialect is Dialect.HAMI:
+        return _parse_hami(name, counts, config)
+    return _parse_gpushare(name, counts, config)
+
+
+def _parse_tkestack(name: str, counts: dict[str, int], config: DialectConfig) -> ContainerRequest:
+    rn = config.names
+    core = counts.get(rn.vcuda_core)
+    blocks = counts.get(rn.vcuda_memory)
+    core_limit = counts.get(rn.vcuda_core_limit)
+    if core is None and blocks is None:
+        raise RequestError(name, rn.vcuda_core_limit, core_limit, f"set {rn.vcuda_core} as well")
+    if blocks is not None and not 1 <= blocks <= MAX_MEMORY_MIB // names.MEMORY_BLOCK_MIB:
+        raise RequestError(
+            name,
+            rn.vcuda_memory,
+            blocks,
+            f"use 1-{MAX_MEMORY_MIB // names.MEMORY_BLOCK_MIB} blocks of 256 MiB",
+        )
+    memory = MemoryRequest(mib=blocks * names.MEMORY_BLOCK_MIB) if blocks else config.default_memory
+    if core is None:
+        return _with_core_limit(
+            name,
+            rn.vcuda_core_limit,
+            core_limit,
+            ContainerRequest(name, config.default_gpu_count, config.default_cores, memory),
+        )
+    if core < 1 or (core > names.CORES_PER_GPU and core % names.CORES_PER_GPU):
+        raise RequestError(name, rn.vcuda_core, core, SHARE_RULE)
+    if core >= names.CORES_PER_GPU:
+        gpus = core // names.CORES_PER_GPU
+        if gpus > MAX_GPUS_PER_CONTAINER:
+            raise RequestError(
+                name, rn.vcuda_core, core, f"use at most {MAX_GPUS_PER_CONTAINER} GPUs"
+            )
+        if core_limit is not None:
+            raise RequestError(
+                name, rn.vcuda_core_limit, core_limit, "remove it: whole GPUs have no upper bound"
+            )
+        return ContainerRequest(name, gpus, names.CORES_PER_GPU, WHOLE_CARD)
+    return _with_core_limit(
+        name, rn.vcuda_core_limit, core_limit, ContainerRequest(name, 1, core, memory)
+    )
+
+
+def _with_core_limit(
+    name: str, field_name: str, core_limit: int | None, request: ContainerRequest
+) -> ContainerRequest:
+    if core_limit is None:
+        return request
+    if not max(request.cores, 1) <= core_limit <= names.CORES_PER_GPU:
+        raise RequestError(
+            name,
+            field_name,
+            core_limit,
+            f"use {max(request.cores, 1)}-100: at least the guaranteed share, at most one GPU",
+        )
+    return ContainerRequest(
+        request.container, request.gpus, request.cores, request.memory, request.dialect, core_limit
+    )
+
+
+def _parse_hami(name: str, counts: dict[str, int], config: DialectConfig) -> ContainerRequest:
+    rn = config.names
+    gpus = counts.get(rn.hami_gpu)
+    mem = counts.get(rn.hami_gpumem)
+    percent = counts.get(rn.hami_gpumem_percentage)
+    cores = counts.get(rn.hami_gpucores)
+    if gpus is None:
+        gpus = config.default_gpu_count
+    elif gpus == 0:
+        extra = next(
+            k for k in (rn.hami_gpumem, rn.hami_gpumem_percentage, rn.hami_gpucores) if k in counts
+        )
+        raise RequestError(name, rn.hami_gpu, 0, f"use 1 or more GPUs when {extra} is set")
+    if gpus > MAX_GPUS_PER_CONTAINER:
+        raise RequestError(name, rn.hami_gpu, gpus, f"use 1-{MAX_GPUS_PER_CONTAINER} GPUs")
+    if mem is not None and percent is not None:
+        raise RequestError(
+            name,
+            rn.hami_gpumem_percentage,
+            percent,
+            f"set either {rn.hami_gpumem} (MiB) or {rn.hami_gpumem_percentage}, not both",
+        )
+    memory = config.default_memory
+    if mem is not None:
+        if not 1 <= mem <= MAX_MEMORY_MIB:
+            raise RequestError(name, rn.hami_gpumem, mem, f"use 1-{MAX_MEMORY_MIB} MiB per GPU")
+        memory = MemoryRequest(mib=_round_up_to_blocks(mem))
+    if percent is not None:
+        if not 1 <= percent <= 100:
+            raise RequestError(name, rn.hami_gpumem_percentage, percent, "use 1-100 percent")
+        memory = MemoryRequest(percent=percent)
+    if cores is None:
+        cores = config.default_cores
+    elif cores > names.CORES_PER_GPU:
+        raise RequestError(name, rn.hami_gpucores, cores, "use 0-100 percent of each GPU")
+    if cores >= names.CORES_PER_GPU:
+        memory = WHOLE_CARD
+    return ContainerRequest(name, gpus, cores, memory, Dialect.HAMI)
+
+
+def _parse_gpushare(name: str, counts: dict[str, int], config: DialectConfig) -> ContainerRequest:
+    rn = config.names
+    amount = counts.get(rn.gpushare_mem)
+    gpus = counts.get(rn.gpushare_count, config.default_gpu_count)
+    if not 1 <= gpus <= MAX_GPUS_PER_CONTAINER:
+        raise RequestError(name, rn.gpushare_count, gpus, f"use 1-{MAX_GPUS_PER_CONTAINER} GPUs")
+    memory = config.default_memory
+    if amount is not None:
+        unit = "GiB" if config.gpushare_memory_unit_mib == 1024 else "MiB"
+        limit = MAX_MEMORY_MIB // config.gpushare_memory_unit_mib
+        if not 1 <= amount <= limit:
+            raise RequestError(name, rn.gpushare_mem, amount, f"use 1-{limit} {unit} per GPU")
+        memory = MemoryRequest(mib=_round_up_to_blocks(amount * config.gpushare_memory_unit_mib))
+    return ContainerRequest(name, gpus, config.default_cores, memory, Dialect.GPUSHARE)
+
+
+def canonical_quantities(assigned: ContainerAssignment) -> dict[str, str]:
+    """Canonical resource values (cores, 256 MiB blocks) that kubelet and ResourceQuota count."""
+    cores = sum(dev.cores for dev in assigned.devices)
+    blocks = sum(dev.memory_mib // names.MEMORY_BLOCK_MIB for dev in assigned.devices)
+    return {
+        names.RESOURCE_VCUDA_CORE: format_count(cores),
+        names.RESOURCE_VCUDA_MEMORY: format_count(blocks),
+    }
+
+
+def _round_up_to_blocks(mib: int) -> int:
+    block = names.MEMORY_BLOCK_MIB
+    return -(-mib // block) * block
+
+
+def _count(container: str, key: str, raw: object) -> int:
+    try:
+        return parse_count(raw)
+    except QuantityError as error:
+        raise RequestError(container, key, raw, str(error)) from None
+
+
+def _container_name(container: Mapping[str, object]) -> str:
+    name = container.get("name")
+    return name if isinstance(name, str) and name else "<unnamed>"
+
+
+def _resource_map(name: str, resources: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = resources.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise RequestError(name, f"resources.{key}", type(value).__name__, "use a mapping")
+    return value
