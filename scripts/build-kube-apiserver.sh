@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Build kube-apiserver 1.20.2 from Debian bookworm's `kubernetes` source package (which ships
+# its Go dependencies in vendor/) and cache the binary outside the clone. Debian does not
+# package a kube-apiserver binary, so this is how the end-to-end suite gets a real one.
+#
+#   FRACGPU_CACHE   cache directory (default: $HOME/.cache/fracgpu)
+#   FRACGPU_JOBS    parallel compile jobs (default: number of CPUs)
+#
+# Reuses the cached binary when it is present and answers --version. The last line printed
+# is the binary's path, so callers can do: APISERVER=$(scripts/build-kube-apiserver.sh | tail -n1)
+set -euo pipefail
+
+VERSION=1.20.2
+CACHE=${FRACGPU_CACHE:-$HOME/.cache/fracgpu}
+BIN="$CACHE/kube-apiserver-$VERSION"
+WORK="$CACHE/kube-apiserver-build"
+JOBS=${FRACGPU_JOBS:-$(nproc)}
+
+log() { echo "build-kube-apiserver: $*" >&2; }
+
+cached_binary_works() {
+  [[ -x "$BIN" ]] && "$BIN" --version 2>/dev/null | grep -q "v$VERSION"
+}
+
+mkdir -p "$CACHE"
+# One build at a time per cache directory; a second caller waits and then reuses the result.
+exec 9>"$CACHE/.kube-apiserver.lock"
+flock 9
+
+if cached_binary_works; then
+  log "using cached $("$BIN" --version)"
+  echo "$BIN"
+  exit 0
+fi
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null 2>&1; then SUDO=(sudo); fi
+
+for tool in go rsync jq dpkg-source make gcc; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    log "missing '$tool'; run scripts/install-system-deps.sh first (as root)"
+    exit 1
+  fi
+done
+
+# --- source package -------------------------------------------------------------------
+# Add a deb-src entry for bookworm that reuses the mirror the machine already uses for
+# binary packages (deb822 .sources files or the classic sources.list format).
+have_bookworm_deb_src() {
+  grep -rhsE '^(deb-src[[:space:]].*[[:space:]]bookworm[[:space:]]|Types:.*deb-src)' \
+    /etc/apt/sources.list /etc/apt/sources.list.d/ >/dev/null 2>&1
+}
+
+debian_mirror() {
+  local uri
+  # deb822: the URIs line of the stanza whose Suites include plain "bookworm".
+  uri=$(awk '
+    /^[[:space:]]*$/ { if (suite && uris != "") { print uris; exit } suite = 0; uris = "" }
+    /^URIs:/ { uris = $2 }
+    /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm") suite = 1 }
+    END { if (suite && uris != "") print uris }
+  ' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
+  if [[ -z "$uri" && -f /etc/apt/sources.list ]]; then
+    uri=$(awk '$1 == "deb" && $0 ~ / bookworm / { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { print $i; exit } }' \
+      /etc/apt/sources.list | head -n1)
+  fi
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+if ! have_bookworm_deb_src; then
+  mirror=$(debian_mirror)
+  log "adding deb-src for bookworm from $mirror"
+  printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    "$mirror" | "${SUDO[@]}" tee /etc/apt/sources.list.d/fracgpu-deb-src.sources >/dev/null
+  "${SUDO[@]}" apt-get update -q >&2
+elif ! apt-cache showsrc kubernetes >/dev/null 2>&1; then
+  "${SUDO[@]}" apt-get update -q >&2
+fi
+
+mkdir -p "$WORK"
+cd "$WORK"
+SRC=$(find "$WORK" -maxdepth 1 -type d -name "kubernetes-*$VERSION" | head -n1)
+if [[ -z "$SRC" || ! -f "$SRC/Makefile" ]]; then
+  log "fetching Debian source package kubernetes into $WORK"
+  rm -rf "$WORK"/kubernetes-*
+  apt-get source -q kubernetes >&2
+  SRC=$(find "$WORK" -maxdepth 1 -type d -name "kubernetes-*$VERSION" | head -n1)
+fi
+if [[ -z "$SRC" || ! -d "$SRC/vendor" ]]; then
+  log "no kubernetes-*$VERSION source tree with vendor/ under $WORK"
+  exit 1
+fi
+log "source tree: $SRC"
+
+# --- build ----------------------------------------------------------------------------
+# Kubernetes 1.20 builds in GOPATH mode from vendor/: lay the tree out as k8s.io/kubernetes.
+mkdir -p "$WORK/.go/src/k8s.io"
+ln -sfn "$SRC" "$WORK/.go/src/k8s.io/kubernetes"
+
+export GOPATH="$WORK/.go"
+export GOCACHE="$CACHE/go-build-cache"
+export GO111MODULE=off
+export GOFLAGS=""
+export GOMAXPROCS="$JOBS"
+export GOTOOLCHAIN=local
+export CGO_ENABLED=0
+# No git metadata in a source package: stamp the version explicitly.
+export KUBE_GIT_VERSION="v$VERSION"
+export KUBE_GIT_TREE_STATE=clean
+export KUBE_GIT_MAJOR=1
+export KUBE_GIT_MINOR=20
+
+start=$(date +%s)
+cd "$WORK/.go/src/k8s.io/kubernetes"
+built=""
+if make WHAT=cmd/kube-apiserver GOFLAGS="-p=$JOBS" KUBE_BUILD_PLATFORMS=linux/amd64 >&2; then
+  built=$(find _output -type f -name kube-apiserver -perm -u+x | head -n1)
+fi
+if [[ -z "$built" ]]; then
+  log "make WHAT=cmd/kube-apiserver failed; falling back to go build from vendor/"
+  mkdir -p "$WORK/out"
+  # In GOPATH mode the vendored package's import path carries the vendor/ prefix.
+  vpkg=k8s.io/kubernetes/vendor/k8s.io/component-base/version
+  ldflags="-s -w -X $vpkg.gitVersion=v$VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=20"
+  ldflags+=" -X $vpkg.gitTreeState=clean"
+  go build -p "$JOBS" -ldflags "$ldflags" -o "$WORK/out/kube-apiserver" ./cmd/kube-apiserver >&2
+  built="$WORK/out/kube-apiserver"
+fi
+log "built in $(( $(date +%s) - start ))s: $built"
+
+install -m 0755 "$built" "$BIN.tmp"
+mv -f "$BIN.tmp" "$BIN"
+if ! cached_binary_works; then
+  log "$BIN does not report v$VERSION: $("$BIN" --version 2>&1 || true)"
+  exit 1
+fi
+log "cached $("$BIN" --version) at $BIN"
+echo "$BIN"

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Install the Debian packages fracgpu's tests and builds need on a fresh bookworm machine.
+# Idempotent: when every package is already installed it touches nothing (no apt-get update),
+# so reruns in CI cost well under a second. Must run as root (or through sudo).
+set -euo pipefail
+
+# etcd-server: the real etcd (3.4) used by the end-to-end suite.
+# golang-go, rsync, jq, dpkg-dev, build-essential: build kube-apiserver from Debian's
+# `kubernetes` source package (scripts/build-kube-apiserver.sh).
+# ca-certificates, openssl: TLS tooling used around the control plane.
+PACKAGES=(
+  etcd-server
+  golang-go
+  rsync
+  jq
+  dpkg-dev
+  build-essential
+  ca-certificates
+  openssl
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  if [[ "$status" != "install ok installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-system-deps: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    echo "install-system-deps: missing ${missing[*]} and not root (no sudo either)" >&2
+    exit 1
+  fi
+fi
+
+echo "install-system-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -q
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+  "${missing[@]}"
+
+# The Debian etcd-server package starts a system etcd on 2379/2380; the tests run their own
+# etcd on random ports and do not need it. Leave it alone unless it is running and would
+# compete for the machine's two cores: stop it only if systemd manages it.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
+  "${SUDO[@]}" systemctl stop etcd || true
+  "${SUDO[@]}" systemctl disable etcd || true
+fi
+echo "install-system-deps: done"
