@@ -1,0 +1,253 @@
+from typing import Any
+
+import pytest
+
+from fracgpu.dialects import (
+    DialectConfig,
+    ResourceNames,
+    canonical_quantities,
+    gpu_resource_values,
+    parse_container,
+)
+from fracgpu.errors import RequestError
+from fracgpu.model import (
+    WHOLE_CARD,
+    ContainerAssignment,
+    ContainerRequest,
+    Dialect,
+    GPUAllocation,
+    MemoryRequest,
+)
+
+CONFIG = DialectConfig()
+
+
+def container(limits: dict[str, Any], requests: dict[str, Any] | None = None) -> dict[str, Any]:
+    resources: dict[str, Any] = {"limits": limits}
+    if requests is not None:
+        resources["requests"] = requests
+    return {"name": "infer", "image": "cuda", "resources": resources}
+
+
+def mib(value: int) -> MemoryRequest:
+    return MemoryRequest(mib=value)
+
+
+TK = Dialect.TKESTACK
+HAMI = Dialect.HAMI
+SHARE = Dialect.GPUSHARE
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        # TKEStack: a share of one GPU, whole GPUs, memory in 256 MiB blocks
+        ({"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}, (1, 30, mib(2048), TK)),
+        ({"tencent.com/vcuda-core": "99", "tencent.com/vcuda-memory": "1"}, (1, 99, mib(256), TK)),
+        ({"tencent.com/vcuda-core": "100"}, (1, 100, WHOLE_CARD, TK)),
+        (
+            {"tencent.com/vcuda-core": "300", "tencent.com/vcuda-memory": "4"},
+            (3, 100, WHOLE_CARD, TK),
+        ),
+        ({"tencent.com/vcuda-core": "50"}, (1, 50, WHOLE_CARD, TK)),  # default memory
+        ({"tencent.com/vcuda-memory": "4"}, (1, 0, mib(1024), TK)),  # default cores and count
+        # HAMi: GPUs, gpumem MiB per GPU (rounded up to blocks), percentage, cores
+        (
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"},
+            (1, 30, mib(3072), HAMI),
+        ),
+        (
+            {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"},
+            (2, 0, MemoryRequest(percent=50), HAMI),
+        ),
+        ({"nvidia.com/gpu": "1"}, (1, 0, WHOLE_CARD, HAMI)),
+        (
+            {"nvidia.com/gpu": "2", "nvidia.com/gpucores": "100", "nvidia.com/gpumem": "1024"},
+            (2, 100, WHOLE_CARD, HAMI),
+        ),
+        ({"nvidia.com/gpumem": "1024"}, (1, 0, mib(1024), HAMI)),
+        # gpushare: memory in GiB, count
+        ({"aliyun.com/gpu-mem": "3"}, (1, 0, mib(3072), SHARE)),
+        ({"aliyun.com/gpu-mem": "2", "aliyun.com/gpu-count": "2"}, (2, 0, mib(2048), SHARE)),
+    ],
+)
+def test_dialects_normalise(limits: dict[str, Any], expected: tuple[Any, ...]) -> None:
+    gpus, cores, memory, dialect = expected
+    request = parse_container(container(limits), CONFIG)
+    assert request == ContainerRequest("infer", gpus, cores, memory, dialect)
+
+
+def test_no_gpu_resources_is_not_a_gpu_container() -> None:
+    assert parse_container(container({"cpu": "1", "memory": "1Gi"}), CONFIG) is None
+    assert parse_container({"name": "x"}, CONFIG) is None
+
+
+def test_requests_equal_to_limits_are_accepted() -> None:
+    limits = {"tencent.com/vcuda-core": "20", "tencent.com/vcuda-memory": "2"}
+    request = parse_container(container(limits, dict(limits)), CONFIG)
+    assert request is not None and request.cores == 20
+
+
+def test_core_limit_is_an_elastic_bound() -> None:
+    limits = {
+        "tencent.com/vcuda-core": "20",
+        "tencent.com/vcuda-memory": "2",
+        "tencent.com/vcuda-core-limit": "60",
+    }
+    request = parse_container(container(limits), CONFIG)
+    assert request is not None and (request.cores, request.core_limit) == (20, 60)
+
+
+REJECTIONS = [
+    (
+        {"tencent.com/vcuda-core": "150"},
+        'container "infer": tencent.com/vcuda-core=150 is not allowed: use 1-99 for a share of one '
+        "GPU or a multiple of 100 for whole GPUs",
+    ),
+    (
+        {"tencent.com/vcuda-core": "0", "tencent.com/vcuda-memory": "1"},
+        'container "infer": tencent.com/vcuda-core=0 is not allowed: use 1-99',
+    ),
+    (
+        {"tencent.com/vcuda-core": "-5"},
+        "tencent.com/vcuda-core=-5 is not allowed: '-5' is negative",
+    ),
+    (
+        {"tencent.com/vcuda-core": "500m"},
+        "tencent.com/vcuda-core=500m is not allowed: '500m' is not a whole number",
+    ),
+    ({"tencent.com/vcuda-core": "1e400"}, "has exponent 400"),
+    ({"tencent.com/vcuda-core": "NaN"}, "tencent.com/vcuda-core=NaN is not allowed: 'NaN' is not"),
+    ({"tencent.com/vcuda-core": "10Q"}, "is not a quantity"),
+    ({"tencent.com/vcuda-core": "99999999999999999999999"}, "is too large"),
+    (
+        {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "0"},
+        "tencent.com/vcuda-memory=0 is not allowed: use 1-65536 blocks of 256 MiB",
+    ),
+    (
+        {"tencent.com/vcuda-core": "6500"},
+        "tencent.com/vcuda-core=6500 is not allowed: use at most 64",
+    ),
+    (
+        {"tencent.com/vcuda-core": "200", "tencent.com/vcuda-core-limit": "100"},
+        "tencent.com/vcuda-core-limit=100 is not allowed: remove it: whole GPUs have no "
+        "upper bound",
+    ),
+    (
+        {"tencent.com/vcuda-core": "40", "tencent.com/vcuda-core-limit": "30"},
+        "tencent.com/vcuda-core-limit=30 is not allowed: use 40-100",
+    ),
+    (
+        {"tencent.com/vcuda-core-limit": "30"},
+        "tencent.com/vcuda-core-limit=30 is not allowed: set tencent.com/vcuda-core as well",
+    ),
+    (
+        {"nvidia.com/gpu": "0", "nvidia.com/gpumem": "100"},
+        "nvidia.com/gpu=0 is not allowed: use 1 or more GPUs when nvidia.com/gpumem is set",
+    ),
+    ({"nvidia.com/gpu": "65"}, "nvidia.com/gpu=65 is not allowed: use 1-64 GPUs"),
+    (
+        {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "100", "nvidia.com/gpumem-percentage": "5"},
+        "set either nvidia.com/gpumem (MiB) or nvidia.com/gpumem-percentage, not both",
+    ),
+    (
+        {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "101"},
+        "nvidia.com/gpumem-percentage=101 is not allowed: use 1-100 percent",
+    ),
+    (
+        {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "0"},
+        "nvidia.com/gpumem=0 is not allowed: use 1-16777216 MiB per GPU",
+    ),
+    (
+        {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "120"},
+        "nvidia.com/gpucores=120 is not allowed: use 0-100 percent of each GPU",
+    ),
+    ({"aliyun.com/gpu-mem": "0"}, "aliyun.com/gpu-mem=0 is not allowed: use 1-16384 GiB per GPU"),
+    (
+        {"aliyun.com/gpu-mem": "1", "aliyun.com/gpu-count": "0"},
+        "aliyun.com/gpu-count=0 is not allowed: use 1-64 GPUs",
+    ),
+    (
+        {"tencent.com/vcuda-core": "10", "nvidia.com/gpumem": "100"},
+        "resources=nvidia.com/gpumem,tencent.com/vcuda-core is not allowed: use one dialect per "
+        "container",
+    ),
+]
+
+
+@pytest.mark.parametrize(("limits", "message"), REJECTIONS)
+def test_rejections_name_container_field_value_and_what_is_allowed(
+    limits: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_container(container(limits), CONFIG)
+    assert message in str(info.value)
+    assert str(info.value).startswith('container "infer": ')
+
+
+def test_request_must_equal_limit() -> None:
+    c = container({"tencent.com/vcuda-core": "20"}, {"tencent.com/vcuda-core": "10"})
+    with pytest.raises(RequestError, match="make the request equal the limit 20"):
+        parse_container(c, CONFIG)
+
+
+def test_request_without_limit_is_rejected() -> None:
+    c = container({}, {"nvidia.com/gpu": "1"})
+    with pytest.raises(RequestError, match=r"requests\[nvidia.com/gpu\]=1 is not allowed: set it"):
+        parse_container(c, CONFIG)
+
+
+def test_malformed_resources_are_rejected_not_crashed() -> None:
+    with pytest.raises(RequestError, match="resources=list is not allowed: use a mapping"):
+        parse_container({"name": "a", "resources": ["x"]}, CONFIG)
+    with pytest.raises(RequestError, match=r"resources\.limits=str is not allowed"):
+        parse_container({"name": "a", "resources": {"limits": "x"}}, CONFIG)
+
+
+def test_defaults_come_from_configuration() -> None:
+    config = DialectConfig(default_cores=25, default_memory=MemoryRequest(mib=512))
+    request = parse_container(container({"nvidia.com/gpu": "1"}), config)
+    assert request == ContainerRequest("infer", 1, 25, MemoryRequest(mib=512), HAMI)
+
+
+def test_gpushare_unit_can_be_mib() -> None:
+    config = DialectConfig(gpushare_memory_unit_mib=1)
+    request = parse_container(container({"aliyun.com/gpu-mem": "1000"}), config)
+    assert request is not None and request.memory == mib(1024)
+
+
+def test_resource_names_are_configurable() -> None:
+    config = DialectConfig(names=ResourceNames(vcuda_core="example.com/core"))
+    assert parse_container(container({"tencent.com/vcuda-core": "30"}), config) is None
+    request = parse_container(container({"example.com/core": "30"}), config)
+    assert request is not None and request.cores == 30
+
+
+def test_bad_configuration_is_refused() -> None:
+    with pytest.raises(ValueError, match="default_cores=101"):
+        DialectConfig(default_cores=101)
+    with pytest.raises(ValueError, match="gpushare_memory_unit_mib"):
+        DialectConfig(gpushare_memory_unit_mib=7)
+
+
+def test_gpu_resource_values_ignores_other_resources() -> None:
+    c = container({"cpu": "2", "nvidia.com/gpu": "1"})
+    assert gpu_resource_values(c, CONFIG) == {"nvidia.com/gpu": "1"}
+
+
+def test_canonical_quantities_sum_cores_and_blocks() -> None:
+    assigned = ContainerAssignment(
+        "infer", (GPUAllocation("GPU-a", 100, 16384), GPUAllocation("GPU-b", 100, 16384))
+    )
+    assert canonical_quantities(assigned) == {
+        "tencent.com/vcuda-core": "200",
+        "tencent.com/vcuda-memory": "128",
+    }
+
+
+def test_memory_percentage_resolves_per_card() -> None:
+    assert MemoryRequest(percent=50).resolve(15360) == 7680
+    assert MemoryRequest(percent=100).resolve(23028) == 23028
+    assert MemoryRequest(percent=1).resolve(1024) == 256  # never below one block
+    with pytest.raises(ValueError, match="exactly one"):
+        MemoryRequest()

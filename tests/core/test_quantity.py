@@ -1,0 +1,92 @@
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fracgpu.errors import QuantityError
+from fracgpu.quantity import format_count, parse_count, parse_quantity
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1", Fraction(1)),
+        ("3000", Fraction(3000)),
+        ("500m", Fraction(1, 2)),
+        ("2Gi", Fraction(2 * 2**30)),
+        ("1Ki", Fraction(1024)),
+        ("1k", Fraction(1000)),
+        ("1.5", Fraction(3, 2)),
+        (".5", Fraction(1, 2)),
+        ("5.", Fraction(5)),
+        ("+7", Fraction(7)),
+        ("-1", Fraction(-1)),
+        ("1e3", Fraction(1000)),
+        ("1E-2", Fraction(1, 100)),
+        ("100n", Fraction(1, 10**7)),
+        ("2u", Fraction(2, 10**6)),
+        ("1M", Fraction(10**6)),
+        ("1Ei", Fraction(2**60)),
+        (12, Fraction(12)),
+    ],
+)
+def test_parses_exactly(text: object, expected: Fraction) -> None:
+    assert parse_quantity(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ("", "is not a quantity"),
+        ("abc", "is not a quantity"),
+        ("NaN", "is not a quantity"),
+        ("Infinity", "is not a quantity"),
+        ("inf", "is not a quantity"),
+        ("1.2.3", "is not a quantity"),
+        ("1Xi", "is not a quantity"),
+        ("1 ", "is not a quantity"),
+        (" 1", "is not a quantity"),
+        ("0x10", "is not a quantity"),
+        ("1e400", "has exponent 400"),
+        ("99999999999999999999", "is too large"),
+        ("9Ei", "is too large"),
+        ("1" * 65, "is too long"),
+        (1.5, "is not a quantity"),
+        (True, "is not a quantity"),
+        (None, "is not a quantity"),
+        ([1], "is not a quantity"),
+    ],
+)
+def test_rejects_with_a_message(raw: object, fragment: str) -> None:
+    with pytest.raises(QuantityError, match=fragment) as info:
+        parse_quantity(raw)
+    assert "use" in str(info.value) or "largest" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [("-1", "is negative"), ("500m", "is not a whole number"), ("1.5", "is not a whole number")],
+)
+def test_count_rejects_negative_and_fractional(raw: str, fragment: str) -> None:
+    with pytest.raises(QuantityError, match=fragment):
+        parse_count(raw)
+
+
+def test_count_accepts_exact_whole_numbers_in_any_notation() -> None:
+    assert parse_count("1000m") == 1
+    assert parse_count("1e2") == 100
+    assert parse_count("1Ki") == 1024
+
+
+@given(st.integers(min_value=0, max_value=2**62))
+def test_count_round_trips_through_canonical_text(value: int) -> None:
+    assert parse_count(format_count(value)) == value
+
+
+@given(st.text(max_size=40))
+def test_arbitrary_text_never_crashes(text: str) -> None:
+    try:
+        parse_quantity(text)
+    except QuantityError as error:
+        assert str(error)
