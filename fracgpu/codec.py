@@ -7,6 +7,7 @@ values are rejected with a ``CodecError`` that says which field and what is allo
 
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 from fracgpu.errors import CodecError
@@ -125,19 +126,19 @@ def decode_devices(what: str, raw: object) -> tuple[GPUDevice, ...]:
 
 
 def encode_reservation(reservation: Reservation) -> dict[str, Any]:
+    """A GPUNode status.reservations entry (the node is the GPUNode itself)."""
     return {
         "id": reservation.id,
-        "node": reservation.node,
         "namespace": reservation.namespace,
         "pod": reservation.pod,
         "allocations": [_encode_allocation(a) for a in reservation.allocations],
-        "expiresAt": reservation.expires_at,
+        "expiresAt": format_timestamp(reservation.expires_at),
     }
 
 
-def decode_reservation(what: str, raw: object) -> Reservation:
+def decode_reservation(what: str, raw: object, node: str) -> Reservation:
     obj = _object(
-        what, raw, required={"id", "node", "namespace", "pod", "allocations", "expiresAt"}
+        what, raw, required={"id", "namespace", "expiresAt", "allocations"}, optional={"pod"}
     )
     allocations = tuple(
         _decode_allocation(f"{what} allocations[{i}]", a)
@@ -145,12 +146,29 @@ def decode_reservation(what: str, raw: object) -> Reservation:
     )
     return Reservation(
         id=_name(what, obj, "id"),
-        node=_name(what, obj, "node"),
+        node=node,
         namespace=_name(what, obj, "namespace"),
-        pod=_field(what, obj, "pod", str),
+        pod=_field(what, obj, "pod", str, default=""),
         allocations=allocations,
-        expires_at=_bounded(what, obj, "expiresAt", 0, 2**62),
+        expires_at=parse_timestamp(what, _field(what, obj, "expiresAt", str)),
     )
+
+
+def format_timestamp(unix_seconds: int) -> str:
+    """RFC 3339 in UTC, as Kubernetes writes date-time fields."""
+    return datetime.fromtimestamp(unix_seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(what: str, text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise CodecError(
+            what, f"{text!r} is not an RFC 3339 time such as 2026-01-02T03:04:05Z"
+        ) from None
+    if moment.tzinfo is None:
+        raise CodecError(what, f"{text!r} has no time zone: use a trailing Z for UTC")
+    return int(moment.timestamp())
 
 
 # -- GPUQuota ---------------------------------------------------------------------------------

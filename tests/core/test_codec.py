@@ -58,7 +58,7 @@ reservations = st.builds(
     names,
     st.text(max_size=20),
     st.lists(allocations, max_size=4).map(tuple),
-    st.integers(0, 2**62),
+    st.integers(0, 2**37),
 )
 amount = st.integers(0, 2**50)
 limits = st.builds(ResourceLimits, st.none() | amount, st.none() | amount, st.none() | amount)
@@ -90,7 +90,7 @@ def test_devices_round_trip(items: list[GPUDevice]) -> None:
 @given(reservations)
 def test_reservation_round_trips(reservation: Reservation) -> None:
     payload = json.loads(json.dumps(encode_reservation(reservation)))
-    assert decode_reservation("reservation", payload) == reservation
+    assert decode_reservation("reservation", payload, reservation.node) == reservation
 
 
 @given(quotas)
@@ -193,3 +193,13 @@ def test_quota_rejects_bad_spec() -> None:
     obj = {"metadata": {"name": "q", "namespace": "ns"}, "spec": {"hard": {"gpu": 1}}}
     with pytest.raises(CodecError, match="unknown field"):
         decode_quota(obj)
+
+
+def test_reservation_times_are_rfc3339() -> None:
+    reservation = Reservation("r1", "node-a", "ns", "", (), 1_800_000_000)
+    payload = encode_reservation(reservation)
+    assert payload["expiresAt"] == "2027-01-15T08:00:00Z"
+    with pytest.raises(CodecError, match="is not an RFC 3339 time"):
+        decode_reservation("r", {**payload, "expiresAt": "tomorrow"}, "node-a")
+    with pytest.raises(CodecError, match="has no time zone"):
+        decode_reservation("r", {**payload, "expiresAt": "2027-01-15T08:00:00"}, "node-a")

@@ -1,0 +1,146 @@
+"""A list+watch cache of one resource, kept small by storing only a transform of each object.
+
+List, then watch from the list's resourceVersion; a 410 Gone or a periodic resync lists
+again (diffed against the cache so listeners see only real changes); connection errors back
+off exponentially. ``synced`` is set after the first successful list.
+"""
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import aiohttp
+
+from webhook.cluster.apiclient import ApiError, GoneError, KubeApi, Obj
+
+T = TypeVar("T")
+Listener = Callable[[str, "T | None", "T | None"], None]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    resync_s: float = 300.0
+    watch_timeout_s: int = 240
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 30.0
+
+
+def object_key(obj: Obj) -> str:
+    meta = obj.get("metadata", {})
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+class WatchCache(Generic[T]):
+    """Objects at ``path`` (optionally label-selected), transformed; listeners see changes."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        path: str,
+        transform: Callable[[Obj], T | None],
+        *,
+        label_selector: str | None = None,
+        settings: WatchSettings = WatchSettings(),
+        name: str = "",
+    ) -> None:
+        self._api = api
+        self._path = path
+        self._transform = transform
+        self._selector = label_selector
+        self._settings = settings
+        self._name = name or path
+        self._items: dict[str, T] = {}
+        self._listeners: list[Listener[T]] = []
+        self.synced = asyncio.Event()
+        self.relists = 0
+
+    def add_listener(self, listener: "Listener[T]") -> None:
+        self._listeners.append(listener)
+
+    def get(self, key: str) -> T | None:
+        return self._items.get(key)
+
+    def items(self) -> Iterator[tuple[str, T]]:
+        return iter(list(self._items.items()))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def run(self) -> None:
+        """Keep the cache current until cancelled."""
+        backoff = self._settings.backoff_initial_s
+        while True:
+            try:
+                version = await self._relist()
+                backoff = self._settings.backoff_initial_s
+                await self._watch_until_resync(version)
+            except asyncio.CancelledError:
+                raise
+            except (ApiError, aiohttp.ClientError, TimeoutError, ValueError, KeyError) as error:
+                log.warning("watch %s failed (%s); retrying in %.1fs", self._name, error, backoff)
+                await asyncio.sleep(backoff * (0.5 + random.random()))  # jitter
+                backoff = min(backoff * 2, self._settings.backoff_max_s)
+
+    async def _relist(self) -> str:
+        params: dict[str, str | int] = {}
+        if self._selector:
+            params["labelSelector"] = self._selector
+        listed = await self._api.list(self._path, **params)
+        fresh: dict[str, T] = {}
+        for obj in listed.get("items", []):
+            value = self._transform(obj)
+            if value is not None:
+                fresh[object_key(obj)] = value
+        for key in list(self._items):
+            if key not in fresh:
+                self._set(key, None)
+        for key, value in fresh.items():
+            self._set(key, value)
+        self.relists += 1
+        self.synced.set()
+        return str(listed.get("metadata", {}).get("resourceVersion", ""))
+
+    async def _watch_until_resync(self, version: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.resync_s
+        params: dict[str, str | int] = {}
+        if self._selector:
+            params["labelSelector"] = self._selector
+        while loop.time() < deadline:
+            remaining = max(1, min(self._settings.watch_timeout_s, int(deadline - loop.time())))
+            try:
+                async for event in self._api.watch(self._path, version, remaining, **params):
+                    version = self._apply(event, version)
+            except GoneError:
+                return
+
+    def _apply(self, event: Obj, version: str) -> str:
+        kind = event.get("type")
+        obj = event.get("object", {})
+        new_version = str(obj.get("metadata", {}).get("resourceVersion", version))
+        if kind == "BOOKMARK":
+            return new_version
+        key = object_key(obj)
+        if kind == "DELETED":
+            self._set(key, None)
+        else:
+            self._set(key, self._transform(obj))
+        return new_version
+
+    def _set(self, key: str, value: T | None) -> None:
+        old = self._items.get(key)
+        if value is None:
+            if key not in self._items:
+                return
+            del self._items[key]
+        else:
+            if old == value:
+                return
+            self._items[key] = value
+        for listener in self._listeners:
+            listener(key, old, value)
