@@ -1,0 +1,155 @@
+"""Small immutable records the watch caches keep instead of whole API objects.
+
+Keeping a few fields per object bounds the webhook's memory by object count, not object size.
+"""
+
+import logging
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from fracgpu import codec, names
+from fracgpu.errors import FracgpuError
+from fracgpu.model import Assignment, GPUDevice, NodeInventory, Reservation
+from fracgpu.quantity import parse_quantity
+
+Obj = dict[str, Any]
+log = logging.getLogger(__name__)
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    namespace: str
+    name: str
+    node: str  # spec.nodeName, or the assigned node while the pod is not yet bound
+    cpu_milli: int
+    memory_mib: int
+    assignment: Assignment | None
+    reservation_id: str
+    terminal: bool
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class GPUNodeRecord:
+    name: str
+    resource_version: str
+    devices: tuple[GPUDevice, ...]
+    reservations: tuple[Reservation, ...]
+    pool: str
+    split_count: int | None
+    unschedulable: bool
+
+    def inventory(self, node: NodeRecord | None) -> NodeInventory:
+        cpu = node.cpu_milli if node else 0
+        memory = node.memory_mib if node else 0
+        return NodeInventory(self.name, self.devices, cpu, memory, self.pool, self.split_count)
+
+
+def pod_record(obj: Obj) -> PodRecord | None:
+    meta = obj.get("metadata", {})
+    spec = obj.get("spec", {})
+    annotations = meta.get("annotations") or {}
+    assignment = None
+    raw = annotations.get(names.ANNOTATION_ASSIGNMENT)
+    if raw is not None:
+        try:
+            assignment = codec.decode_assignment(raw)
+        except FracgpuError as error:
+            log.warning(
+                "pod %s/%s: ignoring bad assignment: %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                error,
+            )
+    node = spec.get("nodeName") or (assignment.node if assignment else "")
+    cpu, memory = pod_cpu_memory(spec)
+    return PodRecord(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        node=str(node),
+        cpu_milli=cpu,
+        memory_mib=memory,
+        assignment=assignment,
+        reservation_id=str(annotations.get(names.ANNOTATION_RESERVATION_ID, "")),
+        terminal=obj.get("status", {}).get("phase") in TERMINAL_PHASES,
+    )
+
+
+def pod_cpu_memory(spec: Obj) -> tuple[int, int]:
+    """Effective CPU (milli) and memory (MiB) requests, as the scheduler computes them."""
+
+    def total(containers: list[Obj]) -> tuple[Fraction, Fraction]:
+        cpu = memory = Fraction(0)
+        for container in containers:
+            requests = (container.get("resources") or {}).get("requests") or {}
+            cpu += _quantity(requests.get("cpu"))
+            memory += _quantity(requests.get("memory"))
+        return cpu, memory
+
+    cpu, memory = total(spec.get("containers") or [])
+    for init in spec.get("initContainers") or []:
+        init_cpu, init_memory = total([init])
+        cpu, memory = max(cpu, init_cpu), max(memory, init_memory)
+    return _ceil(cpu * 1000), _ceil(memory / MIB)
+
+
+def node_record(obj: Obj) -> NodeRecord | None:
+    allocatable = obj.get("status", {}).get("allocatable") or {}
+    return NodeRecord(
+        name=str(obj["metadata"]["name"]),
+        cpu_milli=_ceil(_quantity(allocatable.get("cpu")) * 1000),
+        memory_mib=int(_quantity(allocatable.get("memory")) // MIB),
+    )
+
+
+def gpunode_record(obj: Obj) -> GPUNodeRecord | None:
+    meta = obj.get("metadata", {})
+    name = str(meta.get("name", ""))
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    try:
+        devices = codec.decode_devices(f"GPUNode {name} status.devices", status.get("devices", []))
+        reservations = tuple(
+            codec.decode_reservation(f"GPUNode {name} status.reservations[{i}]", r, name)
+            for i, r in enumerate(status.get("reservations") or [])
+        )
+    except FracgpuError as error:
+        # A GPUNode we cannot read offers no GPUs rather than wrong ones.
+        log.warning("GPUNode %s is unreadable and offers no GPUs: %s", name, error)
+        devices, reservations = (), ()
+    return GPUNodeRecord(
+        name=name,
+        resource_version=str(meta.get("resourceVersion", "")),
+        devices=devices,
+        reservations=reservations,
+        pool=str(spec.get("pool", "")),
+        split_count=spec.get("splitCount"),
+        unschedulable=bool(spec.get("unschedulable", False)),
+    )
+
+
+def namespace_opted_out(obj: Obj) -> bool | None:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return labels.get(names.NAMESPACE_LABEL_OPT_OUT) == "true"
+
+
+def _quantity(raw: object) -> Fraction:
+    if raw is None:
+        return Fraction(0)
+    try:
+        return max(Fraction(0), parse_quantity(raw))
+    except FracgpuError:
+        return Fraction(0)
+
+
+def _ceil(value: Fraction) -> int:
+    return -(-value.numerator // value.denominator)
