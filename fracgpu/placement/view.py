@@ -1,66 +1,62 @@
 """ClusterView: free capacity per node and GPU, updated incrementally, placed against purely.
 
-This is the reference implementation of the placement API (binpack and spread). The
-fragmentation-aware policy and vectorised scoring plug in behind the same methods.
+State lives in numpy arrays (``ClusterState``); ``place`` finds every candidate at once
+(``CandidateFinder``), scores them with the chosen policy (``scoring``) and never changes
+the view. The fragmentation policy reads a ``FragmentationIndex`` built from the workload
+the view has seen through ``observe``.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
-from fracgpu.model import (
-    ContainerAssignment,
-    ContainerRequest,
-    GPUAllocation,
-    GPUDevice,
-    NodeInventory,
-)
+from fracgpu.model import GPUAllocation, NodeInventory
 from fracgpu.names import CORES_PER_GPU
-from fracgpu.placement.api import Constraints, NoFit, NoFitReason, Placement, PodDemand, Policy
+from fracgpu.placement.api import NoFit, Placement, PodDemand, Policy
+from fracgpu.placement.candidates import CandidateFinder
+from fracgpu.placement.fragmentation import FragmentationIndex
+from fracgpu.placement.nofit import explain
+from fracgpu.placement.scoring import choose
+from fracgpu.placement.state import ClusterState
+from fracgpu.placement.workload import WorkloadModel, shape_of
 
 DEFAULT_SPLIT_COUNT = 10
-MAX_CANDIDATES_IN_MESSAGE = 3
-
-
-@dataclass
-class _GPUState:
-    device: GPUDevice
-    free_cores: int
-    free_memory_mib: int
-    containers: int = 0
-
-
-@dataclass
-class _NodeState:
-    inventory: NodeInventory
-    free_cpu_milli: int
-    free_memory_mib: int
-    gpus: dict[str, _GPUState] = field(default_factory=dict)
+# The typical shapes are re-ranked after 1, 2, 4, ... 64 arrivals, then every 64.
+REFRESH_EVERY = 64
 
 
 class ClusterView:
-    """Free capacity of the cluster; ``place`` reads it, ``allocate``/``release`` change it."""
+    """Free capacity of the cluster; ``place`` reads it, ``allocate``/``release`` change it.
+
+    ``gpu_units`` is how many compute units make one GPU (100 = TKEStack cores; a trace
+    replay may use 1000 to keep thousandths exact). Every ``cores`` value passed in or out
+    is in these units. ``observe`` teaches the fragmentation policy what pods look like.
+    """
 
     def __init__(
-        self, nodes: Iterable[NodeInventory] = (), default_split_count: int = DEFAULT_SPLIT_COUNT
+        self,
+        nodes: Iterable[NodeInventory] = (),
+        default_split_count: int = DEFAULT_SPLIT_COUNT,
+        *,
+        gpu_units: int = CORES_PER_GPU,
+        workload: WorkloadModel | None = None,
     ) -> None:
         if default_split_count < 1:
             raise ValueError(f"default_split_count={default_split_count}: use 1 or more")
+        if gpu_units < 1:
+            raise ValueError(f"gpu_units={gpu_units}: use 1 or more")
         self._default_split_count = default_split_count
-        self._nodes: dict[str, _NodeState] = {}
+        self._state = ClusterState(gpu_units)
+        self._finder = CandidateFinder(self._state)
+        self._workload = workload if workload is not None else WorkloadModel()
+        self._frag = FragmentationIndex()
         for node in nodes:
             self.add_node(node)
 
-    # -- state changes -------------------------------------------------------------------
+    # -- state changes ---------------------------------------------------------------------------
     def add_node(self, node: NodeInventory) -> None:
-        if node.name in self._nodes:
-            raise ValueError(f"node {node.name!r} is already in the view")
-        state = _NodeState(node, node.cpu_milli, node.memory_mib)
-        for device in node.devices:
-            state.gpus[device.uuid] = _GPUState(device, CORES_PER_GPU, device.memory_mib)
-        self._nodes[node.name] = state
+        self._state.add_node(node, node.split_count or self._default_split_count)
 
     def remove_node(self, name: str) -> None:
-        self._nodes.pop(name, None)
+        self._state.remove_node(name)
 
     def allocate(
         self,
@@ -89,154 +85,67 @@ class ClusterView:
         memory_mib: int,
         sign: int,
     ) -> None:
-        state = self._nodes.get(node)
-        if state is None:
-            return
-        state.free_cpu_milli -= sign * cpu_milli
-        state.free_memory_mib -= sign * memory_mib
-        for alloc in allocations:
-            gpu = state.gpus.get(alloc.uuid)
-            if gpu is None:
-                continue
-            gpu.free_cores -= sign * alloc.cores
-            gpu.free_memory_mib -= sign * alloc.memory_mib
-            gpu.containers += sign
+        row = self._state.apply(node, allocations, cpu_milli, memory_mib, sign)
+        if row is not None:
+            self._frag.update_node(self._state, row)
 
-    # -- queries ---------------------------------------------------------------------------
+    def observe(self, demand: PodDemand) -> None:
+        """Record that a pod of this shape arrived (placed or not): the fragmentation policy
+        keeps the capacity that the frequent shapes need. Call it once per arriving pod."""
+        shape = shape_of(demand)
+        if shape is None:
+            return
+        self._workload.observe(shape)
+        seen = self._workload.observations
+        if seen % REFRESH_EVERY == 0 or (seen & (seen - 1)) == 0 or not self._frag.active:
+            self._frag.set_workload(self._workload.typical(), self._state)
+
+    # -- queries ---------------------------------------------------------------------------------
+    @property
+    def gpu_units(self) -> int:
+        return self._state.gpu_units
+
     def nodes(self) -> tuple[NodeInventory, ...]:
-        return tuple(s.inventory for s in self._nodes.values())
+        return self._state.inventories()
 
     def gpu_free(self, node: str, uuid: str) -> tuple[int, int, int]:
         """(free cores, free memory MiB, containers) of one GPU."""
-        gpu = self._nodes[node].gpus[uuid]
-        return gpu.free_cores, gpu.free_memory_mib, gpu.containers
+        slot = self._state.slot(node, uuid)
+        st = self._state
+        return int(st.g_free[slot]), int(st.g_mem_free[slot]), int(st.g_cont[slot])
+
+    def node_free(self, node: str) -> tuple[int, int]:
+        """(free CPU millicores, free memory MiB) of one node."""
+        row = self._state.row(node)
+        return int(self._state.n_cpu_free[row]), int(self._state.n_mem_free[row])
 
     def place(self, demand: PodDemand, policy: Policy = Policy.BINPACK) -> Placement | NoFit:
-        best: tuple[float, Placement] | None = None
-        for state in self._nodes.values():
-            placed = self._fit_node(state, demand, policy, empty=False)
-            if placed is None:
-                continue
-            score = self._node_score(state, placed, policy)
-            if best is None or score < best[0]:
-                best = (score, placed)
-        if best is not None:
-            return best[1]
-        return self._no_fit(demand)
+        """The best node and GPU(s) for the pod under ``policy``; never changes the view."""
+        _check(demand, self._state.gpu_units)
+        if policy is Policy.FRAGMENTATION:
+            self._frag.sync(self._state)
+        cands = self._finder.find(demand, prefer_most_free=policy is Policy.SPREAD)
+        if len(cands) == 0:
+            return explain(self._state, self._finder, demand)
+        winner = choose(policy, cands, self._state, self._frag, demand)
+        node = self._state.node_names[int(cands.rows[winner])]
+        return Placement(node, cands.assignment(winner))
 
-    # -- internals -------------------------------------------------------------------------
-    def _split_count(self, state: _NodeState) -> int:
-        return state.inventory.split_count or self._default_split_count
 
-    def _fit_node(
-        self, state: _NodeState, demand: PodDemand, policy: Policy, *, empty: bool
-    ) -> Placement | None:
-        constraints = demand.constraints
-        if not constraints.allows_pool(state.inventory.pool):
-            return None
-        cpu = state.inventory.cpu_milli if empty else state.free_cpu_milli
-        mem = state.inventory.memory_mib if empty else state.free_memory_mib
-        if demand.cpu_milli > cpu or demand.memory_mib > mem:
-            return None
-        # scratch copy of what this pod has taken so far on this node
-        taken: dict[str, tuple[int, int, int]] = {}
-        assigned: list[ContainerAssignment] = []
-        order = sorted(demand.containers, key=lambda c: (-c.gpus, -c.cores))
-        for request in order:
-            chosen = self._fit_container(state, request, constraints, taken, policy, empty=empty)
-            if chosen is None:
-                return None
-            assigned.append(ContainerAssignment(request.container, chosen))
-        by_name = {a.container: a for a in assigned}
-        return Placement(
-            state.inventory.name, tuple(by_name[c.container] for c in demand.containers)
+def _check(demand: PodDemand, gpu_units: int) -> None:
+    names = [c.container for c in demand.containers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"container names must be unique within a pod, got {names}")
+    if demand.cpu_milli < 0 or demand.memory_mib < 0:
+        raise ValueError(
+            f"cpu_milli={demand.cpu_milli}, memory_mib={demand.memory_mib}: use 0 or more"
         )
-
-    def _fit_container(
-        self,
-        state: _NodeState,
-        request: ContainerRequest,
-        constraints: Constraints,
-        taken: dict[str, tuple[int, int, int]],
-        policy: Policy,
-        *,
-        empty: bool,
-    ) -> tuple[GPUAllocation, ...] | None:
-        options: list[tuple[float, GPUAllocation]] = []
-        for gpu in state.gpus.values():
-            device = gpu.device
-            if not device.shareable or not constraints.allows(device):
-                continue
-            t_cores, t_mem, t_count = taken.get(device.uuid, (0, 0, 0))
-            free_cores = (CORES_PER_GPU if empty else gpu.free_cores) - t_cores
-            free_mem = (device.memory_mib if empty else gpu.free_memory_mib) - t_mem
-            count = (0 if empty else gpu.containers) + t_count
-            memory = request.memory.resolve(device.memory_mib)
-            if request.exclusive:
-                if count or free_cores < CORES_PER_GPU or free_mem < device.memory_mib:
-                    continue
-            elif free_cores < request.cores or free_mem < memory:
-                continue
-            if count >= self._split_count(state):
-                continue
-            left = (free_cores - request.cores) / CORES_PER_GPU + (free_mem - memory) / max(
-                1, device.memory_mib
+    for c in demand.containers:
+        if c.gpus < 1:
+            raise ValueError(f'container "{c.container}": gpus={c.gpus}, use 1 or more')
+        if not 0 <= c.cores <= gpu_units:
+            raise ValueError(
+                f'container "{c.container}": cores={c.cores}, use 0..{gpu_units} per GPU'
             )
-            score = left if policy is not Policy.SPREAD else -left
-            options.append((score, GPUAllocation(device.uuid, request.cores, memory)))
-        if len(options) < request.gpus:
-            return None
-        options.sort(key=lambda o: (o[0], o[1].uuid))
-        chosen = tuple(o[1] for o in options[: request.gpus])
-        for alloc in chosen:
-            c, m, n = taken.get(alloc.uuid, (0, 0, 0))
-            taken[alloc.uuid] = (c + alloc.cores, m + alloc.memory_mib, n + 1)
-        return chosen
-
-    def _node_score(self, state: _NodeState, placed: Placement, policy: Policy) -> float:
-        free = sum(g.free_cores for g in state.gpus.values()) - sum(
-            a.cores for c in placed.containers for a in c.devices
-        )
-        return float(free) if policy is not Policy.SPREAD else float(-free)
-
-    def _no_fit(self, demand: PodDemand) -> NoFit:
-        asked = "; ".join(_describe(c) for c in demand.containers)
-        ever = any(
-            self._fit_node(s, demand, Policy.BINPACK, empty=True) is not None
-            for s in self._nodes.values()
-        )
-        if not ever:
-            return NoFit(
-                NoFitReason.NEVER,
-                f"no GPU node in the cluster could ever hold this pod ({asked}, "
-                f"{demand.cpu_milli}m CPU, {demand.memory_mib} MiB memory): lower the request "
-                "or check the GPU model, UUID and pool constraints",
-            )
-        candidates = sorted(
-            (
-                (g.free_cores, g.free_memory_mib, s.inventory.name, g.device)
-                for s in self._nodes.values()
-                if demand.constraints.allows_pool(s.inventory.pool)
-                for g in s.gpus.values()
-                if g.device.shareable and demand.constraints.allows(g.device)
-            ),
-            key=lambda t: (-t[0], -t[1], t[2], t[3].index),
-        )[:MAX_CANDIDATES_IN_MESSAGE]
-        best = ", ".join(
-            f"{node}/gpu{dev.index} ({dev.model}) has {cores} cores and {mem} MiB free"
-            for cores, mem, node, dev in candidates
-        )
-        return NoFit(
-            NoFitReason.NOT_NOW,
-            f"no GPU has room for this pod now ({asked}); best candidates: {best or 'none'}. "
-            "Controllers such as Deployments and Jobs retry; a bare pod must be created again",
-        )
-
-
-def _describe(request: ContainerRequest) -> str:
-    memory = (
-        f"{request.memory.mib} MiB"
-        if request.memory.mib is not None
-        else f"{request.memory.percent}% of the card's memory"
-    )
-    return f'container "{request.container}": {request.gpus} GPU x {request.cores} cores + {memory}'
+        if c.memory.mib is not None and c.memory.mib < 0:
+            raise ValueError(f'container "{c.container}": memory {c.memory.mib} MiB, use 0 or more')

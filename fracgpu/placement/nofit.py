@@ -1,0 +1,67 @@
+"""Why a pod does not fit: never (no node could hold it even empty) or not now, and a message
+that says what was asked and which GPUs came closest."""
+
+import numpy as np
+
+from fracgpu.model import ContainerRequest
+from fracgpu.placement.api import NoFit, NoFitReason, PodDemand
+from fracgpu.placement.candidates import CandidateFinder, fit_on_node
+from fracgpu.placement.state import ClusterState
+
+MAX_CANDIDATES_IN_MESSAGE = 3
+
+
+def explain(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> NoFit:
+    asked = "; ".join(describe(c) for c in demand.containers) or "no GPU"
+    pod = f"{asked}, {demand.cpu_milli}m CPU, {demand.memory_mib} MiB memory"
+    if not _could_ever_fit(state, finder, demand):
+        return NoFit(
+            NoFitReason.NEVER,
+            f"no GPU node in the cluster could ever hold this pod ({pod}): lower the request "
+            "or check the GPU model, UUID and pool constraints",
+        )
+    gpus, _ = finder.allowed(demand.constraints)
+    slots = np.flatnonzero(gpus)
+    order = np.lexsort((slots, -state.g_mem_free[slots], -state.g_free[slots]))
+    best = []
+    for slot in slots[order[:MAX_CANDIDATES_IN_MESSAGE]]:
+        device = state.devices[slot]
+        row = int(state.g_node[slot])
+        best.append(
+            f"{state.node_names[row]}/gpu{device.index} ({device.model}) has "
+            f"{state.g_free[slot]} cores and {state.g_mem_free[slot]} MiB free "
+            f"(node: {state.n_cpu_free[row]}m CPU, {state.n_mem_free[row]} MiB memory free)"
+        )
+    return NoFit(
+        NoFitReason.NOT_NOW,
+        f"no GPU has room for this pod now ({pod}); best candidates: "
+        f"{', '.join(best) or 'none'}. Controllers such as Deployments and Jobs retry; "
+        "a bare pod must be created again",
+    )
+
+
+def _could_ever_fit(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> bool:
+    gpus, pools = finder.allowed(demand.constraints)
+    nodes = (
+        pools & (state.n_cpu_total >= demand.cpu_milli) & (state.n_mem_total >= demand.memory_mib)
+    )
+    if not demand.containers:
+        return bool(nodes.any())
+    needs = [finder.memory_need(c) for c in demand.containers]
+    # Quick bound first: nodes with enough allowed GPUs for the widest container.
+    enough = np.bincount(state.g_node, weights=gpus, minlength=len(nodes)) >= max(
+        c.gpus for c in demand.containers
+    )
+    for row in np.flatnonzero(nodes & enough):
+        if fit_on_node(state, int(row), demand, gpus, needs, empty=True) is not None:
+            return True
+    return False
+
+
+def describe(request: ContainerRequest) -> str:
+    memory = (
+        f"{request.memory.mib} MiB"
+        if request.memory.mib is not None
+        else f"{request.memory.percent}% of the card's memory"
+    )
+    return f'container "{request.container}": {request.gpus} GPU x {request.cores} cores + {memory}'
