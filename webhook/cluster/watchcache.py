@@ -62,6 +62,14 @@ class WatchCache(Generic[T]):
     def add_listener(self, listener: "Listener[T]") -> None:
         self._listeners.append(listener)
 
+    def put(self, obj: Obj) -> None:
+        """Apply an object this process just wrote, without waiting for its watch event.
+
+        An older version arriving later from the watch is harmless: every write that
+        depends on the cache is guarded by resourceVersion, so staleness costs a retry.
+        """
+        self._set(object_key(obj), self._transform(obj))
+
     def get(self, key: str) -> T | None:
         return self._items.get(key)
 

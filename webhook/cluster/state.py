@@ -1,0 +1,280 @@
+"""``ClusterState`` over the Kubernetes API: watch caches in, CAS writes out.
+
+Safety across replicas rests on one rule: every placement on a node is written as a
+reservation into that node's GPUNode status with a resourceVersion precondition, so two
+replicas deciding on stale views of the same node cannot both succeed. A reservation stays
+until its pod has been visible for ``settle_s`` (longer than any replica's watch lag), so a
+replica whose pod cache has not caught up still counts the slice; views count each slice
+once (a live pod's reservation ID is not counted again).
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from fracgpu.codec import decode_quota
+from fracgpu.errors import FracgpuError
+from fracgpu.model import Quota, Reservation
+from fracgpu.placement import ClusterView
+from webhook import quota as quotalib
+from webhook.cluster import paths, stores
+from webhook.cluster.apiclient import ConflictError, KubeApi, NotFoundError, Obj
+from webhook.cluster.capacity import capacity_problem
+from webhook.cluster.records import (
+    GPUNodeRecord,
+    NodeRecord,
+    PodRecord,
+    gpunode_record,
+    namespace_opted_out,
+    node_record,
+    pod_record,
+)
+from webhook.cluster.watchcache import WatchCache, WatchSettings
+from webhook.state import Claim, RejectKind, ReserveRejected
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KubeStateSettings:
+    split_count: int = 10
+    reservation_ttl_s: int = 60
+    settle_s: float = 5.0
+    write_retries: int = 5
+    watch: WatchSettings = field(default_factory=WatchSettings)
+
+
+def quota_record(obj: Obj) -> Quota | None:
+    try:
+        return decode_quota(obj)
+    except FracgpuError as error:
+        log.warning("ignoring unreadable GPUQuota: %s", error)
+        return None
+
+
+class KubeState:
+    """The cluster as the watch caches see it, plus CAS writes of reservations and quota use."""
+
+    def __init__(
+        self, api: KubeApi, settings: KubeStateSettings, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._api = api
+        self._settings = settings
+        self._clock = clock
+        watch = settings.watch
+        self.pods = WatchCache(api, paths.PODS, pod_record, settings=watch, name="pods")
+        self.nodes = WatchCache(api, paths.NODES, node_record, settings=watch, name="nodes")
+        self.gpunodes = WatchCache(
+            api, paths.GPUNODES, gpunode_record, settings=watch, name="gpunodes"
+        )
+        self.gpuquotas = WatchCache(
+            api, paths.GPUQUOTAS, quota_record, settings=watch, name="gpuquotas"
+        )
+        self.namespaces = WatchCache(
+            api, paths.NAMESPACES, namespace_opted_out, settings=watch, name="namespaces"
+        )
+        self._caches = (self.pods, self.nodes, self.gpunodes, self.gpuquotas, self.namespaces)
+        self._view = ClusterView((), default_split_count=settings.split_count)
+        self._host_free: dict[str, tuple[int, int]] = {}
+        self._pods_by_node: dict[str, set[str]] = {}
+        self._live_reservations: dict[str, str] = {}  # reservation ID -> pod key
+        self._dirty: set[str] = set()
+        self._charged: dict[str, Claim] = {}  # quota charged by this replica, for refunds
+        self.pods.add_listener(self._on_pod)
+        self.nodes.add_listener(lambda key, old, new: self._dirty.add(key))
+        self.gpunodes.add_listener(lambda key, old, new: self._dirty.add(key))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run every watch cache until cancelled."""
+        await asyncio.gather(*(cache.run() for cache in self._caches))
+
+    def ready(self) -> bool:
+        return all(cache.synced.is_set() for cache in self._caches)
+
+    # -- ClusterState ------------------------------------------------------------------------
+    async def view(self) -> ClusterView:
+        self._refresh()
+        return self._view
+
+    async def namespace_managed(self, namespace: str) -> bool:
+        return not self.namespaces.get(namespace)
+
+    async def quotas(self, namespace: str) -> tuple[Quota, ...]:
+        return tuple(q for _, q in self.gpuquotas.items() if q.namespace == namespace)
+
+    async def reservation(self, reservation_id: str) -> Reservation | None:
+        for _, record in self.gpunodes.items():
+            for held in record.reservations:
+                if held.id == reservation_id:
+                    return held
+        return None
+
+    async def reserve(self, claim: Claim) -> None:
+        held = replace(
+            claim.reservation,
+            expires_at=int(self._clock()) + self._settings.reservation_ttl_s,
+        )
+        await self._reserve_on_node(replace(claim, reservation=held))
+        try:
+            await self._charge_quotas(claim, sign=1)
+        except BaseException:
+            await self._remove_reservation(held.node, held.id)
+            raise
+        self._charged[held.id] = claim
+
+    async def release(self, reservation_id: str) -> None:
+        held = await self.reservation(reservation_id)
+        if held is not None:
+            await self._remove_reservation(held.node, reservation_id)
+        claim = self._charged.pop(reservation_id, None)
+        if claim is not None:
+            await self._charge_quotas(claim, sign=-1)
+
+    # -- reservations ---------------------------------------------------------------------------
+    async def _reserve_on_node(self, claim: Claim) -> None:
+        held = claim.reservation
+        for _ in range(self._settings.write_retries):
+            record = self.gpunodes.get(held.node)
+            if record is None:
+                raise ReserveRejected(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
+            self._refresh()
+            node = self.nodes.get(held.node)
+            problem = capacity_problem(
+                self._view,
+                record.inventory(node),
+                allocations=held.allocations,
+                host_free=self._host_free.get(held.node, (0, 0)),
+                cpu_milli=claim.cpu_milli,
+                memory_mib=claim.memory_mib,
+                split_count=self._settings.split_count,
+            )
+            if problem:
+                raise ReserveRejected(RejectKind.CAPACITY, problem)
+            try:
+                written = await stores.write_reservations(
+                    self._api, held.node, record.resource_version, (*record.reservations, held)
+                )
+            except ConflictError:
+                await self._reload_gpunode(held.node)
+                continue
+            self.gpunodes.put(written)
+            return
+        raise ReserveRejected(
+            RejectKind.CAPACITY,
+            f"GPUNode {held.node} changed {self._settings.write_retries} times while reserving",
+        )
+
+    async def _remove_reservation(self, node: str, reservation_id: str) -> None:
+        for _ in range(self._settings.write_retries):
+            record = self.gpunodes.get(node)
+            if record is None or all(r.id != reservation_id for r in record.reservations):
+                return
+            keep = [r for r in record.reservations if r.id != reservation_id]
+            try:
+                written = await stores.write_reservations(
+                    self._api, node, record.resource_version, keep
+                )
+            except ConflictError:
+                await self._reload_gpunode(node)
+                continue
+            self.gpunodes.put(written)
+            return
+        log.warning("could not remove reservation %s from %s; it will expire", reservation_id, node)
+
+    async def _reload_gpunode(self, node: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            self.gpunodes.put(await self._api.get(f"{paths.GPUNODES}/{node}"))
+
+    # -- quota ----------------------------------------------------------------------------------
+    async def _charge_quotas(self, claim: Claim, sign: int) -> None:
+        held = claim.reservation
+        charged: list[Quota] = []
+        for quota in await self.quotas(held.namespace):
+            try:
+                charged.append(await self._charge_quota(quota, claim, sign))
+            except ReserveRejected:
+                for done in charged:
+                    await self._charge_quota(done, claim, -sign)
+                raise
+
+    async def _charge_quota(self, quota: Quota, claim: Claim, sign: int) -> Quota:
+        allocations = claim.reservation.allocations
+        for _ in range(self._settings.write_retries):
+            if sign > 0:
+                over = quotalib.check([quota], allocations, claim.models)
+                if over is not None:
+                    raise ReserveRejected(RejectKind.QUOTA, over.message)
+            updated = quotalib.charge(quota, allocations, claim.models, sign)
+            try:
+                written = await stores.write_quota_used(self._api, updated)
+            except ConflictError:
+                fresh = await self._api.get(paths.gpuquota(quota.namespace, quota.name))
+                self.gpuquotas.put(fresh)
+                quota = decode_quota(fresh)
+                continue
+            self.gpuquotas.put(written)
+            return decode_quota(written)
+        raise ReserveRejected(
+            RejectKind.QUOTA,
+            f'GPUQuota "{quota.namespace}/{quota.name}" changed '
+            f"{self._settings.write_retries} times while charging it; try again",
+        )
+
+    # -- the view ---------------------------------------------------------------------------------
+    def _on_pod(self, key: str, old: PodRecord | None, new: PodRecord | None) -> None:
+        for record in (old, new):
+            if record is None:
+                continue
+            self._dirty.add(record.node)
+        if old is not None:
+            self._pods_by_node.get(old.node, set()).discard(key)
+            if old.reservation_id:
+                self._live_reservations.pop(old.reservation_id, None)
+        if new is not None and not new.terminal and new.node:
+            self._pods_by_node.setdefault(new.node, set()).add(key)
+            if new.reservation_id:
+                self._live_reservations[new.reservation_id] = key
+
+    def live_reservation_ids(self) -> dict[str, str]:
+        return dict(self._live_reservations)
+
+    def _refresh(self) -> None:
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        now = self._clock()
+        for name in dirty:
+            self._view.remove_node(name)
+            self._host_free.pop(name, None)
+            record = self.gpunodes.get(name)
+            if record is None or record.unschedulable:
+                continue
+            node = self.nodes.get(name)
+            inventory = record.inventory(node)
+            self._view.add_node(inventory)
+            cpu, memory = inventory.cpu_milli, inventory.memory_mib
+            for key in self._pods_by_node.get(name, ()):
+                pod = self.pods.get(key)
+                if pod is None or pod.terminal:
+                    continue
+                allocations = pod.assignment.allocations() if pod.assignment else ()
+                self._view.allocate(name, allocations, pod.cpu_milli, pod.memory_mib)
+                cpu, memory = cpu - pod.cpu_milli, memory - pod.memory_mib
+            for held in self._open_reservations(record, now):
+                self._view.allocate(name, held.allocations)
+            self._host_free[name] = (cpu, memory)
+
+    def _open_reservations(self, record: GPUNodeRecord, now: float) -> list[Reservation]:
+        """Reservations that still hold capacity: not expired and not yet a live pod."""
+        return [
+            r
+            for r in record.reservations
+            if r.id not in self._live_reservations and r.expires_at > now
+        ]
+
+    def node(self, name: str) -> NodeRecord | None:
+        return self.nodes.get(name)
