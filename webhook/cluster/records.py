@@ -3,6 +3,7 @@
 Keeping a few fields per object bounds the webhook's memory by object count, not object size.
 """
 
+import json
 import logging
 from dataclasses import dataclass
 from fractions import Fraction
@@ -47,6 +48,8 @@ class GPUNodeRecord:
     pool: str
     split_count: int | None
     unschedulable: bool
+    # status.allocated + status.summary as last written, to write only on change
+    published: str = ""
 
     def inventory(self, node: NodeRecord | None) -> NodeInventory:
         cpu = node.cpu_milli if node else 0
@@ -134,6 +137,10 @@ def gpunode_record(obj: Obj) -> GPUNodeRecord | None:
         pool=str(spec.get("pool", "")),
         split_count=spec.get("splitCount"),
         unschedulable=bool(spec.get("unschedulable", False)),
+        published=json.dumps(
+            {"allocated": status.get("allocated") or [], "summary": status.get("summary") or {}},
+            sort_keys=True,
+        ),
     )
 
 

@@ -1,0 +1,181 @@
+"""Controllers that keep shared state true; one replica runs them (see leader.py).
+
+- prune reservations: drop those whose pod has been live for ``settle_s`` (the pod now
+  accounts for the slice), whose pod finished, or that expired without a pod;
+- recount GPUQuota use from live pods plus open reservations (like ResourceQuota's
+  controller), correcting any drift from crashed admissions;
+- publish each GPUNode's allocation summary for ``kubectl get gpunodes``.
+
+Every write is CAS-guarded; a conflict just waits for the next round.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+
+from fracgpu.model import GPUAllocation, Quota, ResourceAmounts
+from fracgpu.names import CORES_PER_GPU
+from webhook import quota as quotalib
+from webhook.cluster import stores
+from webhook.cluster.apiclient import ApiError, KubeApi
+from webhook.cluster.records import GPUNodeRecord
+from webhook.cluster.state import KubeState, KubeStateSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundReport:
+    reservations_pruned: int = 0
+    quotas_corrected: int = 0
+    nodes_summarised: int = 0
+    conflicts: int = 0
+
+
+class Controllers:
+    def __init__(
+        self,
+        api: KubeApi,
+        state: KubeState,
+        settings: KubeStateSettings,
+        interval_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._state = state
+        self._settings = settings
+        self._interval_s = interval_s
+        self._clock = clock
+
+    async def run(self) -> None:
+        while True:
+            if self._state.ready():
+                try:
+                    await self.reconcile_once()
+                except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+                    log.warning("controller round failed: %s", error)
+            await asyncio.sleep(self._interval_s)
+
+    async def reconcile_once(self) -> RoundReport:
+        report = RoundReport()
+        await self._prune_reservations(report)
+        await self._recount_quotas(report)
+        await self._summarise_nodes(report)
+        return report
+
+    # -- reservations -----------------------------------------------------------------------
+    async def _prune_reservations(self, report: RoundReport) -> None:
+        now = self._clock()
+        live = self._state.live_reservation_ids()
+        for name, record in self._state.gpunodes.items():
+            keep = []
+            for held in record.reservations:
+                made_at = held.expires_at - self._settings.reservation_ttl_s
+                settled = held.id in live and now - made_at >= self._settings.settle_s
+                expired = held.id not in live and now >= held.expires_at
+                if not (settled or expired):
+                    keep.append(held)
+            if len(keep) == len(record.reservations):
+                continue
+            try:
+                written = await stores.write_reservations(
+                    self._api, name, record.resource_version, keep
+                )
+            except ApiError as error:
+                report.conflicts += 1
+                log.info("pruning reservations of %s deferred: %s", name, error)
+                continue
+            self._state.gpunodes.put(written)
+            report.reservations_pruned += len(record.reservations) - len(keep)
+
+    # -- quota recount ----------------------------------------------------------------------------
+    async def _recount_quotas(self, report: RoundReport) -> None:
+        now = self._clock()
+        models = {d.uuid: d.model for _, r in self._state.gpunodes.items() for d in r.devices}
+        by_namespace = self._allocations_by_namespace(now)
+        for _, quota in self._state.gpuquotas.items():
+            counted = replace(quota, used=ResourceAmounts(), used_by_model={})
+            counted = quotalib.charge(counted, by_namespace.get(quota.namespace, []), models)
+            if _same_use(counted, quota):
+                continue
+            try:
+                written = await stores.write_quota_used(self._api, counted)
+            except ApiError as error:
+                report.conflicts += 1
+                log.info("recount of %s/%s deferred: %s", quota.namespace, quota.name, error)
+                continue
+            self._state.gpuquotas.put(written)
+            report.quotas_corrected += 1
+
+    def _allocations_by_namespace(self, now: float) -> dict[str, list[GPUAllocation]]:
+        result: dict[str, list[GPUAllocation]] = {}
+        live = self._state.live_reservation_ids()
+        for _, pod in self._state.pods.items():
+            if pod.assignment is not None and not pod.terminal:
+                result.setdefault(pod.namespace, []).extend(pod.assignment.allocations())
+        for _, record in self._state.gpunodes.items():
+            for held in record.reservations:
+                if held.id not in live and held.expires_at > now:
+                    result.setdefault(held.namespace, []).extend(held.allocations)
+        return result
+
+    # -- GPUNode summaries --------------------------------------------------------------------
+    async def _summarise_nodes(self, report: RoundReport) -> None:
+        view = await self._state.view()
+        for name, record in self._state.gpunodes.items():
+            allocated, summary = _summary(record, view.gpu_free if record.devices else None)
+            published = json.dumps({"allocated": allocated, "summary": summary}, sort_keys=True)
+            if published == record.published:
+                continue
+            try:
+                written = await stores.write_allocation_summary(
+                    self._api, name, record.resource_version, allocated, summary
+                )
+            except ApiError as error:
+                report.conflicts += 1
+                log.info("summary of %s deferred: %s", name, error)
+                continue
+            self._state.gpunodes.put(written)
+            report.nodes_summarised += 1
+
+
+def _same_use(a: Quota, b: Quota) -> bool:
+    def nonzero(q: Quota) -> dict[str, ResourceAmounts]:
+        return {k: v for k, v in q.used_by_model.items() if v != ResourceAmounts()}
+
+    return a.used == b.used and nonzero(a) == nonzero(b)
+
+
+def _summary(
+    record: GPUNodeRecord, gpu_free: Callable[[str, str], tuple[int, int, int]] | None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    allocated: list[dict[str, Any]] = []
+    used_cores = used_memory = total_memory = 0
+    for device in record.devices:
+        free_cores, free_memory, count = CORES_PER_GPU, device.memory_mib, 0
+        if gpu_free is not None and not record.unschedulable:
+            with contextlib.suppress(KeyError):
+                free_cores, free_memory, count = gpu_free(record.name, device.uuid)
+        cores = CORES_PER_GPU - free_cores
+        memory = device.memory_mib - free_memory
+        allocated.append(
+            {"uuid": device.uuid, "cores": cores, "memoryMiB": memory, "containers": count}
+        )
+        used_cores += cores
+        used_memory += memory
+        total_memory += device.memory_mib
+    models = sorted({d.model for d in record.devices})
+    summary = {
+        "gpus": len(record.devices),
+        "model": models[0] if len(models) == 1 else ("mixed" if models else ""),
+        "compute": f"{used_cores}/{CORES_PER_GPU * len(record.devices)}",
+        "memoryMiB": f"{used_memory}/{total_memory}",
+    }
+    return allocated, summary
