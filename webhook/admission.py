@@ -1,0 +1,297 @@
+"""Admission decisions: the mutating and validating rules over a ``ClusterState``.
+
+Mutation (CREATE): opted-out namespaces and non-pod objects pass untouched; a pod without
+GPUs gets ``NVIDIA_VISIBLE_DEVICES=void``; a GPU pod is checked (dialect, tampering),
+placed, quota-checked, reserved (unless dry-run) and rewritten. A pod that already carries
+a verified assignment (reinvocation) is rewritten with that assignment, never placed again.
+
+Validation (CREATE, UPDATE): dialect rules, tampering, and on CREATE that every GPU pod
+carries exactly what fracgpu wrote for a reservation it holds.
+"""
+
+import dataclasses
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from fracgpu import names
+from fracgpu.dialects import canonical_quantities
+from fracgpu.errors import FracgpuError
+from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
+from fracgpu.placement import NoFit, PodDemand
+from webhook import pod as podlib
+from webhook import quota as quotalib
+from webhook import responses, validate
+from webhook.demand import PodAsk, read_ask
+from webhook.metrics import Metrics
+from webhook.mutate import decide, make_patch
+from webhook.review import AdmissionRequest
+from webhook.settings import Settings
+from webhook.state import Claim, ClusterState, RejectKind, ReserveRejected
+
+log = logging.getLogger(__name__)
+# Sub-resources whose object is the pod and may carry containers (kubectl debug).
+CHECKED_SUB_RESOURCES: Final = ("", "ephemeralcontainers")
+
+
+def new_reservation_id() -> str:
+    return "r-" + secrets.token_hex(8)
+
+
+class Admission:
+    def __init__(
+        self,
+        settings: Settings,
+        state: ClusterState,
+        metrics: Metrics,
+        new_id: Callable[[], str] = new_reservation_id,
+    ) -> None:
+        self._settings = settings
+        self._state = state
+        self._metrics = metrics
+        self._new_id = new_id
+
+    # -- mutating ------------------------------------------------------------------------------
+    async def mutate(self, request: AdmissionRequest) -> responses.Verdict:
+        if (
+            request.operation != "CREATE"
+            or not request.is_pod
+            or request.sub_resource
+            or request.obj is None
+        ):
+            return responses.allowed()
+        pod = request.obj
+        namespace = _namespace(request)
+        if not await self._state.namespace_managed(namespace):
+            return responses.allowed()
+        trusted = request.username in self._settings.service_accounts
+        try:
+            ask = read_ask(pod, self._settings.dialects, self._settings.policy)
+            annotations = podlib.annotations(pod)
+            if ask.demand is None:
+                return self._mutate_without_gpu(pod, trusted)
+            if names.ANNOTATION_ASSIGNMENT in annotations:
+                return await self._reapply(pod, namespace, ask, trusted, request.dry_run)
+            if not trusted:
+                findings = validate.tamper_findings(
+                    pod, placed_by_fracgpu=False, void_allowed=False
+                )
+                if findings:
+                    return responses.denied(validate.tamper_message(findings, "this pod"))
+            return await self._place(pod, namespace, ask, request)
+        except FracgpuError as error:
+            return responses.invalid(str(error))
+
+    def _mutate_without_gpu(self, pod: Mapping[str, Any], trusted: bool) -> responses.Verdict:
+        if not trusted:
+            findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
+            if findings:
+                return responses.denied(validate.tamper_message(findings, "this pod"))
+        return responses.patched(make_patch(pod, decide(pod, None, self._settings.dialects)))
+
+    async def _reapply(
+        self, pod: Mapping[str, Any], namespace: str, ask: PodAsk, trusted: bool, dry_run: bool
+    ) -> responses.Verdict:
+        """Reinvocation: keep the pod's own verified assignment, write it again, place nothing."""
+        assignment = await self._verified_assignment(pod, namespace, ask, trusted, dry_run)
+        if isinstance(assignment, str):
+            return responses.denied(assignment)
+        return responses.patched(make_patch(pod, decide(pod, assignment, self._settings.dialects)))
+
+    async def _place(
+        self, pod: Mapping[str, Any], namespace: str, ask: PodAsk, request: AdmissionRequest
+    ) -> responses.Verdict:
+        assert ask.demand is not None
+        demand = ask.demand
+        quotas = await self._state.quotas(namespace)
+        pools = quotalib.allowed_pools(quotas)
+        if pools is not None:
+            demand = dataclasses.replace(
+                demand, constraints=dataclasses.replace(demand.constraints, pools=pools)
+            )
+        quota_block: quotalib.QuotaExceeded | None = None
+        for _ in range(self._settings.placement_attempts):
+            view = await self._state.view()
+            quotas = await self._state.quotas(namespace)
+            placed = view.place(demand, ask.policy)
+            if isinstance(placed, NoFit):
+                if quota_block is not None:  # the models left after quota exclusions are full
+                    return self._quota_denial(quota_block)
+                self._metrics.placement_failure(placed.reason.value)
+                return responses.denied(placed.message)
+            assignment = Assignment(placed.node, self._new_id(), placed.containers)
+            models = {d.uuid: d.model for n in view.nodes() for d in n.devices}
+            over = quotalib.check(quotas, assignment.allocations(), models)
+            if over is not None:
+                if over.model and over.model not in demand.constraints.exclude_models:
+                    # Per-model quota: another model may still fit within quota.
+                    quota_block = quota_block or over
+                    demand = _excluding_model(demand, over.model)
+                    continue
+                return self._quota_denial(quota_block or over)
+            if not request.dry_run:
+                claim = Claim(
+                    Reservation(
+                        id=assignment.reservation_id,
+                        node=assignment.node,
+                        namespace=namespace,
+                        pod=podlib.display_name(pod, namespace).split("/", 1)[1],
+                        allocations=assignment.allocations(),
+                        expires_at=0,
+                    ),
+                    demand.cpu_milli,
+                    demand.memory_mib,
+                    models,
+                )
+                try:
+                    await self._state.reserve(claim)
+                except ReserveRejected as rejected:
+                    if rejected.kind is RejectKind.QUOTA:
+                        self._metrics.placement_failure("quota")
+                        return responses.denied(rejected.message)
+                    log.info("reservation lost a race, re-planning: %s", rejected.message)
+                    continue
+            mutated = decide(pod, assignment, self._settings.dialects)
+            return responses.patched(make_patch(pod, mutated), _warnings(ask, assignment))
+        if quota_block is not None:
+            return self._quota_denial(quota_block)
+        self._metrics.placement_failure("conflict")
+        return responses.denied(
+            f"the chosen GPUs were taken by other pods {self._settings.placement_attempts} "
+            "times while this pod was being admitted: create it again",
+            code=409,
+            reason="Conflict",
+        )
+
+    def _quota_denial(self, over: quotalib.QuotaExceeded) -> responses.Verdict:
+        self._metrics.placement_failure("quota")
+        return responses.denied(over.message)
+
+    # -- validating ----------------------------------------------------------------------------
+    async def validate(self, request: AdmissionRequest) -> responses.Verdict:
+        if (
+            request.operation not in ("CREATE", "UPDATE")
+            or not request.is_pod
+            or request.sub_resource not in CHECKED_SUB_RESOURCES
+            or request.obj is None
+        ):
+            return responses.allowed()
+        namespace = _namespace(request)
+        if not await self._state.namespace_managed(namespace):
+            return responses.allowed()
+        if request.username in self._settings.service_accounts:
+            return responses.allowed()
+        pod = request.obj
+        try:
+            if request.operation == "UPDATE":
+                return self._validate_update(request.old_obj, pod)
+            ask = read_ask(pod, self._settings.dialects, self._settings.policy)
+            if ask.demand is None:
+                findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
+                if findings:
+                    return responses.denied(validate.tamper_message(findings, "this pod"))
+                return responses.allowed()
+            if names.ANNOTATION_ASSIGNMENT not in podlib.annotations(pod):
+                return responses.denied(
+                    "this pod asks for GPUs but carries no fracgpu assignment: the fracgpu "
+                    "mutating webhook did not place it. Check that the "
+                    "MutatingWebhookConfiguration selects this namespace, then create it again"
+                )
+            assignment = await self._verified_assignment(
+                pod, namespace, ask, False, request.dry_run
+            )
+            if isinstance(assignment, str):
+                return responses.denied(assignment)
+            drift = validate.drift_findings(pod, assignment, self._settings.dialects)
+            if drift:
+                return responses.denied(
+                    "this pod differs from what fracgpu wrote for its assignment at "
+                    f"{', '.join(drift[: validate.MAX_FINDINGS_SHOWN])}: a later change "
+                    "touched fracgpu's fields; create the pod again without changing them"
+                )
+            return responses.allowed()
+        except FracgpuError as error:
+            return responses.invalid(str(error))
+
+    def _validate_update(
+        self, old: Mapping[str, Any] | None, new: Mapping[str, Any]
+    ) -> responses.Verdict:
+        if old is None:
+            return responses.invalid("an UPDATE review must carry oldObject")
+        findings = validate.update_findings(old, new)
+        if findings:
+            return responses.denied(validate.tamper_message(findings, "this update"))
+        return responses.allowed()
+
+    # -- shared --------------------------------------------------------------------------------
+    async def _verified_assignment(
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        ask: PodAsk,
+        trusted: bool,
+        dry_run: bool,
+    ) -> Assignment | str:
+        """The pod's assignment if fracgpu made it (or a trusted account wrote it), else why not."""
+        assignment = validate.read_assignment(podlib.annotations(pod))
+        if isinstance(assignment, str):
+            return f"annotation {names.ANNOTATION_ASSIGNMENT} is not usable: {assignment}"
+        reservation = None if dry_run else await self._state.reservation(assignment.reservation_id)
+        findings = validate.assignment_findings(
+            assignment,
+            [r.container for r in ask.requests],
+            namespace,
+            reservation,
+            check_reservation=not (dry_run or trusted),
+        )
+        if not trusted:
+            findings += validate.tamper_findings(pod, placed_by_fracgpu=True, void_allowed=True)
+        if findings:
+            return (
+                f"the pod's fracgpu fields were not written by fracgpu: {'; '.join(findings)}. "
+                "Users may not set fracgpu's annotations, labels or variables; remove them "
+                "and create the pod again"
+            )
+        return assignment
+
+
+def _namespace(request: AdmissionRequest) -> str:
+    meta = request.obj.get("metadata") if request.obj else None
+    from_pod = meta.get("namespace") if isinstance(meta, dict) else None
+    return request.namespace or (from_pod if isinstance(from_pod, str) else "") or "default"
+
+
+def _excluding_model(demand: PodDemand, model: str) -> PodDemand:
+    constraints = demand.constraints
+    return dataclasses.replace(
+        demand,
+        constraints=dataclasses.replace(
+            constraints, exclude_models=(*constraints.exclude_models, model)
+        ),
+    )
+
+
+def _warnings(ask: PodAsk, assignment: Assignment) -> list[str]:
+    """Tell the user what their dialect became, and when compute is best effort."""
+    warnings = []
+    for request in ask.requests:
+        held = assignment.for_container(request.container)
+        if held is None:
+            continue
+        if request.dialect is not Dialect.TKESTACK:
+            canonical = ", ".join(f"{k}={v}" for k, v in canonical_quantities(held).items())
+            warnings.append(
+                f'container "{request.container}": {request.dialect.value} request '
+                f"normalised to {canonical}"
+            )
+        if _best_effort(request):
+            warnings.append(
+                f'container "{request.container}" reserves no GPU compute (best effort): '
+                "set a core share to guarantee one"
+            )
+    return warnings
+
+
+def _best_effort(request: ContainerRequest) -> bool:
+    return request.cores == 0

@@ -1,0 +1,149 @@
+"""What a pod asks of placement: GPU containers, CPU and memory, model/UUID constraints, policy.
+
+CPU and memory follow Kubernetes' effective pod request: the larger of the app containers
+(plus sidecars) and the peak of the init phase, plus the pod overhead. A container that
+sets only a limit requests its limit, as the API server defaults it.
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Final
+
+from fracgpu import names
+from fracgpu.dialects import DialectConfig, parse_container
+from fracgpu.errors import FracgpuError, QuantityError
+from fracgpu.model import ContainerRequest
+from fracgpu.placement import Constraints, PodDemand, Policy
+from fracgpu.quantity import parse_quantity
+from webhook import pod as podlib
+
+# Annotation -> the Constraints field it feeds; fracgpu's own and HAMi's names combine.
+_CONSTRAINT_ANNOTATIONS: Final = {
+    names.ANNOTATION_USE_MODELS: "include_models",
+    names.HAMI_ANNOTATION_USE_GPUTYPE: "include_models",
+    names.ANNOTATION_AVOID_MODELS: "exclude_models",
+    names.HAMI_ANNOTATION_NOUSE_GPUTYPE: "exclude_models",
+    names.HAMI_ANNOTATION_USE_GPUUUID: "include_uuids",
+    names.HAMI_ANNOTATION_NOUSE_GPUUUID: "exclude_uuids",
+}
+MAX_CONSTRAINT_ENTRIES: Final = 256
+
+
+class DemandError(FracgpuError):
+    """An annotation or resource that placement cannot use; the message says what is allowed."""
+
+
+@dataclass(frozen=True)
+class PodAsk:
+    """A pod's GPU ask; ``demand`` is None when no container asks for a GPU."""
+
+    requests: tuple[ContainerRequest, ...]
+    demand: PodDemand | None
+    policy: Policy
+
+
+def gpu_requests(pod: Mapping[str, Any], config: DialectConfig) -> tuple[ContainerRequest, ...]:
+    """Canonical requests of every GPU container (init containers included)."""
+    found = []
+    for _, _, container in podlib.containers(pod):
+        request = parse_container(container, config)
+        if request is not None:
+            found.append(request)
+    return tuple(found)
+
+
+def read_ask(pod: Mapping[str, Any], config: DialectConfig, default_policy: Policy) -> PodAsk:
+    requests = gpu_requests(pod, config)
+    annotations = podlib.annotations(pod)
+    policy = _policy(annotations, default_policy)
+    if not requests:
+        return PodAsk((), None, policy)
+    cpu_milli, memory_mib = cpu_and_memory(pod)
+    demand = PodDemand(requests, cpu_milli, memory_mib, constraints(annotations))
+    return PodAsk(requests, demand, policy)
+
+
+def constraints(annotations: Mapping[str, str]) -> Constraints:
+    fields: dict[str, list[str]] = {}
+    for key, target in _CONSTRAINT_ANNOTATIONS.items():
+        if key not in annotations:
+            continue
+        entries = [e.strip() for e in annotations[key].split(",") if e.strip()]
+        if not entries or len(entries) > MAX_CONSTRAINT_ENTRIES:
+            raise DemandError(
+                f"annotation {key}={annotations[key]!r} is not allowed: use a comma-separated "
+                f"list of 1-{MAX_CONSTRAINT_ENTRIES} GPU "
+                f"{'UUIDs' if 'uuid' in target else 'model names such as A100,H100'}"
+            )
+        fields.setdefault(target, []).extend(entries)
+
+    def unique(target: str) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(fields.get(target, [])))
+
+    return Constraints(
+        include_models=unique("include_models"),
+        exclude_models=unique("exclude_models"),
+        include_uuids=unique("include_uuids"),
+        exclude_uuids=unique("exclude_uuids"),
+    )
+
+
+def _policy(annotations: Mapping[str, str], default: Policy) -> Policy:
+    raw = annotations.get(names.ANNOTATION_POLICY)
+    if raw is None:
+        return default
+    try:
+        return Policy(raw)
+    except ValueError:
+        raise DemandError(
+            f"annotation {names.ANNOTATION_POLICY}={raw!r} is not allowed: use one of "
+            f"{', '.join(p.value for p in Policy)}"
+        ) from None
+
+
+def cpu_and_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """The pod's effective (CPU millicores, memory MiB) request, rounded up."""
+    app = [Fraction(0), Fraction(0)]
+    init_peak = [Fraction(0), Fraction(0)]
+    sidecars = [Fraction(0), Fraction(0)]
+    for field, index, container in podlib.containers(pod):
+        cpu, memory = _container_request(container, f".spec.{field}[{index}]")
+        if field == podlib.CONTAINERS:
+            app = [app[0] + cpu, app[1] + memory]
+        elif container.get("restartPolicy") == "Always":  # a sidecar runs beside the app
+            sidecars = [sidecars[0] + cpu, sidecars[1] + memory]
+        else:
+            init_peak = [
+                max(init_peak[0], sidecars[0] + cpu),
+                max(init_peak[1], sidecars[1] + memory),
+            ]
+    overhead = _amounts(podlib.mapping_at(podlib.spec(pod), "overhead", ".spec"), ".spec.overhead")
+    cpu_total = max(app[0] + sidecars[0], init_peak[0]) + overhead[0]
+    memory_total = max(app[1] + sidecars[1], init_peak[1]) + overhead[1]
+    return math.ceil(cpu_total * 1000), math.ceil(memory_total / 2**20)
+
+
+def _container_request(container: Mapping[str, Any], path: str) -> tuple[Fraction, Fraction]:
+    resources = podlib.mapping_at(container, "resources", path)
+    limits = _amounts(podlib.mapping_at(resources, "limits", path), f"{path}.resources.limits")
+    requests_map = podlib.mapping_at(resources, "requests", path)
+    requests = _amounts(requests_map, f"{path}.resources.requests")
+    cpu = requests[0] if "cpu" in requests_map else limits[0]
+    memory = requests[1] if "memory" in requests_map else limits[1]
+    return cpu, memory
+
+
+def _amounts(resources: Mapping[str, Any], path: str) -> tuple[Fraction, Fraction]:
+    values = []
+    for key in ("cpu", "memory"):
+        raw = resources.get(key, 0)
+        try:
+            value = parse_quantity(raw)
+        except QuantityError as error:
+            raise DemandError(f"{path}.{key}: {error}") from None
+        if value < 0:
+            raise DemandError(f"{path}.{key}={raw!r} is negative: use 0 or more")
+        values.append(value)
+    return values[0], values[1]

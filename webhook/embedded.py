@@ -1,0 +1,336 @@
+"""The embedded back end: cluster state from a YAML/JSON file, held in memory.
+
+File format (see examples/cluster.yaml)::
+
+    nodes:        [{name, cpu, memory, pool?, splitCount?, gpus: [{uuid, index, model,
+                    memoryMiB, healthy?, migEnabled?}]}]
+    pods:         [{namespace, name, node, cpu?, memory?, containers: [{name,
+                    devices: [{uuid, cores, memoryMiB}]}]}]          # already assigned
+    namespaces:   [{name, labels}]      # label fracgpu.io/ignore: "true" opts out
+    quotas:       [GPUQuota objects: {metadata: {namespace, name}, spec: {hard, models, pools}}]
+
+Quota use is counted from the listed pods (as the recount controller does), not read from
+the file. Reservations made by admission stay until released: there is no pod watch here,
+so an admitted pod is assumed to exist.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fracgpu import codec, names
+from fracgpu.errors import FracgpuError
+from fracgpu.model import GPUAllocation, NodeInventory, Quota, Reservation, ResourceAmounts
+from fracgpu.placement import ClusterView
+from fracgpu.quantity import parse_quantity
+from webhook import quota as quotalib
+from webhook.state import Claim, RejectKind, ReserveRejected
+
+
+class ClusterFileError(FracgpuError):
+    """The cluster file is not usable; the message names the entry and what is allowed."""
+
+
+@dataclass(frozen=True)
+class AssignedPod:
+    namespace: str
+    name: str
+    node: str
+    allocations: tuple[GPUAllocation, ...]
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    nodes: tuple[NodeInventory, ...]
+    pods: tuple[AssignedPod, ...]
+    namespace_labels: Mapping[str, Mapping[str, str]]
+    quotas: tuple[Quota, ...]
+
+
+def load_cluster_file(path: Path) -> ClusterFile:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ClusterFileError(f"cluster file {path}: cannot read it ({error.strerror})") from None
+    return parse_cluster(text, str(path))
+
+
+def parse_cluster(text: str, source: str = "cluster file") -> ClusterFile:
+    try:
+        raw = yaml.safe_load(text) if not text.lstrip().startswith("{") else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as error:
+        raise ClusterFileError(f"{source}: not YAML or JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise ClusterFileError(f"{source}: the top level must be a mapping with nodes, pods...")
+    unknown = raw.keys() - {"apiVersion", "kind", "nodes", "pods", "namespaces", "quotas"}
+    if unknown:
+        raise ClusterFileError(
+            f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}: "
+            "use nodes, pods, namespaces, quotas"
+        )
+    try:
+        nodes = tuple(
+            _node(f"{source} nodes[{i}]", n) for i, n in enumerate(_list(raw, "nodes", source))
+        )
+        by_name = {n.name: n for n in nodes}
+        if len(by_name) != len(nodes):
+            raise ClusterFileError(f"{source}: a node name appears twice")
+        uuids = [d.uuid for n in nodes for d in n.devices]
+        if len(set(uuids)) != len(uuids):
+            raise ClusterFileError(f"{source}: a GPU UUID appears twice")
+        pods = tuple(
+            _pod(f"{source} pods[{i}]", p, by_name)
+            for i, p in enumerate(_list(raw, "pods", source))
+        )
+        namespaces = {
+            _str(f"{source} namespaces[{i}]", ns, "name"): _labels(f"{source} namespaces[{i}]", ns)
+            for i, ns in enumerate(_list(raw, "namespaces", source))
+        }
+        quotas = tuple(codec.decode_quota(q) for q in _list(raw, "quotas", source))
+    except FracgpuError as error:
+        if isinstance(error, ClusterFileError):
+            raise
+        raise ClusterFileError(f"{source}: {error}") from None
+    return ClusterFile(nodes, pods, namespaces, quotas)
+
+
+class EmbeddedState:
+    """``ClusterState`` over a parsed cluster file; one asyncio lock makes reserve atomic."""
+
+    def __init__(
+        self,
+        cluster: ClusterFile,
+        split_count: int,
+        reservation_ttl_seconds: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._view = ClusterView(cluster.nodes, default_split_count=split_count)
+        self._split_count = split_count
+        self._ttl = reservation_ttl_seconds
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._nodes = {n.name: n for n in cluster.nodes}
+        self._models = {d.uuid: d.model for n in cluster.nodes for d in n.devices}
+        self._free_host = {n.name: [n.cpu_milli, n.memory_mib] for n in cluster.nodes}
+        self._namespaces = cluster.namespace_labels
+        self._reservations: dict[str, Claim] = {}
+        quotas = [replace(q, used=ResourceAmounts(), used_by_model={}) for q in cluster.quotas]
+        for pod in cluster.pods:
+            self._take(pod.node, pod.allocations, pod.cpu_milli, pod.memory_mib)
+            quotas = [
+                quotalib.charge(q, pod.allocations, self._models)
+                if q.namespace == pod.namespace
+                else q
+                for q in quotas
+            ]
+        self._quotas = quotas
+
+    @classmethod
+    def from_file(
+        cls, path: Path, split_count: int, reservation_ttl_seconds: int
+    ) -> "EmbeddedState":
+        return cls(load_cluster_file(path), split_count, reservation_ttl_seconds)
+
+    def ready(self) -> bool:
+        return True
+
+    async def view(self) -> ClusterView:
+        return self._view
+
+    async def namespace_managed(self, namespace: str) -> bool:
+        labels = self._namespaces.get(namespace, {})
+        return labels.get(names.NAMESPACE_LABEL_OPT_OUT, "").lower() != "true"
+
+    async def quotas(self, namespace: str) -> tuple[Quota, ...]:
+        return tuple(q for q in self._quotas if q.namespace == namespace)
+
+    async def reservation(self, reservation_id: str) -> Reservation | None:
+        claim = self._reservations.get(reservation_id)
+        return None if claim is None else claim.reservation
+
+    def reservations(self) -> tuple[Reservation, ...]:
+        return tuple(c.reservation for c in self._reservations.values())
+
+    def models(self) -> Mapping[str, str]:
+        return dict(self._models)
+
+    async def reserve(self, claim: Claim) -> None:
+        async with self._lock:
+            held = claim.reservation
+            if held.id in self._reservations:
+                raise ReserveRejected(RejectKind.CAPACITY, f"reservation {held.id} exists already")
+            problem = self._capacity_problem(held.node, held.allocations, claim)
+            if problem:
+                raise ReserveRejected(RejectKind.CAPACITY, problem)
+            namespace_quotas = [q for q in self._quotas if q.namespace == held.namespace]
+            over = quotalib.check(namespace_quotas, held.allocations, self._models)
+            if over is not None:
+                raise ReserveRejected(RejectKind.QUOTA, over.message)
+            self._take(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
+            self._charge(held.namespace, held.allocations, sign=1)
+            self._reservations[held.id] = replace(
+                claim, reservation=replace(held, expires_at=int(self._clock()) + self._ttl)
+            )
+
+    async def release(self, reservation_id: str) -> None:
+        async with self._lock:
+            claim = self._reservations.pop(reservation_id, None)
+            if claim is None:
+                return
+            held = claim.reservation
+            self._view.release(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
+            host = self._free_host.get(held.node)
+            if host is not None:
+                host[0] += claim.cpu_milli
+                host[1] += claim.memory_mib
+            self._charge(held.namespace, held.allocations, sign=-1)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _take(
+        self, node: str, allocations: tuple[GPUAllocation, ...], cpu: int, memory: int
+    ) -> None:
+        self._view.allocate(node, allocations, cpu, memory)
+        host = self._free_host.get(node)
+        if host is not None:
+            host[0] -= cpu
+            host[1] -= memory
+
+    def _charge(self, namespace: str, allocations: tuple[GPUAllocation, ...], sign: int) -> None:
+        self._quotas = [
+            quotalib.charge(q, allocations, self._models, sign) if q.namespace == namespace else q
+            for q in self._quotas
+        ]
+
+    def _capacity_problem(
+        self, node: str, allocations: tuple[GPUAllocation, ...], claim: Claim
+    ) -> str:
+        inventory = self._nodes.get(node)
+        if inventory is None:
+            return f"node {node} is not in the cluster"
+        cpu, memory = self._free_host[node]
+        if claim.cpu_milli > cpu or claim.memory_mib > memory:
+            return f"node {node} has {cpu}m CPU and {memory} MiB memory free"
+        split = inventory.split_count or self._split_count
+        per_gpu: dict[str, list[GPUAllocation]] = {}
+        for alloc in allocations:
+            per_gpu.setdefault(alloc.uuid, []).append(alloc)
+        for uuid, allocs in per_gpu.items():
+            if uuid not in {d.uuid for d in inventory.devices}:
+                return f"GPU {uuid} is not on node {node}"
+            free_cores, free_memory, count = self._view.gpu_free(node, uuid)
+            exclusive = any(a.cores >= names.CORES_PER_GPU for a in allocs)
+            if (
+                sum(a.cores for a in allocs) > free_cores
+                or sum(a.memory_mib for a in allocs) > free_memory
+                or count + len(allocs) > split
+                or (exclusive and (count or len(allocs) > 1))
+            ):
+                return f"GPU {uuid} on {node} has {free_cores} cores, {free_memory} MiB free"
+        return ""
+
+
+# -- file readers --------------------------------------------------------------------------------
+def _node(what: str, raw: object) -> NodeInventory:
+    obj = _mapping(what, raw, {"name", "cpu", "memory", "gpus"}, {"pool", "splitCount"})
+    gpus = obj["gpus"]
+    if not isinstance(gpus, list):
+        raise ClusterFileError(f"{what}.gpus: must be a list of GPUs")
+    devices = codec.decode_devices(
+        f"{what}.gpus", [{"healthy": True, **g} if isinstance(g, dict) else g for g in gpus]
+    )
+    split = obj.get("splitCount")
+    if split is not None and (not isinstance(split, int) or isinstance(split, bool) or split < 1):
+        raise ClusterFileError(f"{what}.splitCount: use a whole number of 1 or more")
+    return NodeInventory(
+        name=_str(what, obj, "name"),
+        devices=devices,
+        cpu_milli=_cpu(what, obj["cpu"]),
+        memory_mib=_memory(what, obj["memory"]),
+        pool=str(obj.get("pool", "")),
+        split_count=split,
+    )
+
+
+def _pod(what: str, raw: object, nodes: Mapping[str, NodeInventory]) -> AssignedPod:
+    obj = _mapping(what, raw, {"namespace", "name", "node", "containers"}, {"cpu", "memory"})
+    node = _str(what, obj, "node")
+    if node not in nodes:
+        raise ClusterFileError(f"{what}.node: {node!r} is not one of the nodes")
+    payload = {
+        "version": codec.ASSIGNMENT_VERSION,
+        "node": node,
+        "reservationId": f"embedded-{_str(what, obj, 'name')}",
+        "containers": obj["containers"],
+    }
+    assignment = codec.decode_assignment(json.dumps(payload))
+    on_node = {d.uuid for d in nodes[node].devices}
+    for alloc in assignment.allocations():
+        if alloc.uuid not in on_node:
+            raise ClusterFileError(f"{what}: GPU {alloc.uuid} is not on node {node}")
+    return AssignedPod(
+        namespace=_str(what, obj, "namespace"),
+        name=_str(what, obj, "name"),
+        node=node,
+        allocations=assignment.allocations(),
+        cpu_milli=_cpu(what, obj.get("cpu", 0)),
+        memory_mib=_memory(what, obj.get("memory", 0)),
+    )
+
+
+def _labels(what: str, raw: object) -> Mapping[str, str]:
+    obj = _mapping(what, raw, {"name"}, {"labels"})
+    labels = obj.get("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise ClusterFileError(f"{what}.labels: must map label names to string values")
+    return {str(k): v for k, v in labels.items()}
+
+
+def _mapping(what: str, raw: object, required: set[str], optional: set[str]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ClusterFileError(f"{what}: must be a mapping")
+    missing = required - raw.keys()
+    if missing:
+        raise ClusterFileError(f"{what}: missing {', '.join(sorted(missing))}")
+    unknown = raw.keys() - required - optional
+    if unknown:
+        raise ClusterFileError(
+            f"{what}: unknown key(s) {', '.join(sorted(map(str, unknown)))}: "
+            f"allowed are {', '.join(sorted(required | optional))}"
+        )
+    return raw
+
+
+def _list(raw: Mapping[str, Any], key: str, source: str) -> list[Any]:
+    value = raw.get(key) or []
+    if not isinstance(value, list):
+        raise ClusterFileError(f"{source}: {key} must be a list")
+    return value
+
+
+def _str(what: str, obj: Mapping[str, Any], key: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise ClusterFileError(f"{what}.{key}: must be a non-empty string")
+    return value
+
+
+def _cpu(what: str, raw: object) -> int:
+    value = parse_quantity(raw)
+    if value < 0:
+        raise ClusterFileError(f"{what}.cpu: must not be negative")
+    return int(-(-value * 1000 // 1))
+
+
+def _memory(what: str, raw: object) -> int:
+    value = parse_quantity(raw)
+    if value < 0:
+        raise ClusterFileError(f"{what}.memory: must not be negative")
+    return int(-(-value // 2**20))

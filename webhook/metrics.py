@@ -1,0 +1,45 @@
+"""Prometheus metrics of one webhook app, in its own registry (never the global one)."""
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+# Admission must answer well inside the API server's 10 s default timeout.
+LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._admissions = Counter(
+            "fracgpu_webhook_admissions",
+            "Admission answers by endpoint and verdict (allowed, patched, denied, errored, "
+            "malformed)",
+            ["endpoint", "verdict"],
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "fracgpu_webhook_admission_duration_seconds",
+            "Time from receiving a review to answering it",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._placement_failures = Counter(
+            "fracgpu_webhook_placement_failures",
+            "Pods that could not be placed, by reason (never, not-now, quota, conflict)",
+            ["reason"],
+            registry=self.registry,
+        )
+
+    def admission(self, endpoint: str, verdict: str, seconds: float) -> None:
+        self._admissions.labels(endpoint=endpoint, verdict=verdict).inc()
+        self._latency.labels(endpoint=endpoint).observe(seconds)
+
+    def placement_failure(self, reason: str) -> None:
+        self._placement_failures.labels(reason=reason).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,135 @@
+"""Write fracgpu's decision into a deep copy of the pod, and diff it into a JSONPatch.
+
+``decide`` is a fixed point: applied to a pod it already wrote, it changes nothing. The
+validating webhook relies on that to check that a pod carries exactly what fracgpu wrote.
+Patches are always ``jsonpatch.make_patch`` of original vs mutated, never hand-written ops.
+"""
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+import jsonpatch
+
+from fracgpu import names
+from fracgpu.codec import encode_assignment
+from fracgpu.dialects import DialectConfig, canonical_quantities
+from fracgpu.model import Assignment, ContainerAssignment
+from webhook import pod as podlib
+
+# matchFields on metadata.name pins to the Node object itself (the hostname label can differ).
+NODE_NAME_FIELD: Final = "metadata.name"
+_LABEL_VALUE: Final = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def decide(
+    pod: Mapping[str, Any], assignment: Assignment | None, config: DialectConfig
+) -> dict[str, Any]:
+    """A new pod: ``assignment`` written in, or (None) only ``void`` on every container."""
+    mutated = copy.deepcopy(dict(pod))
+    if assignment is not None:
+        _write_metadata(mutated, assignment)
+        _pin_to_node(mutated, assignment.node)
+    for field, index, _ in list(podlib.containers(mutated)):
+        container = _child_list(_child(mutated, "spec"), field)[index]
+        held = assignment.for_container(container["name"]) if assignment else None
+        if held is None:
+            _set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
+        else:
+            _write_resources(container, held, config)
+            _set_env(container, names.ENV_VISIBLE_DEVICES, ",".join(d.uuid for d in held.devices))
+    return mutated
+
+
+def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[dict[str, Any]]:
+    ops: list[dict[str, Any]] = jsonpatch.make_patch(dict(original), dict(mutated)).patch
+    return ops
+
+
+def is_label_value(text: str) -> bool:
+    return len(text) <= 63 and _LABEL_VALUE.fullmatch(text) is not None
+
+
+def _write_metadata(pod: dict[str, Any], assignment: Assignment) -> None:
+    meta = _child(pod, "metadata")
+    annotations = _child(meta, "annotations")
+    annotations[names.ANNOTATION_ASSIGNMENT] = encode_assignment(assignment)
+    annotations[names.ANNOTATION_RESERVATION_ID] = assignment.reservation_id
+    labels = _child(meta, "labels")
+    labels[names.LABEL_MANAGED] = "true"
+    # Node names may be 253 characters; a label value only 63. The annotation has it anyway.
+    if is_label_value(assignment.node):
+        labels[names.LABEL_ASSIGNED_NODE] = assignment.node
+
+
+def _pin_to_node(pod: dict[str, Any], node: str) -> None:
+    """AND ``metadata.name In [node]`` into every required term (terms are ORed)."""
+    required = _child(
+        _child(_child(_child(pod, "spec"), "affinity"), "nodeAffinity"),
+        "requiredDuringSchedulingIgnoredDuringExecution",
+    )
+    pin = {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
+    terms = _child_list(required, "nodeSelectorTerms")
+    if not terms:
+        terms.append({})
+    for index in range(len(terms)):
+        if not isinstance(terms[index], dict):
+            raise podlib.PodShapeError(
+                f".spec.affinity.nodeAffinity.required...nodeSelectorTerms[{index}]",
+                "must be an object",
+            )
+        fields = _child_list(terms[index], "matchFields")
+        if pin not in fields:
+            fields.append(pin)
+
+
+def _write_resources(
+    container: dict[str, Any], held: ContainerAssignment, config: DialectConfig
+) -> None:
+    """Replace dialect resources by the canonical ones, in limits and requests alike."""
+    rn = config.names
+    canonical = canonical_quantities(held)
+    values = {
+        rn.vcuda_core: canonical[names.RESOURCE_VCUDA_CORE],
+        rn.vcuda_memory: canonical[names.RESOURCE_VCUDA_MEMORY],
+    }
+    # The elastic bound is itself canonical (TKEStack); everything else is rewritten.
+    replaced = rn.all() - {rn.vcuda_core_limit}
+    resources = _child(container, "resources")
+    for section in ("limits", "requests"):
+        current = _child(resources, section)
+        for key in replaced & current.keys():
+            del current[key]
+        current.update(values)
+
+
+def _set_env(container: dict[str, Any], name: str, value: str) -> None:
+    """Set one variable, replacing any entry of that name (explicit env beats envFrom)."""
+    env = _child_list(container, "env")
+    entry = {"name": name, "value": value}
+    matches = [i for i, e in enumerate(env) if isinstance(e, dict) and e.get("name") == name]
+    if not matches:
+        env.append(entry)
+        return
+    env[matches[0]] = entry
+    for i in reversed(matches[1:]):
+        del env[i]
+
+
+def _child(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    value = obj.get(key)
+    if value is None:
+        value = obj[key] = {}
+    if not isinstance(value, dict):
+        raise podlib.PodShapeError(f".{key}", f"must be an object, not {type(value).__name__}")
+    return value
+
+
+def _child_list(obj: dict[str, Any], key: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        value = obj[key] = []
+    if not isinstance(value, list):
+        raise podlib.PodShapeError(f".{key}", f"must be a list, not {type(value).__name__}")
+    return value

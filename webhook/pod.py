@@ -1,0 +1,122 @@
+"""Typed, defensive reads of a pod object as it arrives in a review (plain JSON dicts).
+
+The API server has decoded the pod before admission, but the webhook must not trust that:
+every shape problem becomes a ``PodShapeError`` with the path that is wrong.
+"""
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from fracgpu import names
+from fracgpu.errors import FracgpuError
+
+INIT_CONTAINERS: Final = "initContainers"
+CONTAINERS: Final = "containers"
+EPHEMERAL_CONTAINERS: Final = "ephemeralContainers"
+# Containers fracgpu places and rewrites (ephemeral debug containers are only checked).
+PLACED_FIELDS: Final = (INIT_CONTAINERS, CONTAINERS)
+ALL_FIELDS: Final = (INIT_CONTAINERS, CONTAINERS, EPHEMERAL_CONTAINERS)
+
+
+class PodShapeError(FracgpuError):
+    """The pod object does not have the shape of a v1 Pod."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(f"pod {path}: {problem}")
+
+
+def mapping_at(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PodShapeError(f"{path}.{key}", f"must be an object, not {type(value).__name__}")
+    return value
+
+
+def metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return mapping_at(pod, "metadata", "")
+
+
+def string_map(pod: Mapping[str, Any], key: str) -> dict[str, str]:
+    """metadata.annotations or metadata.labels as a str -> str dict."""
+    raw = mapping_at(metadata(pod), key, ".metadata")
+    result: dict[str, str] = {}
+    for k, v in raw.items():
+        if not isinstance(v, str):
+            raise PodShapeError(f".metadata.{key}[{k}]", "must be a string")
+        result[str(k)] = v
+    return result
+
+
+def annotations(pod: Mapping[str, Any]) -> dict[str, str]:
+    return string_map(pod, "annotations")
+
+
+def labels(pod: Mapping[str, Any]) -> dict[str, str]:
+    return string_map(pod, "labels")
+
+
+def spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return mapping_at(pod, "spec", "")
+
+
+def containers(
+    pod: Mapping[str, Any], fields: tuple[str, ...] = PLACED_FIELDS
+) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
+    """(field, index, container) for every container under the given spec fields."""
+    pod_spec = spec(pod)
+    for field in fields:
+        items = pod_spec.get(field)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise PodShapeError(f".spec.{field}", f"must be a list, not {type(items).__name__}")
+        for index, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise PodShapeError(f".spec.{field}[{index}]", "must be an object")
+            name = item.get("name")
+            if not isinstance(name, str) or not name:
+                raise PodShapeError(f".spec.{field}[{index}].name", "must be a non-empty string")
+            yield field, index, item
+
+
+def container_names(pod: Mapping[str, Any], fields: tuple[str, ...]) -> list[str]:
+    return [c["name"] for _, _, c in containers(pod, fields)]
+
+
+def env_entries(container: Mapping[str, Any], path: str) -> list[Mapping[str, Any]]:
+    env = container.get("env")
+    if env is None:
+        return []
+    if not isinstance(env, list) or not all(isinstance(e, Mapping) for e in env):
+        raise PodShapeError(f"{path}.env", "must be a list of objects")
+    for i, entry in enumerate(env):
+        if not isinstance(entry.get("name"), str):
+            raise PodShapeError(f"{path}.env[{i}].name", "must be a string")
+    return env
+
+
+def reserved_env(pod: Mapping[str, Any]) -> dict[str, dict[str, Mapping[str, Any]]]:
+    """container name -> reserved variable name -> its env entry, over every container kind."""
+    found: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for field, index, container in containers(pod, ALL_FIELDS):
+        for entry in env_entries(container, f".spec.{field}[{index}]"):
+            if names.is_reserved_env(entry["name"]):
+                found.setdefault(container["name"], {})[entry["name"]] = entry
+    return found
+
+
+def reserved_metadata(pod: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The fracgpu-owned annotations and labels present on the pod."""
+    return {
+        kind: {k: v for k, v in string_map(pod, kind).items() if names.is_reserved_metadata_key(k)}
+        for kind in ("annotations", "labels")
+    }
+
+
+def display_name(pod: Mapping[str, Any], namespace: str) -> str:
+    meta = metadata(pod)
+    name = meta.get("name") or (str(meta.get("generateName") or "") + "*")
+    return f"{namespace}/{name}"

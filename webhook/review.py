@@ -1,0 +1,207 @@
+"""The AdmissionReview wire format (admission.k8s.io/v1) and its strict parsing.
+
+Two error channels, never mixed up:
+
+- the review itself is malformed (not JSON, wrong apiVersion/kind, no request, no UID, body
+  over the cap, wrong content type): ``MalformedReviewError`` -> an HTTP 4xx answer, because there
+  is no request to answer to;
+- the review is well formed but the pod in it is bad: that is an admission answer (HTTP 200,
+  ``allowed: false``), decided by the rules, not here.
+"""
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, NotRequired, TypedDict
+
+API_VERSION: Final = "admission.k8s.io/v1"
+KIND: Final = "AdmissionReview"
+JSON_CONTENT_TYPE: Final = "application/json"
+# kube-apiserver caps an object at 3 MiB; a review may carry the object and oldObject twice.
+DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
+# Deeply nested JSON is an attack, not a pod; Python's parser would recurse through it.
+MAX_NESTING: Final = 64
+
+Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+
+class GroupVersionKind(TypedDict):
+    group: str
+    version: str
+    kind: str
+
+
+class UserInfo(TypedDict, total=False):
+    username: str
+    uid: str
+    groups: list[str]
+
+
+class StatusResult(TypedDict, total=False):
+    code: int
+    message: str
+    reason: str
+
+
+class AdmissionResponseBody(TypedDict):
+    uid: str
+    allowed: bool
+    status: NotRequired[StatusResult]
+    patchType: NotRequired[Literal["JSONPatch"]]
+    patch: NotRequired[str]
+    warnings: NotRequired[list[str]]
+
+
+class AdmissionReviewResponse(TypedDict):
+    apiVersion: str
+    kind: str
+    response: AdmissionResponseBody
+
+
+class MalformedReviewError(Exception):
+    """The HTTP request is not a usable AdmissionReview; answered with ``status``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(f"{status}: {message}")
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """The parts of a review's request that admission uses, type-checked."""
+
+    uid: str
+    operation: Operation
+    kind: GroupVersionKind
+    namespace: str
+    name: str
+    username: str
+    groups: tuple[str, ...]
+    dry_run: bool
+    sub_resource: str
+    obj: dict[str, Any] | None
+    old_obj: dict[str, Any] | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_pod(self) -> bool:
+        return self.kind == {"group": "", "version": "v1", "kind": "Pod"}
+
+
+def parse_review(body: bytes, content_type: str, max_body_bytes: int) -> AdmissionRequest:
+    """Parse an HTTP body into a request, or raise ``MalformedReviewError`` saying what is wrong."""
+    if content_type.split(";", maxsplit=1)[0].strip().lower() != JSON_CONTENT_TYPE:
+        raise MalformedReviewError(
+            415,
+            f"content type {content_type or '(none)'!r} is not supported: use {JSON_CONTENT_TYPE}",
+        )
+    if len(body) > max_body_bytes:
+        raise MalformedReviewError(
+            413, f"body of {len(body)} bytes is over the limit of {max_body_bytes} bytes"
+        )
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise MalformedReviewError(400, f"body is not JSON: {error}") from None
+    if _depth_exceeds(document, MAX_NESTING):
+        raise MalformedReviewError(400, f"body is nested deeper than {MAX_NESTING} levels")
+    if not isinstance(document, dict):
+        raise MalformedReviewError(
+            400, f"body must be a JSON object, not {type(document).__name__}"
+        )
+    if document.get("apiVersion") != API_VERSION or document.get("kind") != KIND:
+        raise MalformedReviewError(
+            400,
+            f"apiVersion={document.get('apiVersion')!r} kind={document.get('kind')!r} "
+            f"is not supported: send apiVersion {API_VERSION}, kind {KIND}",
+        )
+    request = document.get("request")
+    if not isinstance(request, dict):
+        raise MalformedReviewError(400, "review has no request object")
+    return _parse_request(request)
+
+
+def _parse_request(request: dict[str, Any]) -> AdmissionRequest:
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise MalformedReviewError(400, "request.uid is missing: it must be a non-empty string")
+    operation = request.get("operation")
+    if operation not in OPERATIONS:
+        raise MalformedReviewError(
+            400, f"request.operation={operation!r} is not one of {', '.join(OPERATIONS)}"
+        )
+    kind = _gvk(request.get("kind"))
+    user = request.get("userInfo") or {}
+    if not isinstance(user, dict):
+        raise MalformedReviewError(400, "request.userInfo must be an object")
+    groups = user.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise MalformedReviewError(400, "request.userInfo.groups must be a list of strings")
+    dry_run = request.get("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise MalformedReviewError(400, "request.dryRun must be true or false")
+    obj = _optional_object(request, "object")
+    old_obj = _optional_object(request, "oldObject")
+    if operation in ("CREATE", "UPDATE") and obj is None:
+        raise MalformedReviewError(400, f"request.object is missing for {operation}")
+    return AdmissionRequest(
+        uid=uid,
+        operation=operation,
+        kind=kind,
+        namespace=_string(request, "namespace"),
+        name=_string(request, "name"),
+        username=_string(user, "username"),
+        groups=tuple(groups),
+        dry_run=dry_run,
+        sub_resource=_string(request, "subResource"),
+        obj=obj,
+        old_obj=old_obj,
+        raw=request,
+    )
+
+
+def _gvk(raw: object) -> GroupVersionKind:
+    if not isinstance(raw, dict):
+        raise MalformedReviewError(
+            400, "request.kind must be an object with group, version and kind"
+        )
+    values = {key: raw.get(key, "") for key in ("group", "version", "kind")}
+    if not all(isinstance(v, str) for v in values.values()):
+        raise MalformedReviewError(400, "request.kind group, version and kind must be strings")
+    return GroupVersionKind(
+        group=str(values["group"]), version=str(values["version"]), kind=str(values["kind"])
+    )
+
+
+def _optional_object(request: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    value = request.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise MalformedReviewError(
+            400, f"request.{key} must be an object, not {type(value).__name__}"
+        )
+    return value
+
+
+def _string(obj: Mapping[str, Any], key: str) -> str:
+    value = obj.get(key) or ""
+    if not isinstance(value, str):
+        raise MalformedReviewError(400, f"{key} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Iterative depth check, so a hostile document cannot exhaust the stack here either."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return False

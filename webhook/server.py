@@ -1,0 +1,180 @@
+"""The aiohttp HTTPS app: /mutate, /validate, /healthz, /readyz, /metrics.
+
+Every admission is answered at this edge: a malformed review gets a 4xx with a JSON Status
+saying what is wrong; anything unexpected inside admission is logged and answered with
+``allowed: false`` (fail closed), never with an HTTP 500.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+
+from webhook import responses
+from webhook.admission import Admission
+from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from webhook.metrics import Metrics
+from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
+from webhook.settings import Settings
+from webhook.state import ClusterState, StateUnavailable
+from webhook.tls import CertificateReloader
+
+log = logging.getLogger(__name__)
+
+ADMISSION: Final = web.AppKey("admission", Admission)
+STATE: Final = web.AppKey("state", ClusterState)
+METRICS: Final = web.AppKey("metrics", Metrics)
+SETTINGS: Final = web.AppKey("settings", Settings)
+RELOADER: Final = web.AppKey("reloader", CertificateReloader)
+
+Decide = Callable[[Admission, AdmissionRequest], Awaitable[responses.Verdict]]
+
+
+def build_app(
+    settings: Settings,
+    state: ClusterState,
+    metrics: Metrics,
+    reloader: CertificateReloader | None = None,
+) -> web.Application:
+    # One byte over the cap still reaches parse_review, which names the limit in its answer.
+    app = web.Application(client_max_size=settings.max_body_bytes + 1)
+    app[SETTINGS] = settings
+    app[STATE] = state
+    app[METRICS] = metrics
+    app[ADMISSION] = Admission(settings, state, metrics)
+    app.router.add_post("/mutate", _admission_handler("mutate", Admission.mutate))
+    app.router.add_post("/validate", _admission_handler("validate", Admission.validate))
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    if reloader is not None:
+        app[RELOADER] = reloader
+        app.cleanup_ctx.append(_watch_certificates)
+    return app
+
+
+async def _watch_certificates(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(app[RELOADER].watch(), name="fracgpu-tls-reload")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _admission_handler(
+    endpoint: str, decide: Decide
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        app = request.app
+        metrics = app[METRICS]
+        try:
+            body = await request.read()
+            review = parse_review(
+                body, request.headers.get("Content-Type", ""), app[SETTINGS].max_body_bytes
+            )
+        except web.HTTPRequestEntityTooLarge:
+            return _malformed(
+                metrics,
+                endpoint,
+                started,
+                MalformedReviewError(
+                    413, f"body is over the limit of {app[SETTINGS].max_body_bytes} bytes"
+                ),
+            )
+        except MalformedReviewError as error:
+            return _malformed(metrics, endpoint, started, error)
+        try:
+            verdict = await decide(app[ADMISSION], review)
+        except StateUnavailable as error:
+            log.warning("uid=%s cluster state unavailable: %s", review.uid, error)
+            verdict = responses.errored(f"fracgpu cannot read cluster state now: {error}", 503)
+        except Exception:
+            log.exception("uid=%s admission failed", review.uid)
+            verdict = responses.errored(
+                f"fracgpu webhook failed on request {review.uid}; the error is in its log"
+            )
+        metrics.admission(endpoint, verdict.outcome.value, time.perf_counter() - started)
+        log.info(
+            "%s uid=%s %s %s/%s user=%s dryRun=%s -> %s %s",
+            endpoint,
+            review.uid,
+            review.operation,
+            review.namespace,
+            review.name,
+            review.username,
+            review.dry_run,
+            verdict.outcome.value,
+            verdict.message,
+        )
+        return web.json_response(responses.to_review(review.uid, verdict))
+
+    return handle
+
+
+def _malformed(
+    metrics: Metrics, endpoint: str, started: float, error: MalformedReviewError
+) -> web.Response:
+    metrics.admission(endpoint, "malformed", time.perf_counter() - started)
+    log.warning("%s: malformed review answered %d: %s", endpoint, error.status, error.message)
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "code": error.status,
+        "message": error.message,
+    }
+    return web.json_response(body, status=error.status)
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    if request.app[STATE].ready():
+        return web.Response(text="ok")
+    return web.Response(text="cluster state not synced yet", status=503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].exposition()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = METRICS_CONTENT_TYPE
+    return response
+
+
+@dataclass
+class RunningServer:
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start(
+    settings: Settings, state: ClusterState, reloader: CertificateReloader
+) -> RunningServer:
+    """Serve HTTPS on settings.host:port (port 0 picks a free one) until ``stop``."""
+    app = build_app(settings, state, Metrics(), reloader)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=reloader.context)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    host, port = runner.addresses[0][:2]
+    return RunningServer(runner, str(host), int(port))

@@ -1,0 +1,309 @@
+"""The webhook's one settings object, read once from flags and environment, then passed down.
+
+Precedence: command-line flag, then environment variable, then the default. Every option is
+declared once in ``OPTIONS`` (flag, variable, default, help); docs/configuration.md lists
+them all and a test keeps the two in step.
+"""
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from fracgpu import names
+from fracgpu.dialects import DialectConfig, ResourceNames
+from fracgpu.errors import QuantityError
+from fracgpu.model import MemoryRequest
+from fracgpu.placement import Policy
+from fracgpu.quantity import parse_quantity
+from webhook.review import DEFAULT_MAX_BODY_BYTES
+
+ENV_PREFIX: Final = "FRACGPU_"
+DEFAULT_SERVICE_ACCOUNTS: Final = (
+    "system:serviceaccount:fracgpu-system:fracgpu-webhook",
+    "system:serviceaccount:fracgpu-system:fracgpu-agent",
+)
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable with a value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "0.0.0.0"  # a Service reaches the pod on its pod IP
+    port: int = 8443
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_reload_seconds: float = 5.0
+    cluster_file: Path | None = None
+    policy: Policy = Policy.BINPACK
+    service_accounts: frozenset[str] = frozenset(DEFAULT_SERVICE_ACCOUNTS)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    dialects: DialectConfig = dataclasses.field(default_factory=DialectConfig)
+    split_count: int = 10
+    reservation_ttl_seconds: int = 300
+    placement_attempts: int = 3
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, environment variable, parser and help text."""
+
+    key: str
+    default: str
+    help: str
+    parse: Callable[[str], object]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("use a whole number of 1 or more")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("use 0-65535 (0 picks a free port)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("use a number of seconds above 0")
+    return value
+
+
+def _optional_path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def _policy(text: str) -> Policy:
+    try:
+        return Policy(text)
+    except ValueError:
+        raise ValueError(f"use one of {', '.join(p.value for p in Policy)}") from None
+
+
+def _accounts(text: str) -> frozenset[str]:
+    return frozenset(a.strip() for a in text.split(",") if a.strip())
+
+
+def _memory(text: str) -> MemoryRequest:
+    """'100%' of the card, a MiB count ('4096') or a binary quantity ('4Gi')."""
+    if text.endswith("%"):
+        percent = int(text[:-1])
+        if not 1 <= percent <= 100:
+            raise ValueError("use 1%-100%")
+        return MemoryRequest(percent=percent)
+    if text.isdigit():
+        mib = int(text)
+    else:
+        try:
+            mib = -(-int(parse_quantity(text)) // 2**20)
+        except QuantityError as error:
+            raise ValueError(str(error)) from None
+    if mib < 1:
+        raise ValueError("use at least 1 MiB")
+    block = names.MEMORY_BLOCK_MIB
+    return MemoryRequest(mib=-(-mib // block) * block)
+
+
+def _cores(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= names.CORES_PER_GPU:
+        raise ValueError("use 0-100 (0 = best effort)")
+    return value
+
+
+def _gpushare_unit(text: str) -> int:
+    units = {"GiB": 1024, "MiB": 1}
+    if text not in units:
+        raise ValueError("use GiB or MiB")
+    return units[text]
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError("use DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+def _resource_name(text: str) -> str:
+    if "/" not in text or text.startswith("/") or text.endswith("/"):
+        raise ValueError("use a qualified extended resource name such as example.com/gpu")
+    return text
+
+
+OPTIONS: Final[tuple[Option, ...]] = (
+    Option("host", "0.0.0.0", "address to listen on", str),
+    Option("port", "8443", "HTTPS port (0 picks a free one)", _port),
+    Option(
+        "tls_cert_file", "", "PEM certificate chain; reloaded when the file changes", _optional_path
+    ),
+    Option("tls_key_file", "", "PEM private key of the certificate", _optional_path),
+    Option(
+        "tls_reload_seconds",
+        "5",
+        "how often the TLS files are checked for changes",
+        _positive_float,
+    ),
+    Option(
+        "cluster_file",
+        "",
+        "embedded cluster state (YAML/JSON): nodes, GPUs, pods, quotas",
+        _optional_path,
+    ),
+    Option(
+        "policy", "binpack", "default placement policy: binpack, spread or fragmentation", _policy
+    ),
+    Option(
+        "service_accounts",
+        ",".join(DEFAULT_SERVICE_ACCOUNTS),
+        "comma-separated usernames allowed to set fracgpu's annotations and variables",
+        _accounts,
+    ),
+    Option(
+        "max_body_bytes",
+        str(DEFAULT_MAX_BODY_BYTES),
+        "largest AdmissionReview body accepted",
+        _positive_int,
+    ),
+    Option(
+        "default_gpu_memory",
+        "100%",
+        "memory per GPU when a dialect omits it: 50%, 4096 (MiB) or 4Gi",
+        _memory,
+    ),
+    Option(
+        "default_gpu_cores",
+        "0",
+        "compute per GPU when a dialect omits it (0 = best effort)",
+        _cores,
+    ),
+    Option("gpushare_memory_unit", "GiB", "unit of aliyun.com/gpu-mem: GiB or MiB", _gpushare_unit),
+    Option(
+        "split_count",
+        "10",
+        "most containers sharing one GPU (per-node override in the inventory)",
+        _positive_int,
+    ),
+    Option(
+        "reservation_ttl_seconds",
+        "300",
+        "how long a reservation waits for its pod to appear",
+        _positive_int,
+    ),
+    Option(
+        "placement_attempts",
+        "3",
+        "placement retries when a reservation loses a race",
+        _positive_int,
+    ),
+    Option("log_level", "INFO", "DEBUG, INFO, WARNING or ERROR", _log_level),
+    *(
+        Option(
+            f"resource_{f.name}",
+            str(f.default),
+            f"resource name for {f.name.replace('_', '-')}",
+            _resource_name,
+        )
+        for f in dataclasses.fields(ResourceNames)
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare every option as a flag (default None, so the environment can fill it in)."""
+    group = parser.add_argument_group("webhook settings (flag, or environment variable)")
+    for option in OPTIONS:
+        group.add_argument(
+            option.flag,
+            dest=option.key,
+            default=None,
+            metavar=option.key.upper(),
+            help=f"{option.help} [env {option.env}, default {option.default or '(none)'}]",
+        )
+
+
+def load(flags: argparse.Namespace | None, environ: Mapping[str, str]) -> Settings:
+    """Build the settings; every bad value raises ``SettingsError`` naming its source."""
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw, source = option.default, "default"
+        if option.env in environ:
+            raw, source = environ[option.env], option.env
+        flag_value = getattr(flags, option.key, None) if flags is not None else None
+        if flag_value is not None:
+            raw, source = str(flag_value), option.flag
+        try:
+            values[option.key] = option.parse(raw)
+        except ValueError as error:
+            raise SettingsError(f"{source}={raw!r} is not allowed: {error}") from None
+    return _assemble(values)
+
+
+def from_mapping(overrides: Mapping[str, str]) -> Settings:
+    """Settings from option keys (as strings), the rest defaults; for embedding and tests."""
+    unknown = set(overrides) - {o.key for o in OPTIONS}
+    if unknown:
+        raise SettingsError(f"unknown setting(s) {', '.join(sorted(unknown))}")
+    return load(None, {ENV_PREFIX + k.upper(): v for k, v in overrides.items()})
+
+
+def _assemble(values: Mapping[str, Any]) -> Settings:
+    resource_names = ResourceNames(
+        **{f.name: values[f"resource_{f.name}"] for f in dataclasses.fields(ResourceNames)}
+    )
+    if len(resource_names.all()) != len(dataclasses.fields(ResourceNames)):
+        raise SettingsError("resource names must all differ from each other")
+    cert, key = values["tls_cert_file"], values["tls_key_file"]
+    if (cert is None) != (key is None):
+        raise SettingsError(
+            f"{_option('tls_cert_file').flag} and {_option('tls_key_file').flag} go together"
+        )
+    return Settings(
+        host=values["host"],
+        port=values["port"],
+        tls_cert_file=cert,
+        tls_key_file=key,
+        tls_reload_seconds=values["tls_reload_seconds"],
+        cluster_file=values["cluster_file"],
+        policy=values["policy"],
+        service_accounts=values["service_accounts"],
+        max_body_bytes=values["max_body_bytes"],
+        dialects=DialectConfig(
+            names=resource_names,
+            default_memory=values["default_gpu_memory"],
+            default_cores=values["default_gpu_cores"],
+            gpushare_memory_unit_mib=values["gpushare_memory_unit"],
+        ),
+        split_count=values["split_count"],
+        reservation_ttl_seconds=values["reservation_ttl_seconds"],
+        placement_attempts=values["placement_attempts"],
+        log_level=values["log_level"],
+    )
+
+
+def _option(key: str) -> Option:
+    return next(o for o in OPTIONS if o.key == key)
+
+
+def describe(settings: Settings) -> Sequence[str]:
+    """One line per effective setting, for the startup log."""
+    return [f"{f.name}={getattr(settings, f.name)!r}" for f in dataclasses.fields(settings)]

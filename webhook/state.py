@@ -1,0 +1,75 @@
+"""The cluster state admission needs, as one small interface with two back ends.
+
+- ``webhook.embedded.EmbeddedState``: a YAML/JSON file (demo, ``fracgpu admit``, tests);
+- the Kubernetes back end (watch caches, GPUNode reservations and GPUQuota status written
+  with resourceVersion compare-and-swap).
+
+Admission plans against ``view()`` without holding anything, then calls ``reserve``, which
+must re-check capacity and quota atomically and raise ``ReserveRejected`` when the plan lost
+a race; admission re-plans a bounded number of times.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from fracgpu.model import Quota, Reservation
+from fracgpu.placement import ClusterView
+
+
+class RejectKind(StrEnum):
+    CAPACITY = "capacity"  # a GPU or the node no longer has room: re-plan
+    QUOTA = "quota"  # the namespace's GPUQuota no longer has room: deny
+
+
+class ReserveRejected(Exception):  # noqa: N818 - named for what happened; cluster mode uses it
+    def __init__(self, kind: RejectKind, message: str) -> None:
+        self.kind = kind
+        self.message = message
+        super().__init__(f"{kind}: {message}")
+
+
+class StateUnavailable(Exception):  # noqa: N818 - a condition, not a bug
+    """The back end cannot answer now (caches not synced, API unreachable): fail closed."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What ``reserve`` records: the reservation plus what it charges besides GPUs."""
+
+    reservation: Reservation
+    cpu_milli: int
+    memory_mib: int
+    # GPU UUID -> model, for per-model quota.
+    models: Mapping[str, str] = field(default_factory=dict)
+
+
+class ClusterState(Protocol):
+    def ready(self) -> bool:
+        """Whether the state is complete enough to admit pods (``/readyz``)."""
+        ...
+
+    async def view(self) -> ClusterView:
+        """Free capacity now, admitted pods and live reservations counted. Callers only read."""
+        ...
+
+    async def namespace_managed(self, namespace: str) -> bool:
+        """False when the namespace opted out (label ``fracgpu.io/ignore=true``)."""
+        ...
+
+    async def quotas(self, namespace: str) -> tuple[Quota, ...]:
+        """The namespace's GPUQuotas with their current use."""
+        ...
+
+    async def reservation(self, reservation_id: str) -> Reservation | None:
+        """A live reservation this webhook made, or None (unknown or expired)."""
+        ...
+
+    async def reserve(self, claim: Claim) -> None:
+        """Hold the claim's GPUs, CPU, memory and quota atomically, or raise ReserveRejected."""
+        ...
+
+    async def release(self, reservation_id: str) -> None:
+        """Give a reservation back (unknown IDs are ignored)."""
+        ...
