@@ -1,0 +1,96 @@
+"""What happens on the host when kubelet allocates and starts a fracgpu container.
+
+Allocate: a fresh per-allocation directory. PreStartContainer: find the one container
+holding these device IDs (kubelet pod-resources), read its pod's assignment, and write the
+limits file into every allocation directory of that container (a container holding both
+canonical resources has one per resource; kubelet mounts one of them, so both must agree).
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from agent.hostfiles import AllocationFiles, allocation_key
+from agent.limits import ContainerLimits, LimitsError, limits_for, render_limits
+from agent.podlookup import PodLookup, PodLookupError
+from agent.podresources import ContainerDevices, PodResourcesError, find_holder
+from fracgpu.model import GPUDevice
+
+log = logging.getLogger(__name__)
+
+
+class ContainerStartError(Exception):
+    """The container's limits could not be written; kubelet fails the start with this."""
+
+
+class PodResourcesSource(Protocol):
+    def list(self) -> list[ContainerDevices]: ...
+
+
+class ContainerStarter:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        resources: Iterable[str],
+        pod_resources: PodResourcesSource,
+        pods: PodLookup,
+        files: AllocationFiles,
+        gpus: Callable[[], dict[str, GPUDevice]],
+        lookup_attempts: int,
+        lookup_interval_seconds: float,
+    ) -> None:
+        self._node = node_name
+        self._resources = tuple(resources)
+        self._pod_resources = pod_resources
+        self._pods = pods
+        self._files = files
+        self._gpus = gpus
+        self._attempts = max(1, lookup_attempts)
+        self._interval = lookup_interval_seconds
+
+    def allocation_prepared(self, resource: str, device_ids: Iterable[str]) -> str:
+        key = allocation_key(resource, device_ids)
+        self._files.prepare(key)
+        return key
+
+    def container_starting(self, resource: str, device_ids: Iterable[str]) -> ContainerLimits:
+        ids = list(device_ids)
+        holder = self._identify(resource, ids)
+        try:
+            pod = self._pods.get(holder.namespace, holder.pod)
+            limits = limits_for(pod, holder.container, self._node, self._gpus())
+        except (PodLookupError, LimitsError) as error:
+            raise ContainerStartError(str(error)) from None
+        content = render_limits(limits)
+        for name, held in sorted(holder.devices.items()):
+            if name in self._resources:
+                self._files.write_limits(allocation_key(name, held), content)
+        log.info(
+            "limits written",
+            extra={
+                "namespace": holder.namespace,
+                "pod": holder.pod,
+                "container": holder.container,
+                "gpus": [d.uuid for d in limits.devices],
+            },
+        )
+        return limits
+
+    def _identify(self, resource: str, ids: list[str]) -> ContainerDevices:
+        last_error = ""
+        for attempt in range(self._attempts):
+            if attempt:
+                time.sleep(self._interval)
+            try:
+                holder = find_holder(self._pod_resources.list(), resource, ids)
+            except PodResourcesError as error:
+                last_error = str(error)
+                continue
+            if holder is not None:
+                return holder
+            last_error = "no container holds exactly these device IDs yet"
+        raise ContainerStartError(
+            f"cannot tell which container holds {len(ids)} {resource} device(s): {last_error}"
+        )

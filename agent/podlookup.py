@@ -1,0 +1,48 @@
+"""Read a pod's identity and fracgpu assignment from the Kubernetes API."""
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kubernetes.client.exceptions import ApiException
+
+from fracgpu.names import ANNOTATION_ASSIGNMENT
+
+
+class PodLookupError(Exception):
+    """The pod could not be read from the API; says which pod and why."""
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    assignment: str | None  # the raw annotation, decoded by the caller
+
+
+class PodLookup(Protocol):
+    def get(self, namespace: str, name: str) -> PodInfo: ...
+
+
+class KubernetesPodLookup:
+    """Reads pods with the ``kubernetes`` client (get on pods in any namespace)."""
+
+    def __init__(self, core_api: Any) -> None:
+        self._api = core_api
+
+    def get(self, namespace: str, name: str) -> PodInfo:
+        try:
+            pod = self._api.read_namespaced_pod(name, namespace)
+        except ApiException as error:
+            raise PodLookupError(
+                f"cannot read pod {namespace}/{name}: {error.status} {error.reason}"
+            ) from None
+        annotations = pod.metadata.annotations or {}
+        return PodInfo(
+            namespace=namespace,
+            name=name,
+            uid=str(pod.metadata.uid or ""),
+            node_name=str(pod.spec.node_name or ""),
+            assignment=annotations.get(ANNOTATION_ASSIGNMENT),
+        )

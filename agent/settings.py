@@ -1,0 +1,175 @@
+"""The agent's one settings object, read from flags and environment in one place.
+
+Every flag has an environment variable (``FRACGPU_AGENT_<FLAG>``) so a DaemonSet can set
+it either way; a flag on the command line wins over the environment.
+"""
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
+
+ENV_PREFIX = "FRACGPU_AGENT_"
+
+# XIDs caused by the application, not the GPU (illegal address, ECC page retirement
+# notices handled by the driver, ...): the GPU stays healthy. Every other XID received
+# through nvmlEventTypeXidCriticalError marks the GPU unhealthy.
+DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+
+
+class SettingsError(ValueError):
+    """A flag or environment value that cannot be used; says which and what is allowed."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node_name: str
+    # kubelet side
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    compute_resource: str = RESOURCE_VCUDA_CORE
+    memory_resource: str = RESOURCE_VCUDA_MEMORY
+    # host side: where the shim library and per-container files live
+    host_lib_dir: Path = Path("/var/lib/fracgpu/lib")
+    host_state_dir: Path = Path("/var/lib/fracgpu/containers")
+    shim_source: Path = Path("/usr/local/fracgpu/lib/libfracgpu.so")
+    # behaviour
+    kubelet_poll_seconds: float = 1.0
+    health_probe_seconds: float = 5.0
+    xid_recovery_seconds: float = 300.0
+    ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
+    inventory_resync_seconds: float = 60.0
+    stale_grace_seconds: float = 300.0
+    prestart_lookup_attempts: int = 10
+    prestart_lookup_interval_seconds: float = 0.5
+    # metrics and logs
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 9400
+    log_level: str = "INFO"
+    kubeconfig: Path | None = None
+    publish_inventory: bool = True
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fracgpu-agent",
+        description="fracgpu node agent: GPU discovery, device plugin, limits, metrics.",
+    )
+    d = AgentSettings(node_name="")
+    p.add_argument("--node-name", help="Kubernetes node name (env NODE_NAME also accepted)")
+    p.add_argument("--device-plugin-dir", type=Path, default=d.device_plugin_dir)
+    p.add_argument("--pod-resources-socket", type=Path, default=d.pod_resources_socket)
+    p.add_argument("--compute-resource", default=d.compute_resource)
+    p.add_argument("--memory-resource", default=d.memory_resource)
+    p.add_argument("--host-lib-dir", type=Path, default=d.host_lib_dir)
+    p.add_argument("--host-state-dir", type=Path, default=d.host_state_dir)
+    p.add_argument("--shim-source", type=Path, default=d.shim_source)
+    p.add_argument("--kubelet-poll-seconds", type=float, default=d.kubelet_poll_seconds)
+    p.add_argument("--health-probe-seconds", type=float, default=d.health_probe_seconds)
+    p.add_argument("--xid-recovery-seconds", type=float, default=d.xid_recovery_seconds)
+    p.add_argument(
+        "--ignored-xids",
+        default=",".join(map(str, d.ignored_xids)),
+        help="comma-separated XIDs that do not make a GPU unhealthy",
+    )
+    p.add_argument("--inventory-resync-seconds", type=float, default=d.inventory_resync_seconds)
+    p.add_argument("--stale-grace-seconds", type=float, default=d.stale_grace_seconds)
+    p.add_argument("--metrics-address", default=d.metrics_address)
+    p.add_argument("--metrics-port", type=int, default=d.metrics_port)
+    p.add_argument("--log-level", default=d.log_level, help="one of " + ", ".join(_LOG_LEVELS))
+    p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster config")
+    p.add_argument(
+        "--no-publish-inventory",
+        dest="publish_inventory",
+        action="store_false",
+        help="do not write the GPUNode object (for running outside a cluster)",
+    )
+    return p
+
+
+def _env_defaults(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> list[str]:
+    """Turn FRACGPU_AGENT_* variables into flags placed before the real ones (flags win)."""
+    args: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        flag = action.option_strings[0]
+        name = ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
+        if name not in env:
+            continue
+        if isinstance(action, argparse._StoreFalseAction):
+            if env[name].lower() in ("1", "true", "yes"):
+                args.append(flag)
+            continue
+        args.append(f"{flag}={env[name]}")
+    return args
+
+
+def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> AgentSettings:
+    """Build the settings from command-line flags and the environment; reject bad values."""
+    env = os.environ if env is None else env
+    parser = _parser()
+    try:
+        ns = parser.parse_args([*_env_defaults(parser, env), *argv])
+    except SystemExit as exit_:
+        raise SettingsError("invalid command line (see the message above)") from exit_
+    node_name = ns.node_name or env.get("NODE_NAME", "")
+    if not node_name:
+        raise SettingsError("the node name is required: pass --node-name or set NODE_NAME")
+    level = str(ns.log_level).upper()
+    if level not in _LOG_LEVELS:
+        raise SettingsError(f"--log-level={ns.log_level} is not allowed: use {_LOG_LEVELS}")
+    try:
+        ignored = tuple(int(x) for x in str(ns.ignored_xids).split(",") if x.strip())
+    except ValueError:
+        raise SettingsError(
+            f"--ignored-xids={ns.ignored_xids} is not allowed: use comma-separated integers"
+        ) from None
+    for flag in (
+        "kubelet_poll_seconds",
+        "health_probe_seconds",
+        "inventory_resync_seconds",
+    ):
+        if getattr(ns, flag) <= 0:
+            raise SettingsError(f"--{flag.replace('_', '-')} must be greater than 0")
+    for flag in ("xid_recovery_seconds", "stale_grace_seconds"):
+        if getattr(ns, flag) < 0:
+            raise SettingsError(f"--{flag.replace('_', '-')} must be 0 or more")
+    if not 0 <= ns.metrics_port <= 65535:
+        raise SettingsError(f"--metrics-port={ns.metrics_port} is not allowed: use 0-65535")
+    for flag in ("compute_resource", "memory_resource"):
+        value = getattr(ns, flag)
+        if "/" not in value:
+            raise SettingsError(
+                f"--{flag.replace('_', '-')}={value} is not allowed: "
+                "use a domain-qualified resource name such as tencent.com/vcuda-core"
+            )
+    if ns.compute_resource == ns.memory_resource:
+        raise SettingsError("--compute-resource and --memory-resource must differ")
+    return AgentSettings(
+        node_name=node_name,
+        device_plugin_dir=ns.device_plugin_dir,
+        pod_resources_socket=ns.pod_resources_socket,
+        compute_resource=ns.compute_resource,
+        memory_resource=ns.memory_resource,
+        host_lib_dir=ns.host_lib_dir,
+        host_state_dir=ns.host_state_dir,
+        shim_source=ns.shim_source,
+        kubelet_poll_seconds=ns.kubelet_poll_seconds,
+        health_probe_seconds=ns.health_probe_seconds,
+        xid_recovery_seconds=ns.xid_recovery_seconds,
+        ignored_xids=ignored,
+        inventory_resync_seconds=ns.inventory_resync_seconds,
+        stale_grace_seconds=ns.stale_grace_seconds,
+        metrics_address=ns.metrics_address,
+        metrics_port=ns.metrics_port,
+        log_level=level,
+        kubeconfig=ns.kubeconfig,
+        publish_inventory=ns.publish_inventory,
+    )

@@ -1,0 +1,123 @@
+"""Fixtures for the agent tests: short socket directories, GPUs, pods, a test kubelet."""
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from agent.containerstart import ContainerStarter
+from agent.deviceplugin.plugin import DevicePlugin
+from agent.deviceplugin.server import PluginManager
+from agent.deviceplugin.state import DeviceState
+from agent.deviceplugin.units import ResourceKind
+from agent.hostfiles import AllocationFiles
+from agent.podlookup import PodInfo, PodLookupError
+from agent.podresources import PodResourcesClient
+from agent.shim_install import InstalledShim, install_shim
+from fracgpu.codec import encode_assignment
+from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, GPUDevice
+from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
+from tests.agent.kubelet import TestKubelet
+
+NODE = "gpu-node-1"
+GPU_A = GPUDevice("GPU-aaaaaaaa-0000-0000-0000-000000000001", 0, "NVIDIA A10", 24576)
+GPU_B = GPUDevice("GPU-bbbbbbbb-0000-0000-0000-000000000002", 1, "NVIDIA A10", 24576)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """Unix socket paths must stay under 108 bytes, so not under pytest's tmp_path."""
+    path = Path(tempfile.mkdtemp(prefix="fgag-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class PodTable:
+    """The pods the API would return (the agent reads them through the PodLookup seam)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, str], PodInfo] = {}
+
+    def add(self, pod: PodInfo) -> None:
+        self.pods[(pod.namespace, pod.name)] = pod
+
+    def get(self, namespace: str, name: str) -> PodInfo:
+        try:
+            return self.pods[(namespace, name)]
+        except KeyError:
+            raise PodLookupError(f"cannot read pod {namespace}/{name}: 404 Not Found") from None
+
+
+def assigned_pod(
+    name: str, containers: dict[str, list[GPUAllocation]], namespace: str = "team-a"
+) -> PodInfo:
+    assignment = Assignment(
+        node=NODE,
+        reservation_id=f"r-{name}",
+        containers=tuple(ContainerAssignment(c, tuple(devs)) for c, devs in containers.items()),
+    )
+    return PodInfo(namespace, name, f"uid-{name}", NODE, encode_assignment(assignment))
+
+
+@dataclass
+class AgentRig:
+    kubelet: TestKubelet
+    manager: PluginManager
+    state: DeviceState
+    files: AllocationFiles
+    shim: InstalledShim
+    pods: PodTable
+    dirs: dict[str, Path] = field(default_factory=dict)
+
+
+def fake_shim_library(path: Path, payload: bytes = b"v1") -> Path:
+    """An ELF-looking file standing in for libfracgpu.so (install only copies bytes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x7fELF" + payload)
+    return path
+
+
+@pytest.fixture
+def rig(short_dir: Path) -> Iterator[AgentRig]:
+    plugin_dir = short_dir / "dp"
+    plugin_dir.mkdir()
+    kubelet = TestKubelet(plugin_dir, short_dir / "pr.sock")
+    kubelet.start()
+    state = DeviceState([GPU_A, GPU_B])
+    files = AllocationFiles(short_dir / "state")
+    shim = install_shim(fake_shim_library(short_dir / "image" / "libfracgpu.so"), short_dir / "lib")
+    pods = PodTable()
+    resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
+    starter = ContainerStarter(
+        node_name=NODE,
+        resources=resources,
+        pod_resources=PodResourcesClient(short_dir / "pr.sock"),
+        pods=pods,
+        files=files,
+        gpus=state.gpus,
+        lookup_attempts=3,
+        lookup_interval_seconds=0.05,
+    )
+    plugins = [
+        DevicePlugin(
+            kind=kind,
+            resource_name=resource,
+            state=state,
+            starter=starter,
+            files=files,
+            shim=shim,
+        )
+        for kind, resource in zip(
+            (ResourceKind.COMPUTE, ResourceKind.MEMORY), resources, strict=True
+        )
+    ]
+    manager = PluginManager(plugins, state, plugin_dir, poll_seconds=0.1)
+    manager.start()
+    try:
+        yield AgentRig(kubelet, manager, state, files, shim, pods, {"plugin": plugin_dir})
+    finally:
+        manager.stop()
+        kubelet.close()
