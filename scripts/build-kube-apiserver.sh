@@ -11,8 +11,15 @@
 set -euo pipefail
 
 VERSION=1.20.2
+# Bump when the build recipe changes what the binary contains; older caches are rebuilt.
+RECIPE=2-reflect2-1.0.2
 CACHE=${FRACGPU_CACHE:-$HOME/.cache/fracgpu}
 BIN="$CACHE/kube-apiserver-$VERSION"
+STAMP="$BIN.recipe"
+# Vendored modern-go/reflect2 1.0.1 iterates maps through runtime internals that changed in
+# Go 1.18; built with Go 1.19 the apiserver crashes (SIGSEGV in mapiterinit) when it
+# serialises a map. Debian's reflect2 1.0.2 has the fix and the same API.
+REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
 WORK="$CACHE/kube-apiserver-build"
 JOBS=${FRACGPU_JOBS:-$(nproc)}
 
@@ -22,12 +29,16 @@ cached_binary_works() {
   [[ -x "$BIN" ]] && "$BIN" --version 2>/dev/null | grep -q "v$VERSION"
 }
 
+cached_binary_current() {
+  cached_binary_works && [[ "$(cat "$STAMP" 2>/dev/null)" == "$RECIPE" ]]
+}
+
 mkdir -p "$CACHE"
 # One build at a time per cache directory; a second caller waits and then reuses the result.
 exec 9>"$CACHE/.kube-apiserver.lock"
 flock 9
 
-if cached_binary_works; then
+if cached_binary_current; then
   log "using cached $("$BIN" --version)"
   echo "$BIN"
   exit 0
@@ -42,6 +53,10 @@ for tool in go rsync jq dpkg-source make gcc; do
     exit 1
   fi
 done
+if [[ ! -f "$REFLECT2_SRC/go_above_118.go" ]]; then
+  log "missing $REFLECT2_SRC (reflect2 >= 1.0.2); run scripts/install-system-deps.sh first"
+  exit 1
+fi
 
 # --- source package -------------------------------------------------------------------
 # Add a deb-src entry for bookworm that reuses the mirror the machine already uses for
@@ -91,6 +106,8 @@ if [[ -z "$SRC" || ! -d "$SRC/vendor" ]]; then
   exit 1
 fi
 log "source tree: $SRC"
+rsync -a --delete --exclude '*_test.go' "$REFLECT2_SRC/" "$SRC/vendor/github.com/modern-go/reflect2/"
+log "vendored reflect2 replaced with $(dpkg-query -W -f='${Version}' golang-github-modern-go-reflect2-dev)"
 
 # --- build ----------------------------------------------------------------------------
 # Kubernetes 1.20 builds in GOPATH mode from vendor/: lay the tree out as k8s.io/kubernetes.
@@ -130,6 +147,7 @@ log "built in $(( $(date +%s) - start ))s: $built"
 
 install -m 0755 "$built" "$BIN.tmp"
 mv -f "$BIN.tmp" "$BIN"
+echo "$RECIPE" >"$STAMP"
 if ! cached_binary_works; then
   log "$BIN does not report v$VERSION: $("$BIN" --version 2>&1 || true)"
   exit 1

@@ -10,6 +10,7 @@ set -euo pipefail
 # ca-certificates, openssl: TLS tooling used around the control plane.
 PACKAGES=(
   etcd-server
+  golang-github-modern-go-reflect2-dev
   golang-go
   rsync
   jq
