@@ -1,0 +1,664 @@
+/*
+ * CUDA driver API hooks: memory accounting against the slice, the slice as
+ * the device's size, launch pacing, and interception of cuGetProcAddress so
+ * that the CUDA runtime's way of finding the driver is covered too.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include "shim.h"
+
+enum { MODE_UNKNOWN = 0, MODE_ACCOUNT = 1, MODE_PASS = 2, MODE_FAIL_LIMITS = 3, MODE_FAIL_NOLIB = 4 };
+static int cu_mode;
+static int ord_to_idx[64] = {[0 ... 63] = -2};
+static pthread_mutex_t prim_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned prim_refs[FRACGPU_MAX_DEVICES];
+static uint64_t prim_ctx[FRACGPU_MAX_DEVICES];
+
+static int slow_mode(void)
+{
+    if (fracgpu_ensure_core() != 0)
+        return __atomic_load_n(&G.state, __ATOMIC_ACQUIRE) == ST_FAILED ? MODE_FAIL_LIMITS
+                                                                          : MODE_FAIL_NOLIB;
+    int m = MODE_FAIL_NOLIB;
+    if (fracgpu_ensure_cuda() == 0)
+        m = G.limits.whole ? MODE_PASS : MODE_ACCOUNT;
+    __atomic_store_n(&cu_mode, m, __ATOMIC_RELEASE);
+    return m;
+}
+
+/* -1 with *err set, or MODE_ACCOUNT / MODE_PASS. */
+static inline int enter(CUresult *err)
+{
+    int m = __atomic_load_n(&cu_mode, __ATOMIC_ACQUIRE);
+    if (UNLIKELY(m != MODE_ACCOUNT)) {
+        if (m == MODE_UNKNOWN)
+            m = slow_mode();
+        if (m == MODE_FAIL_LIMITS) {
+            *err = CUDA_ERROR_NOT_PERMITTED;
+            return -1;
+        }
+        if (m == MODE_FAIL_NOLIB) {
+            *err = CUDA_ERROR_NOT_INITIALIZED;
+            return -1;
+        }
+    }
+    return m;
+}
+
+#define ENTER(name)                                                                              \
+    CUresult enter_err_ = 0;                                                                       \
+    int mode_ = enter(&enter_err_);                                                              \
+    if (UNLIKELY(mode_ < 0))                                                                     \
+        return enter_err_;                                                                       \
+    if (UNLIKELY(real_##name == NULL))                                                           \
+        return CUDA_ERROR_NOT_FOUND;
+
+static void format_uuid(const CUuuid *u, char *out, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(out, n,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
+
+int fracgpu_cuda_dev_index(CUdevice dev)
+{
+    if (dev < 0 || dev >= 64)
+        return -1;
+    int v = __atomic_load_n(&ord_to_idx[dev], __ATOMIC_ACQUIRE);
+    if (LIKELY(v != -2))
+        return v;
+    CUuuid u;
+    char s[FRACGPU_UUID_MAX];
+    v = -1;
+    if (real_cuDeviceGetUuid != NULL && real_cuDeviceGetUuid(&u, dev) == CUDA_SUCCESS) {
+        format_uuid(&u, s, sizeof s);
+        for (unsigned i = 0; i < G.limits.device_count; i++)
+            if (strcasecmp(G.limits.dev[i].uuid, s) == 0)
+                v = (int)i;
+        if (v < 0)
+            LOGE("CUDA device %d (%s) is not in the limits file: no memory on it is allowed",
+                 dev, s);
+    } else {
+        return -1; /* not cached: the driver may not be initialised yet */
+    }
+    __atomic_store_n(&ord_to_idx[dev], v, __ATOMIC_RELEASE);
+    return v;
+}
+
+int fracgpu_current_dev_index(void)
+{
+    CUdevice d;
+    if (real_cuCtxGetDevice == NULL || real_cuCtxGetDevice(&d) != CUDA_SUCCESS)
+        return -1;
+    return fracgpu_cuda_dev_index(d);
+}
+
+/* ---- memory accounting helpers ---- */
+
+static CUresult reserve_on(int di, uint64_t bytes)
+{
+    if (fracgpu_ensure_slot() != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* cannot account: fail closed */
+    if (di < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (fracgpu_region_reserve(G.region, G.slot, (unsigned)di, bytes) != 0) {
+        LOGI("allocation of %llu bytes refused: the slice of device %d is %llu bytes, %llu in use",
+             (unsigned long long)bytes, di, (unsigned long long)G.limits.dev[di].memory_limit,
+             (unsigned long long)__atomic_load_n(&G.region->dev[di].memory_used, __ATOMIC_RELAXED));
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+static void release_on(unsigned di, uint64_t bytes)
+{
+    if (G.slot >= 0 && bytes)
+        fracgpu_region_release(G.region, G.slot, di, bytes);
+}
+
+/* Device and context of the calling thread, for an allocation. */
+static CUresult current(int *di, uint64_t *ctx)
+{
+    CUdevice d;
+    CUcontext c = NULL;
+    CUresult rc = real_cuCtxGetDevice(&d);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    real_cuCtxGetCurrent(&c);
+    *ctx = (uint64_t)(uintptr_t)c;
+    *di = fracgpu_cuda_dev_index(d);
+    return CUDA_SUCCESS;
+}
+
+static void record(uint32_t kind, uint64_t key, uint64_t bytes, int di, uint64_t ctx)
+{
+    if (fracgpu_table_put(kind, key, bytes, (unsigned)di, ctx) != 0) {
+        LOGE("out of host memory tracking an allocation; its %llu bytes stay counted",
+             (unsigned long long)bytes);
+    }
+}
+
+#define ALLOC_IN_CURRENT(kind, bytes, realcall, keyexpr)                                         \
+    do {                                                                                         \
+        if (mode_ == MODE_PASS)                                                                  \
+            return realcall;                                                                     \
+        int di_;                                                                                 \
+        uint64_t ctx_;                                                                           \
+        CUresult rc_ = current(&di_, &ctx_);                                                     \
+        if (rc_ != CUDA_SUCCESS)                                                                 \
+            return rc_;                                                                          \
+        uint64_t n_ = (bytes);                                                                   \
+        if ((rc_ = reserve_on(di_, n_)) != CUDA_SUCCESS)                                         \
+            return rc_;                                                                          \
+        rc_ = realcall;                                                                          \
+        if (rc_ != CUDA_SUCCESS) {                                                               \
+            release_on((unsigned)di_, n_);                                                       \
+            return rc_;                                                                          \
+        }                                                                                        \
+        record(kind, (keyexpr), n_, di_, ctx_);                                                  \
+        return CUDA_SUCCESS;                                                                     \
+    } while (0)
+
+/* Take the record first, so the address cannot be reused by another thread
+ * before we release it; put it back if the driver refuses the free. */
+#define FREE_KIND(kind, key, realcall)                                                           \
+    do {                                                                                         \
+        if (mode_ == MODE_PASS)                                                                  \
+            return realcall;                                                                     \
+        uint64_t sz_, k_ = (key);                                                                \
+        unsigned di_;                                                                            \
+        int had_ = fracgpu_table_take(kind, k_, &sz_, &di_) == 0;                                \
+        CUresult rc_ = realcall;                                                                 \
+        if (had_) {                                                                              \
+            if (rc_ == CUDA_SUCCESS)                                                             \
+                release_on(di_, sz_);                                                            \
+            else                                                                                 \
+                fracgpu_table_put(kind, k_, sz_, di_, 0);                                        \
+        }                                                                                        \
+        return rc_;                                                                              \
+    } while (0)
+
+/* ---- initialisation and lookup ---- */
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    ENTER(cuInit);
+    (void)mode_;
+    return real_cuInit(flags);
+}
+
+static void swap_in_hook(void **pfn)
+{
+    if (pfn != NULL && *pfn != NULL) {
+        void *h = fracgpu_hook_for_real(*pfn);
+        if (h != NULL)
+            *pfn = h;
+    }
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    ENTER(cuGetProcAddress);
+    CUresult rc = real_cuGetProcAddress(symbol, pfn, cudaVersion, flags);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        swap_in_hook(pfn);
+    return rc;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+{
+    ENTER(cuGetProcAddress_v2);
+    CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        swap_in_hook(pfn);
+    return rc;
+}
+
+/* ---- the slice as the device's size ---- */
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    ENTER(cuDeviceTotalMem_v2);
+    CUresult rc = real_cuDeviceTotalMem_v2(bytes, dev);
+    if (rc != CUDA_SUCCESS || mode_ == MODE_PASS)
+        return rc;
+    int di = fracgpu_cuda_dev_index(dev);
+    uint64_t limit = di < 0 ? 0 : G.limits.dev[di].memory_limit;
+    if (limit < *bytes)
+        *bytes = (size_t)limit;
+    return rc;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    ENTER(cuMemGetInfo_v2);
+    size_t f = 0, t = 0;
+    CUresult rc = real_cuMemGetInfo_v2(&f, &t);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT) {
+        int di = fracgpu_current_dev_index();
+        uint64_t limit = di < 0 ? 0 : G.limits.dev[di].memory_limit;
+        uint64_t used = di < 0 ? 0 : __atomic_load_n(&G.region->dev[di].memory_used,
+                                                     __ATOMIC_ACQUIRE);
+        uint64_t left = used < limit ? limit - used : 0;
+        if (limit < t)
+            t = (size_t)limit;
+        if (left < f)
+            f = (size_t)left;
+    }
+    if (rc == CUDA_SUCCESS) {
+        if (free_bytes)
+            *free_bytes = f;
+        if (total_bytes)
+            *total_bytes = t;
+    }
+    return rc;
+}
+
+/* ---- contexts: their overhead counts against the slice ---- */
+
+static CUresult ctx_create_common(CUdevice dev, CUcontext *pctx, CUresult (*create)(void *),
+                                  void *arg, int mode)
+{
+    if (mode == MODE_PASS)
+        return create(arg);
+    int di = fracgpu_cuda_dev_index(dev);
+    uint64_t n = G.limits.context_overhead;
+    CUresult rc = reserve_on(di, n);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = create(arg);
+    if (rc != CUDA_SUCCESS) {
+        release_on((unsigned)di, n);
+        return rc;
+    }
+    record(ALLOC_CTX, (uint64_t)(uintptr_t)*pctx, n, di, (uint64_t)(uintptr_t)*pctx);
+    return rc;
+}
+
+struct ctx_args { CUcontext *pctx; void *p; int np; unsigned flags; CUdevice dev; };
+static CUresult create_v2(void *a)
+{
+    struct ctx_args *c = a;
+    return real_cuCtxCreate_v2(c->pctx, c->flags, c->dev);
+}
+static CUresult create_v3(void *a)
+{
+    struct ctx_args *c = a;
+    return real_cuCtxCreate_v3(c->pctx, c->p, c->np, c->flags, c->dev);
+}
+static CUresult create_v4(void *a)
+{
+    struct ctx_args *c = a;
+    return real_cuCtxCreate_v4(c->pctx, c->p, c->flags, c->dev);
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    ENTER(cuCtxCreate_v2);
+    struct ctx_args a = {pctx, NULL, 0, flags, dev};
+    return ctx_create_common(dev, pctx, create_v2, &a, mode_);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams,
+                               unsigned int flags, CUdevice dev)
+{
+    ENTER(cuCtxCreate_v3);
+    struct ctx_args a = {pctx, paramsArray, numParams, flags, dev};
+    return ctx_create_common(dev, pctx, create_v3, &a, mode_);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags,
+                               CUdevice dev)
+{
+    ENTER(cuCtxCreate_v4);
+    struct ctx_args a = {pctx, ctxCreateParams, 0, flags, dev};
+    return ctx_create_common(dev, pctx, create_v4, &a, mode_);
+}
+
+static void release_cb(unsigned di, uint64_t size)
+{
+    release_on(di, size);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    ENTER(cuCtxDestroy_v2);
+    if (mode_ == MODE_PASS)
+        return real_cuCtxDestroy_v2(ctx);
+    uint64_t key = (uint64_t)(uintptr_t)ctx, sz;
+    unsigned di;
+    int had = fracgpu_table_take(ALLOC_CTX, key, &sz, &di) == 0;
+    CUresult rc = real_cuCtxDestroy_v2(ctx);
+    if (rc == CUDA_SUCCESS) {
+        if (had)
+            release_on(di, sz);
+        /* destroying a context frees everything allocated in it */
+        fracgpu_table_take_ctx(key, release_cb);
+    } else if (had) {
+        fracgpu_table_put(ALLOC_CTX, key, sz, di, key);
+    }
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxRetain);
+    if (mode_ == MODE_PASS)
+        return real_cuDevicePrimaryCtxRetain(pctx, dev);
+    int di = fracgpu_cuda_dev_index(dev);
+    if (di < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&prim_mu);
+    CUresult rc = CUDA_SUCCESS;
+    uint64_t n = G.limits.context_overhead;
+    int first = prim_refs[di] == 0;
+    if (first)
+        rc = reserve_on(di, n);
+    if (rc == CUDA_SUCCESS) {
+        rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+        if (rc == CUDA_SUCCESS) {
+            prim_refs[di]++;
+            prim_ctx[di] = (uint64_t)(uintptr_t)*pctx;
+        } else if (first) {
+            release_on((unsigned)di, n);
+        }
+    }
+    pthread_mutex_unlock(&prim_mu);
+    return rc;
+}
+
+static void primary_gone(int di)
+{
+    prim_refs[di] = 0;
+    release_on((unsigned)di, G.limits.context_overhead);
+    fracgpu_table_take_ctx(prim_ctx[di], release_cb);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxRelease_v2);
+    if (mode_ == MODE_PASS)
+        return real_cuDevicePrimaryCtxRelease_v2(dev);
+    int di = fracgpu_cuda_dev_index(dev);
+    pthread_mutex_lock(&prim_mu);
+    CUresult rc = real_cuDevicePrimaryCtxRelease_v2(dev);
+    if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0 && --prim_refs[di] == 0)
+        primary_gone(di);
+    pthread_mutex_unlock(&prim_mu);
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxReset_v2);
+    if (mode_ == MODE_PASS)
+        return real_cuDevicePrimaryCtxReset_v2(dev);
+    int di = fracgpu_cuda_dev_index(dev);
+    pthread_mutex_lock(&prim_mu);
+    CUresult rc = real_cuDevicePrimaryCtxReset_v2(dev);
+    if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0)
+        primary_gone(di);
+    pthread_mutex_unlock(&prim_mu);
+    return rc;
+}
+
+/* ---- linear memory ---- */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    ENTER(cuMemAlloc_v2);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAlloc_v2(dptr, bytesize), *dptr);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    ENTER(cuMemAllocManaged);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocManaged(dptr, bytesize, flags), *dptr);
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    ENTER(cuMemAllocAsync);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync(dptr, bytesize, hStream), *dptr);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    ENTER(cuMemAllocAsync_ptsz);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync_ptsz(dptr, bytesize, hStream),
+                     *dptr);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                        CUstream hStream)
+{
+    ENTER(cuMemAllocFromPoolAsync);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize,
+                     real_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream), *dptr);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                             CUmemoryPool pool, CUstream hStream)
+{
+    ENTER(cuMemAllocFromPoolAsync_ptsz);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize,
+                     real_cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream), *dptr);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                   size_t Height, unsigned int ElementSizeBytes)
+{
+    ENTER(cuMemAllocPitch_v2);
+    if (mode_ == MODE_PASS)
+        return real_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    int di;
+    uint64_t ctx;
+    CUresult rc = current(&di, &ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    /* Reserve an estimate, then settle on what the driver really gave. */
+    uint64_t est = ((uint64_t)WidthInBytes + 511) / 512 * 512 * (uint64_t)Height;
+    if ((rc = reserve_on(di, est)) != CUDA_SUCCESS)
+        return rc;
+    rc = real_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (rc != CUDA_SUCCESS) {
+        release_on((unsigned)di, est);
+        return rc;
+    }
+    uint64_t actual = (uint64_t)*pPitch * (uint64_t)Height;
+    if (actual > est && reserve_on(di, actual - est) != CUDA_SUCCESS) {
+        real_cuMemFree_v2(*dptr);
+        release_on((unsigned)di, est);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < est)
+        release_on((unsigned)di, est - actual);
+    record(ALLOC_PTR, *dptr, actual, di, ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    ENTER(cuMemFree_v2);
+    FREE_KIND(ALLOC_PTR, dptr, real_cuMemFree_v2(dptr));
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    ENTER(cuMemFreeAsync);
+    FREE_KIND(ALLOC_PTR, dptr, real_cuMemFreeAsync(dptr, hStream));
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    ENTER(cuMemFreeAsync_ptsz);
+    FREE_KIND(ALLOC_PTR, dptr, real_cuMemFreeAsync_ptsz(dptr, hStream));
+}
+
+/* ---- virtual memory management ---- */
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    ENTER(cuMemCreate);
+    if (mode_ == MODE_PASS || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return real_cuMemCreate(handle, size, prop, flags); /* host memory is not sliced */
+    int di = fracgpu_cuda_dev_index(prop->location.id);
+    CUresult rc = reserve_on(di, size);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real_cuMemCreate(handle, size, prop, flags);
+    if (rc != CUDA_SUCCESS) {
+        release_on((unsigned)di, size);
+        return rc;
+    }
+    record(ALLOC_HANDLE, *handle, size, di, 0);
+    return rc;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    ENTER(cuMemRelease);
+    FREE_KIND(ALLOC_HANDLE, handle, real_cuMemRelease(handle));
+}
+
+/* ---- arrays ---- */
+
+static uint64_t format_bytes(CUarray_format f)
+{
+    switch (f) {
+    case 0x01: case 0x08: return 1;  /* (un)signed int8 */
+    case 0x02: case 0x09: case 0x10: return 2; /* int16, half */
+    case 0x03: case 0x0a: case 0x20: return 4; /* int32, float */
+    default: return 16; /* other formats: count the widest element, never too little */
+    }
+}
+
+static uint64_t dim(size_t v)
+{
+    return v ? (uint64_t)v : 1;
+}
+
+static uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned level)
+{
+    uint64_t w = dim(d->Width >> level), h = d->Height ? dim(d->Height >> level) : 1,
+             z = d->Depth ? dim(d->Depth >> level) : 1;
+    return w * h * z * dim(d->NumChannels) * format_bytes(d->Format);
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    ENTER(cuArrayCreate_v2);
+    if (desc == NULL)
+        return real_cuArrayCreate_v2(pHandle, desc);
+    uint64_t n = dim(desc->Width) * dim(desc->Height) * dim(desc->NumChannels) *
+                 format_bytes(desc->Format);
+    ALLOC_IN_CURRENT(ALLOC_ARRAY, n, real_cuArrayCreate_v2(pHandle, desc),
+                     (uint64_t)(uintptr_t)*pHandle);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    ENTER(cuArray3DCreate_v2);
+    if (desc == NULL)
+        return real_cuArray3DCreate_v2(pHandle, desc);
+    ALLOC_IN_CURRENT(ALLOC_ARRAY, array3d_bytes(desc, 0), real_cuArray3DCreate_v2(pHandle, desc),
+                     (uint64_t)(uintptr_t)*pHandle);
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray hArray)
+{
+    ENTER(cuArrayDestroy);
+    FREE_KIND(ALLOC_ARRAY, (uint64_t)(uintptr_t)hArray, real_cuArrayDestroy(hArray));
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                       const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                       unsigned int numMipmapLevels)
+{
+    ENTER(cuMipmappedArrayCreate);
+    if (desc == NULL)
+        return real_cuMipmappedArrayCreate(pHandle, desc, numMipmapLevels);
+    uint64_t n = 0;
+    for (unsigned l = 0; l < numMipmapLevels && l < 64; l++)
+        n += array3d_bytes(desc, l);
+    ALLOC_IN_CURRENT(ALLOC_MIPMAP, n, real_cuMipmappedArrayCreate(pHandle, desc, numMipmapLevels),
+                     (uint64_t)(uintptr_t)*pHandle);
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
+{
+    ENTER(cuMipmappedArrayDestroy);
+    FREE_KIND(ALLOC_MIPMAP, (uint64_t)(uintptr_t)h, real_cuMipmappedArrayDestroy(h));
+}
+
+/* ---- launches: paced only when a compute limit applies ---- */
+
+#define LAUNCH(name, stream, ptsz, callargs)                                                     \
+    ENTER(name);                                                                                 \
+    if (LIKELY(!G.pacing_any) || mode_ != MODE_ACCOUNT)                                          \
+        return real_##name callargs;                                                             \
+    void *tok_;                                                                                  \
+    int di_ = fracgpu_current_dev_index();                                                       \
+    fracgpu_pace_before(di_, (stream), (ptsz), &tok_);                                           \
+    CUresult rc_ = real_##name callargs;                                                         \
+    fracgpu_pace_after(di_, (stream), (ptsz), tok_, rc_);                                        \
+    return rc_;
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                               unsigned int bx, unsigned int by, unsigned int bz,
+                               unsigned int shm, CUstream s, void **params, void **extra)
+{
+    LAUNCH(cuLaunchKernel, s, 0, (f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                    unsigned int gz, unsigned int bx, unsigned int by,
+                                    unsigned int bz, unsigned int shm, CUstream s, void **params,
+                                    void **extra)
+{
+    LAUNCH(cuLaunchKernel_ptsz, s, 1, (f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                                 void **extra)
+{
+    LAUNCH(cuLaunchKernelEx, config ? config->hStream : NULL, 0, (config, f, params, extra))
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params,
+                                      void **extra)
+{
+    LAUNCH(cuLaunchKernelEx_ptsz, config ? config->hStream : NULL, 1, (config, f, params, extra))
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                          unsigned int gz, unsigned int bx, unsigned int by,
+                                          unsigned int bz, unsigned int shm, CUstream s,
+                                          void **params)
+{
+    LAUNCH(cuLaunchCooperativeKernel, s, 0, (f, gx, gy, gz, bx, by, bz, shm, s, params))
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                               unsigned int gz, unsigned int bx, unsigned int by,
+                                               unsigned int bz, unsigned int shm, CUstream s,
+                                               void **params)
+{
+    LAUNCH(cuLaunchCooperativeKernel_ptsz, s, 1, (f, gx, gy, gz, bx, by, bz, shm, s, params))
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+    LAUNCH(cuGraphLaunch, s, 0, (g, s))
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+{
+    LAUNCH(cuGraphLaunch_ptsz, s, 1, (g, s))
+}

@@ -1,0 +1,114 @@
+/* Internal declarations shared by the shim's source files (never exported). */
+#ifndef FRACGPU_SHIM_H
+#define FRACGPU_SHIM_H
+#include <stdint.h>
+#include <stddef.h>
+#include "fracgpu_abi.h"
+#include "fracgpu_cuda.h"
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- logging (stderr only, never stdout) ---- */
+enum fracgpu_log_level { LOG_ERROR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
+HIDDEN void fracgpu_log_init(const char *env_value);
+HIDDEN void fracgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+HIDDEN extern int fracgpu_log_level;
+#define LOGE(...) fracgpu_log(LOG_ERROR, __VA_ARGS__)
+#define LOGW(...) do { if (fracgpu_log_level >= LOG_WARN) fracgpu_log(LOG_WARN, __VA_ARGS__); } while (0)
+#define LOGI(...) do { if (fracgpu_log_level >= LOG_INFO) fracgpu_log(LOG_INFO, __VA_ARGS__); } while (0)
+#define LOGD(...) do { if (fracgpu_log_level >= LOG_DEBUG) fracgpu_log(LOG_DEBUG, __VA_ARGS__); } while (0)
+
+/* ---- paths: the one place where the test build differs ---- */
+HIDDEN void fracgpu_paths(const char **limits_path, const char **region_path);
+
+/* ---- limits ---- */
+struct fracgpu_device_limits {
+    char uuid[FRACGPU_UUID_MAX];
+    uint64_t memory_limit;
+    unsigned core_limit;     /* percent, 1..100 */
+    unsigned core_limit_max; /* elastic upper bound, >= core_limit */
+};
+
+struct fracgpu_limits {
+    int whole;
+    unsigned device_count;
+    int compute_limit_enabled;
+    int priority;
+    uint64_t context_overhead;
+    char ns[FRACGPU_MAX_STRING + 1];
+    char pod[FRACGPU_MAX_STRING + 1];
+    char container[FRACGPU_MAX_STRING + 1];
+    char pod_uid[FRACGPU_MAX_STRING + 1];
+    struct fracgpu_device_limits dev[FRACGPU_MAX_DEVICES];
+};
+
+HIDDEN int fracgpu_limits_parse(const char *text, size_t len, struct fracgpu_limits *out,
+                                char *err, size_t errlen);
+HIDDEN int fracgpu_limits_load(const char *path, struct fracgpu_limits *out, char *err,
+                               size_t errlen);
+HIDDEN void fracgpu_limits_apply_env(struct fracgpu_limits *lim, const char *mem_env,
+                                     const char *core_env);
+HIDDEN int fracgpu_parse_bytes(const char *s, uint64_t *out);
+
+/* ---- shared region ---- */
+HIDDEN struct fracgpu_region *fracgpu_region_open(const char *path, const struct fracgpu_limits *lim,
+                                                  char *err, size_t errlen);
+HIDDEN int fracgpu_region_register(struct fracgpu_region *r, int *slot_out, char *err,
+                                   size_t errlen);
+HIDDEN void fracgpu_region_unregister(struct fracgpu_region *r, int slot);
+/* 0 on success, -1 if the reservation would pass the limit. */
+HIDDEN int fracgpu_region_reserve(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes);
+HIDDEN void fracgpu_region_release(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes);
+HIDDEN unsigned fracgpu_region_reclaim_dead(struct fracgpu_region *r);
+HIDDEN uint64_t fracgpu_proc_start_time(int pid);
+
+/* ---- per-process allocation table ---- */
+enum fracgpu_alloc_kind { ALLOC_PTR = 1, ALLOC_HANDLE = 2, ALLOC_ARRAY = 3, ALLOC_MIPMAP = 4, ALLOC_CTX = 5 };
+struct fracgpu_alloc { uint64_t key; uint64_t size; uint32_t kind; uint32_t dev; uint64_t ctx; };
+HIDDEN int fracgpu_table_put(uint32_t kind, uint64_t key, uint64_t size, unsigned dev, uint64_t ctx);
+HIDDEN void fracgpu_table_take_ctx(uint64_t ctx, void (*release)(unsigned dev, uint64_t size));
+HIDDEN int fracgpu_table_take(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev);
+HIDDEN void fracgpu_table_reset_after_fork(void);
+
+/* ---- global state ---- */
+enum fracgpu_state { ST_UNINIT = 0, ST_READY = 1, ST_FAILED = 2 };
+struct fracgpu_globals {
+    int state;             /* enum fracgpu_state, atomic */
+    struct fracgpu_limits limits;
+    struct fracgpu_region *region;
+    int slot;              /* -1 until registered (again after fork) */
+    int pacing_any;        /* some device has a compute limit below 100 */
+    char failure[512];
+};
+HIDDEN extern struct fracgpu_globals G;
+HIDDEN int fracgpu_ensure_core(void); /* limits + region; 0 ready, -1 failed */
+HIDDEN int fracgpu_ensure_slot(void);
+
+/* ---- driver resolution ---- */
+#define CUHOOK(name, params, args) typedef CUresult (*name##_fn) params; HIDDEN extern name##_fn real_##name;
+#define NVMLHOOK(name, params, args) typedef nvmlReturn_t (*name##_fn) params; HIDDEN extern name##_fn real_##name;
+#include "hooks.def"
+#define REAL(name, ret, params) typedef ret (*name##_fn) params; HIDDEN extern name##_fn real_##name;
+#include "real.def"
+typedef nvmlReturn_t (*nvmlDeviceGetUUID_fn)(nvmlDevice_t, char *, unsigned);
+HIDDEN extern nvmlDeviceGetUUID_fn real_nvmlDeviceGetUUID;
+
+HIDDEN int fracgpu_ensure_cuda(void);  /* libcuda resolved */
+HIDDEN int fracgpu_ensure_nvml(void);  /* libnvidia-ml resolved */
+HIDDEN void *fracgpu_real_dlsym(void *handle, const char *name);
+HIDDEN void *fracgpu_hook_for_real(const void *real_fn); /* reverse lookup, NULL if not hooked */
+HIDDEN void *fracgpu_hook_by_name(const char *name);
+/* Limits index of a CUDA ordinal, or -1 (no limits: fail closed). */
+HIDDEN int fracgpu_cuda_dev_index(CUdevice dev);
+HIDDEN int fracgpu_current_dev_index(void);
+
+/* ---- pacing ---- */
+HIDDEN void fracgpu_pace_before(int di, CUstream stream, int per_thread, void **token);
+HIDDEN void fracgpu_pace_after(int di, CUstream stream, int per_thread, void *token, CUresult rc);
+HIDDEN void fracgpu_pace_reset_after_fork(void);
+HIDDEN uint64_t fracgpu_now_ns(void);
+
+#endif

@@ -1,0 +1,1069 @@
+/*
+ * libcuda.so.1 test double. Real bookkeeping, fake hardware: fixed device
+ * memory shared by every process that uses the same state file (allocations
+ * fail when it is full; memory of dead processes is freed, like the driver
+ * does), contexts that cost memory, and a device timeline on
+ * CLOCK_MONOTONIC where kernels take the time encoded in their name
+ * ("..._2000us"), serialised across processes so contention is real.
+ * Events and synchronisation follow that timeline.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "fake.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+struct CUctx_st { int dev; int primary; };
+struct CUstream_st { int dev; uint64_t tail; };
+struct CUevent_st { uint64_t ts; int recorded; };
+struct CUfunc_st { uint64_t dur_ns; };
+struct CUmod_st { int unused; };
+struct CUgraph_st { uint64_t dur_ns; };
+struct CUgraphExec_st { uint64_t dur_ns; };
+struct CUarray_st { uint64_t size; int dev; };
+struct CUmipmappedArray_st { uint64_t size; int dev; };
+
+struct alloc { uint64_t key; uint64_t size; int dev; };
+
+static int initialized;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct alloc *allocs;
+static size_t n_allocs, cap_allocs;
+static uint64_t next_addr = 0x7f0000000000ull;
+static uint64_t next_handle = 1;
+static struct CUctx_st primary[FAKE_MAX_DEVICES];
+static unsigned primary_refs[FAKE_MAX_DEVICES];
+static struct CUstream_st default_stream[FAKE_MAX_DEVICES];
+static uint64_t proc_tail[FAKE_MAX_DEVICES];
+static int my_slot = -1, my_slot_pid;
+static __thread struct CUctx_st *cur_ctx;
+
+static const struct fake_config *cfg(void) { return fake_config(0); }
+
+#define CHECK_INIT(name)                                                                         \
+    do {                                                                                         \
+        if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))                                    \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                   \
+        const struct fake_config *c_ = cfg();                                                    \
+        if (c_->n_cuda_errors) {                                                                 \
+            int e_ = fake_error_for(c_->cuda_errors, c_->n_cuda_errors, name);                   \
+            if (e_)                                                                              \
+                return e_;                                                                       \
+        }                                                                                        \
+    } while (0)
+
+static int valid_dev(CUdevice d) { return d >= 0 && (unsigned)d < cfg()->device_count; }
+
+/* ---- shared device memory ---- */
+
+static struct fake_proc *my_proc(void)
+{
+    struct fake_state *s = fake_state();
+    int pid = getpid();
+    if (my_slot >= 0 && my_slot_pid == pid)
+        return &s->procs[my_slot];
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        int32_t expect = 0;
+        if (__atomic_load_n(&s->procs[i].pid, __ATOMIC_ACQUIRE) == pid ||
+            __atomic_compare_exchange_n(&s->procs[i].pid, &expect, pid, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            my_slot = i;
+            my_slot_pid = pid;
+            return &s->procs[i];
+        }
+    }
+    return NULL;
+}
+
+static void reclaim_dead(void)
+{
+    struct fake_state *s = fake_state();
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        int32_t pid = __atomic_load_n(&s->procs[i].pid, __ATOMIC_ACQUIRE);
+        if (pid <= 0 || fake_pid_alive(pid))
+            continue;
+        if (!__atomic_compare_exchange_n(&s->procs[i].pid, &pid, -1, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue;
+        for (int d = 0; d < FAKE_MAX_DEVICES; d++) {
+            uint64_t u = __atomic_exchange_n(&s->procs[i].used[d], 0, __ATOMIC_ACQ_REL);
+            __atomic_fetch_sub(&s->mem_used[d], u, __ATOMIC_ACQ_REL);
+        }
+        __atomic_store_n(&s->procs[i].pid, 0, __ATOMIC_RELEASE);
+    }
+}
+
+static CUresult take_memory(int dev, uint64_t size)
+{
+    struct fake_state *s = fake_state();
+    uint64_t cap = cfg()->dev[dev].memory;
+    struct fake_proc *p = my_proc();
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t used = __atomic_load_n(&s->mem_used[dev], __ATOMIC_ACQUIRE);
+        while (size <= cap && used <= cap - size) {
+            if (__atomic_compare_exchange_n(&s->mem_used[dev], &used, used + size, 1,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                if (p)
+                    __atomic_fetch_add(&p->used[dev], size, __ATOMIC_ACQ_REL);
+                return CUDA_SUCCESS;
+            }
+        }
+        reclaim_dead();
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static void give_memory(int dev, uint64_t size)
+{
+    struct fake_state *s = fake_state();
+    struct fake_proc *p = my_proc();
+    __atomic_fetch_sub(&s->mem_used[dev], size, __ATOMIC_ACQ_REL);
+    if (p)
+        __atomic_fetch_sub(&p->used[dev], size, __ATOMIC_ACQ_REL);
+}
+
+static int put_alloc(uint64_t key, uint64_t size, int dev)
+{
+    pthread_mutex_lock(&mu);
+    if (n_allocs == cap_allocs) {
+        size_t n = cap_allocs ? cap_allocs * 2 : 256;
+        struct alloc *a = realloc(allocs, n * sizeof *a);
+        if (a == NULL) {
+            pthread_mutex_unlock(&mu);
+            return -1;
+        }
+        allocs = a;
+        cap_allocs = n;
+    }
+    allocs[n_allocs++] = (struct alloc){key, size, dev};
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+static int take_alloc(uint64_t key, struct alloc *out)
+{
+    int rc = -1;
+    pthread_mutex_lock(&mu);
+    for (size_t i = n_allocs; i-- > 0;) {
+        if (allocs[i].key == key) {
+            *out = allocs[i];
+            allocs[i] = allocs[--n_allocs];
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+static uint64_t new_address(uint64_t size)
+{
+    uint64_t span = (size + 0xfffffull) & ~0xfffffull;
+    return __atomic_fetch_add(&next_addr, span ? span : 0x100000ull, __ATOMIC_RELAXED);
+}
+
+static CUresult alloc_on(int dev, uint64_t size, CUdeviceptr *dptr)
+{
+    if (dptr == NULL || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = take_memory(dev, size);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t a = new_address(size);
+    if (put_alloc(a, size, dev) != 0) {
+        give_memory(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *dptr = a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult free_key(uint64_t key)
+{
+    struct alloc a;
+    if (take_alloc(key, &a) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    give_memory(a.dev, a.size);
+    return CUDA_SUCCESS;
+}
+
+static CUresult need_ctx(int *dev)
+{
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = cur_ctx->dev;
+    return CUDA_SUCCESS;
+}
+
+/* ---- the device timeline ---- */
+
+static struct CUstream_st *stream_of(CUstream s)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return cur_ctx ? &default_stream[cur_ctx->dev] : NULL;
+    return s;
+}
+
+/* Put an operation of dur_ns on the device after everything submitted
+ * before it (by any process); returns its start time. */
+static uint64_t submit(struct CUstream_st *st, uint64_t dur_ns)
+{
+    struct fake_state *s = fake_state();
+    uint64_t now = fake_now_ns(), stail = __atomic_load_n(&st->tail, __ATOMIC_ACQUIRE);
+    uint64_t tail = __atomic_load_n(&s->dev_tail_ns[st->dev], __ATOMIC_ACQUIRE), start, end;
+    do {
+        start = now;
+        if (stail > start)
+            start = stail;
+        if (tail > start)
+            start = tail;
+        end = start + dur_ns;
+    } while (!__atomic_compare_exchange_n(&s->dev_tail_ns[st->dev], &tail, end, 1,
+                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    __atomic_store_n(&st->tail, end, __ATOMIC_RELEASE);
+    uint64_t pt = __atomic_load_n(&proc_tail[st->dev], __ATOMIC_ACQUIRE);
+    while (pt < end && !__atomic_compare_exchange_n(&proc_tail[st->dev], &pt, end, 1,
+                                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+    if (dur_ns)
+        __atomic_fetch_add(&s->busy_ns[st->dev], dur_ns, __ATOMIC_RELAXED);
+    return start;
+}
+
+static void sleep_until(uint64_t t)
+{
+    uint64_t now = fake_now_ns();
+    if (t <= now)
+        return;
+    uint64_t d = t - now;
+    struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+static CUresult launch(CUfunction f, CUstream s, uint64_t extra_ns)
+{
+    int dev;
+    CUresult rc = need_ctx(&dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUstream_st *st = stream_of(s);
+    if (st == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    submit(st, (f ? f->dur_ns : 0) + extra_ns);
+    return CUDA_SUCCESS;
+}
+
+/* ---- initialisation, devices ---- */
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    (void)flags;
+    const struct fake_config *c = cfg();
+    int e = fake_error_for(c->cuda_errors, c->n_cuda_errors, "cuInit");
+    if (e)
+        return e;
+    if (c->device_count == 0)
+        return CUDA_ERROR_NO_DEVICE;
+    for (unsigned i = 0; i < FAKE_MAX_DEVICES; i++) {
+        primary[i].dev = (int)i;
+        primary[i].primary = 1;
+        default_stream[i].dev = (int)i;
+    }
+    __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    if (v == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = cfg()->cuda_version;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    CHECK_INIT("cuDeviceGetCount");
+    *count = (int)cfg()->device_count;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    CHECK_INIT("cuDeviceGet");
+    if (!valid_dev(ordinal))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetName");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "%s", cfg()->dev[dev].name);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetUuid");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, cfg()->dev[dev].uuid_bytes, 16);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    return cuDeviceGetUuid(uuid, dev);
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceTotalMem_v2");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = (size_t)cfg()->dev[dev].memory;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    CHECK_INIT("cuMemGetInfo_v2");
+    int dev;
+    CUresult rc = need_ctx(&dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t total = cfg()->dev[dev].memory;
+    uint64_t used = __atomic_load_n(&fake_state()->mem_used[dev], __ATOMIC_ACQUIRE);
+    *free_bytes = (size_t)(used < total ? total - used : 0);
+    *total_bytes = (size_t)total;
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---- */
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
+{
+    CHECK_INIT("cuCtxCreate");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t n = cfg()->context_bytes;
+    if (n && take_memory(dev, n) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    c->dev = dev;
+    cur_ctx = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *p, int n, unsigned int flags, CUdevice dev)
+{
+    (void)p, (void)n, (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *p, unsigned int flags, CUdevice dev)
+{
+    (void)p, (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CHECK_INIT("cuCtxDestroy_v2");
+    if (ctx == NULL || ctx->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (cfg()->context_bytes)
+        give_memory(ctx->dev, cfg()->context_bytes);
+    if (cur_ctx == ctx)
+        cur_ctx = NULL;
+    free(ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CHECK_INIT("cuCtxSetCurrent");
+    cur_ctx = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx)
+{
+    CHECK_INIT("cuCtxGetCurrent");
+    *ctx = cur_ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    CHECK_INIT("cuCtxGetDevice");
+    return need_ctx(dev);
+}
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    CHECK_INIT("cuCtxSynchronize");
+    int dev;
+    CUresult rc = need_ctx(&dev);
+    if (rc == CUDA_SUCCESS)
+        sleep_until(__atomic_load_n(&proc_tail[dev], __ATOMIC_ACQUIRE));
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CHECK_INIT("cuDevicePrimaryCtxRetain");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = CUDA_SUCCESS;
+    if (primary_refs[dev] == 0 && cfg()->context_bytes)
+        rc = take_memory(dev, cfg()->context_bytes);
+    if (rc == CUDA_SUCCESS) {
+        primary_refs[dev]++;
+        *pctx = &primary[dev];
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+static void drop_primary(CUdevice dev)
+{
+    if (cfg()->context_bytes)
+        give_memory(dev, cfg()->context_bytes);
+    primary_refs[dev] = 0;
+    if (cur_ctx == &primary[dev])
+        cur_ctx = NULL;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CHECK_INIT("cuDevicePrimaryCtxRelease_v2");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = primary_refs[dev] ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (rc == CUDA_SUCCESS && --primary_refs[dev] == 0)
+        drop_primary(dev);
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CHECK_INIT("cuDevicePrimaryCtxReset_v2");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    if (primary_refs[dev])
+        drop_primary(dev);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory ---- */
+
+#define ALLOC_CURRENT(name, size, dptr)                                                          \
+    CHECK_INIT(name);                                                                            \
+    int dev_;                                                                                    \
+    CUresult rc_ = need_ctx(&dev_);                                                              \
+    if (rc_ != CUDA_SUCCESS)                                                                     \
+        return rc_;                                                                              \
+    return alloc_on(dev_, (size), (dptr));
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) { ALLOC_CURRENT("cuMemAlloc_v2", n, dptr) }
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
+{
+    (void)flags;
+    ALLOC_CURRENT("cuMemAllocManaged", n, dptr)
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
+{
+    (void)s;
+    ALLOC_CURRENT("cuMemAllocAsync", n, dptr)
+}
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
+{
+    (void)s;
+    ALLOC_CURRENT("cuMemAllocAsync_ptsz", n, dptr)
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CUstream s)
+{
+    (void)s, (void)p;
+    ALLOC_CURRENT("cuMemAllocFromPoolAsync", n, dptr)
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool p,
+                                             CUstream s)
+{
+    (void)s, (void)p;
+    ALLOC_CURRENT("cuMemAllocFromPoolAsync_ptsz", n, dptr)
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
+                                   unsigned int elem)
+{
+    (void)elem;
+    if (pitch == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pitch = (w + 511) / 512 * 512;
+    ALLOC_CURRENT("cuMemAllocPitch_v2", *pitch * h, dptr)
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    CHECK_INIT("cuMemFree_v2");
+    return free_key(p);
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    (void)s;
+    CHECK_INIT("cuMemFreeAsync");
+    return free_key(p);
+}
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
+{
+    (void)s;
+    CHECK_INIT("cuMemFreeAsync_ptsz");
+    return free_key(p);
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    (void)flags;
+    CHECK_INIT("cuMemCreate");
+    if (handle == NULL || prop == NULL || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = prop->location.id;
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = take_memory(dev, size);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t h = __atomic_fetch_add(&next_handle, 1, __ATOMIC_RELAXED) | (1ull << 62);
+    put_alloc(h, size, dev);
+    *handle = h;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CHECK_INIT("cuMemRelease");
+    return free_key(handle);
+}
+
+static uint64_t elem_bytes(CUarray_format f)
+{
+    return f == 0x01 || f == 0x08 ? 1 : f == 0x02 || f == 0x09 || f == 0x10 ? 2 : 4;
+}
+
+static CUresult array_alloc(uint64_t size, uint64_t *key)
+{
+    int dev;
+    CUresult rc = need_ctx(&dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    size = (size + 511) / 512 * 512;
+    if ((rc = take_memory(dev, size)) != CUDA_SUCCESS)
+        return rc;
+    struct CUarray_st *a = calloc(1, sizeof *a);
+    a->size = size;
+    a->dev = dev;
+    put_alloc((uint64_t)(uintptr_t)a, size, dev);
+    *key = (uint64_t)(uintptr_t)a;
+    return CUDA_SUCCESS;
+}
+
+static uint64_t d1(size_t v) { return v ? v : 1; }
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *h, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    CHECK_INIT("cuArrayCreate_v2");
+    if (h == NULL || d == NULL || d->Width == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t k;
+    CUresult rc = array_alloc(d1(d->Width) * d1(d->Height) * d1(d->NumChannels) *
+                              elem_bytes(d->Format), &k);
+    if (rc == CUDA_SUCCESS)
+        *h = (CUarray)(uintptr_t)k;
+    return rc;
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *h, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    CHECK_INIT("cuArray3DCreate_v2");
+    if (h == NULL || d == NULL || d->Width == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t k;
+    CUresult rc = array_alloc(d1(d->Width) * d1(d->Height) * d1(d->Depth) * d1(d->NumChannels) *
+                              elem_bytes(d->Format), &k);
+    if (rc == CUDA_SUCCESS)
+        *h = (CUarray)(uintptr_t)k;
+    return rc;
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray a)
+{
+    CHECK_INIT("cuArrayDestroy");
+    CUresult rc = free_key((uint64_t)(uintptr_t)a);
+    if (rc == CUDA_SUCCESS)
+        free(a);
+    return rc;
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                       unsigned int levels)
+{
+    CHECK_INIT("cuMipmappedArrayCreate");
+    if (h == NULL || d == NULL || d->Width == 0 || levels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t total = 0, k;
+    for (unsigned l = 0; l < levels && l < 64; l++)
+        total += d1(d->Width >> l) * (d->Height ? d1(d->Height >> l) : 1) *
+                 (d->Depth ? d1(d->Depth >> l) : 1) * d1(d->NumChannels) * elem_bytes(d->Format);
+    CUresult rc = array_alloc(total, &k);
+    if (rc == CUDA_SUCCESS)
+        *h = (CUmipmappedArray)(uintptr_t)k;
+    return rc;
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
+{
+    CHECK_INIT("cuMipmappedArrayDestroy");
+    CUresult rc = free_key((uint64_t)(uintptr_t)a);
+    if (rc == CUDA_SUCCESS)
+        free(a);
+    return rc;
+}
+
+/* ---- modules and kernels ---- */
+
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path)
+{
+    CHECK_INIT("cuModuleLoad");
+    (void)path;
+    *m = calloc(1, sizeof(struct CUmod_st));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+    return cuModuleLoad(m, image);
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+    CHECK_INIT("cuModuleUnload");
+    free(m);
+    return CUDA_SUCCESS;
+}
+
+/* "name_<N>us" runs N microseconds; other names run default_kernel_us. */
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    CHECK_INIT("cuModuleGetFunction");
+    if (f == NULL || m == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t us = cfg()->default_kernel_us;
+    size_t n = strlen(name);
+    const char *u = strrchr(name, '_');
+    if (u != NULL && n >= 3 && strcmp(name + n - 2, "us") == 0 && u + 1 < name + n - 2) {
+        uint64_t v = 0;
+        const char *p = u + 1;
+        for (; p < name + n - 2 && *p >= '0' && *p <= '9'; p++)
+            v = v * 10 + (uint64_t)(*p - '0');
+        if (p == name + n - 2)
+            us = v;
+    }
+    struct CUfunc_st *fn = calloc(1, sizeof *fn);
+    fn->dur_ns = us * 1000;
+    *f = fn;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **p,
+                               void **e)
+{
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)p, (void)e;
+    CHECK_INIT("cuLaunchKernel");
+    return launch(f, s, 0);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                    unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                    CUstream s, void **p, void **e)
+{
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)p, (void)e;
+    CHECK_INIT("cuLaunchKernel_ptsz");
+    return launch(f, s, 0);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
+{
+    (void)p, (void)e;
+    CHECK_INIT("cuLaunchKernelEx");
+    return c ? launch(f, c->hStream, 0) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
+{
+    (void)p, (void)e;
+    CHECK_INIT("cuLaunchKernelEx_ptsz");
+    return c ? launch(f, c->hStream, 0) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                          CUstream s, void **p)
+{
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)p;
+    CHECK_INIT("cuLaunchCooperativeKernel");
+    return launch(f, s, 0);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                               unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                               unsigned shm, CUstream s, void **p)
+{
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)p;
+    CHECK_INIT("cuLaunchCooperativeKernel_ptsz");
+    return launch(f, s, 0);
+}
+
+/* ---- graphs: a graph runs for the sum of its kernel nodes ---- */
+
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT("cuGraphCreate");
+    *g = calloc(1, sizeof(struct CUgraph_st));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                        size_t n, const CUDA_KERNEL_NODE_PARAMS *params)
+{
+    (void)deps, (void)n;
+    CHECK_INIT("cuGraphAddKernelNode_v2");
+    if (g == NULL || params == NULL || params->func == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    g->dur_ns += params->func->dur_ns;
+    if (node)
+        *node = (CUgraphNode)(uintptr_t)(g->dur_ns | 1);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                     size_t n, const CUDA_KERNEL_NODE_PARAMS *params)
+{
+    return cuGraphAddKernelNode_v2(node, g, deps, n, params);
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    (void)flags;
+    CHECK_INIT("cuGraphInstantiateWithFlags");
+    if (e == NULL || g == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *x = calloc(1, sizeof *x);
+    x->dur_ns = g->dur_ns;
+    *e = x;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+    CHECK_INIT("cuGraphLaunch");
+    return e ? launch(NULL, s, e->dur_ns) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
+{
+    CHECK_INIT("cuGraphLaunch_ptsz");
+    return e ? launch(NULL, s, e->dur_ns) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
+
+/* ---- streams and events ---- */
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT("cuStreamCreate");
+    int dev;
+    CUresult rc = need_ctx(&dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct CUstream_st *st = calloc(1, sizeof *st);
+    st->dev = dev;
+    *s = st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    CHECK_INIT("cuStreamDestroy_v2");
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return CUDA_ERROR_INVALID_HANDLE;
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_sync(CUstream s)
+{
+    struct CUstream_st *st = stream_of(s);
+    if (st == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    sleep_until(__atomic_load_n(&st->tail, __ATOMIC_ACQUIRE));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+    CHECK_INIT("cuStreamSynchronize");
+    return stream_sync(s);
+}
+
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
+{
+    CHECK_INIT("cuStreamSynchronize_ptsz");
+    return stream_sync(s);
+}
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT("cuEventCreate");
+    *e = calloc(1, sizeof(struct CUevent_st));
+    return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e)
+{
+    CHECK_INIT("cuEventDestroy_v2");
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent e, CUstream s)
+{
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUstream_st *st = stream_of(s);
+    if (st == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    e->ts = submit(st, 0);
+    e->recorded = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    CHECK_INIT("cuEventRecord");
+    return event_record(e, s);
+}
+
+EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s)
+{
+    CHECK_INIT("cuEventRecord_ptsz");
+    return event_record(e, s);
+}
+
+EXPORT CUresult cuEventQuery(CUevent e)
+{
+    CHECK_INIT("cuEventQuery");
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return !e->recorded || fake_now_ns() >= e->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+    CHECK_INIT("cuEventSynchronize");
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (e->recorded)
+        sleep_until(e->ts);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    CHECK_INIT("cuEventElapsedTime");
+    if (ms == NULL || start == NULL || end == NULL || !start->recorded || !end->recorded)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = fake_now_ns();
+    if (now < start->ts || now < end->ts)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)((int64_t)(end->ts - start->ts)) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+    static const struct { CUresult code; const char *text; } names[] = {
+        {CUDA_SUCCESS, "no error"},
+        {CUDA_ERROR_INVALID_VALUE, "invalid argument"},
+        {CUDA_ERROR_OUT_OF_MEMORY, "out of memory"},
+        {CUDA_ERROR_NOT_INITIALIZED, "initialization error"},
+        {CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"},
+        {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
+        {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
+        {CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"},
+        {CUDA_ERROR_NOT_FOUND, "named symbol not found"},
+        {CUDA_ERROR_NOT_READY, "device not ready"},
+        {CUDA_ERROR_NOT_PERMITTED, "operation not permitted"},
+        {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].code == e) {
+            *s = names[i].text;
+            return CUDA_SUCCESS;
+        }
+    *s = "unknown error";
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- cuGetProcAddress: versioned and per-thread-stream resolution ---- */
+
+struct proc { const char *base; int version; int ptds; void *fn; };
+#define P(base, ver, fn) {base, ver, 0, (void *)fn}
+#define PT(base, ver, fn) {base, ver, 1, (void *)fn}
+EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult *);
+static const struct proc procs[] = {
+    P("cuInit", 2000, cuInit),
+    P("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    P("cuGetProcAddress", 11030, cuGetProcAddress),
+    P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    P("cuGetErrorString", 6000, cuGetErrorString),
+    P("cuDeviceGet", 2000, cuDeviceGet),
+    P("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    P("cuDeviceGetName", 2000, cuDeviceGetName),
+    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+    P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    P("cuCtxCreate", 3020, cuCtxCreate_v2),
+    P("cuCtxCreate", 11040, cuCtxCreate_v3),
+    P("cuCtxCreate", 12050, cuCtxCreate_v4),
+    P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    P("cuMemAlloc", 3020, cuMemAlloc_v2),
+    P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    P("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    P("cuMemFree", 3020, cuMemFree_v2),
+    P("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
+    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    PT("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
+    P("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
+    P("cuMemCreate", 10020, cuMemCreate),
+    P("cuMemRelease", 10020, cuMemRelease),
+    P("cuArrayCreate", 3020, cuArrayCreate_v2),
+    P("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    P("cuArrayDestroy", 2000, cuArrayDestroy),
+    P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    P("cuModuleLoad", 2000, cuModuleLoad),
+    P("cuModuleLoadData", 2000, cuModuleLoadData),
+    P("cuModuleUnload", 2000, cuModuleUnload),
+    P("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    P("cuLaunchKernel", 4000, cuLaunchKernel),
+    PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
+    P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
+    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    PT("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
+    P("cuGraphCreate", 10000, cuGraphCreate),
+    P("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
+    P("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    P("cuGraphLaunch", 10000, cuGraphLaunch),
+    PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
+    P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    P("cuGraphDestroy", 10000, cuGraphDestroy),
+    P("cuStreamCreate", 2000, cuStreamCreate),
+    P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
+    P("cuEventCreate", 2000, cuEventCreate),
+    P("cuEventDestroy", 4000, cuEventDestroy_v2),
+    P("cuEventRecord", 2000, cuEventRecord),
+    PT("cuEventRecord", 7000, cuEventRecord_ptsz),
+    P("cuEventQuery", 2000, cuEventQuery),
+    P("cuEventSynchronize", 2000, cuEventSynchronize),
+    P("cuEventElapsedTime", 2000, cuEventElapsedTime),
+};
+
+static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                        CUdriverProcAddressQueryResult *status)
+{
+    const struct proc *best = NULL;
+    int known = 0;
+    int want_ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    if (symbol == NULL || pfn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    for (int pass = want_ptds; pass >= 0 && best == NULL; pass--) {
+        for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+            if (strcmp(procs[i].base, symbol) != 0 || procs[i].ptds != pass)
+                continue;
+            known = 1;
+            if (procs[i].version <= version && (best == NULL || procs[i].version > best->version))
+                best = &procs[i];
+        }
+    }
+    if (best == NULL) {
+        if (status)
+            *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                            : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = best->fn;
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    return resolve(symbol, pfn, version, flags, NULL);
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    return resolve(symbol, pfn, version, flags, status);
+}

@@ -1,0 +1,230 @@
+/*
+ * Memory hook tests: runs a little script from argv, one line of output per
+ * step ("<step> <CUresult> [values]"), so pytest can drive single processes,
+ * several processes sharing a region, fork and SIGKILL.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "harness.h"
+
+#define MAX_IDS 65536
+static uint64_t ids[MAX_IDS];
+static int n_ids;
+
+static int keep(uint64_t v)
+{
+    ids[n_ids] = v;
+    return n_ids < MAX_IDS - 1 ? n_ids++ : n_ids;
+}
+
+static uint64_t size_arg(const char *s)
+{
+    uint64_t v;
+    if (harness_parse_size(s, &v) != 0) {
+        fprintf(stderr, "bad size %s\n", s);
+        exit(91);
+    }
+    return v;
+}
+
+struct tctx { uint64_t size; int iters; int failures; uint64_t got; int count; CUcontext ctx; };
+
+static void *churn(void *arg)
+{
+    struct tctx *t = arg;
+    A.cuCtxSetCurrent(t->ctx);
+    for (int i = 0; i < t->iters; i++) {
+        CUdeviceptr p;
+        if (A.cuMemAlloc(&p, t->size) != CUDA_SUCCESS) {
+            t->failures++;
+            continue;
+        }
+        if (A.cuMemFree(p) != CUDA_SUCCESS)
+            t->failures++;
+    }
+    return NULL;
+}
+
+static void *grab(void *arg)
+{
+    struct tctx *t = arg;
+    A.cuCtxSetCurrent(t->ctx);
+    CUdeviceptr p;
+    while (A.cuMemAlloc(&p, t->size) == CUDA_SUCCESS) {
+        t->got += t->size;
+        t->count++;
+    }
+    return NULL;
+}
+
+static void run_threads(int n, void *(*fn)(void *), struct tctx *ts)
+{
+    pthread_t th[64];
+    for (int i = 0; i < n; i++)
+        pthread_create(&th[i], NULL, fn, &ts[i]);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+}
+
+static CUcontext current_ctx(void)
+{
+    CUcontext c = NULL;
+    extern CUresult cuCtxGetCurrent(CUcontext *);
+    cuCtxGetCurrent(&c);
+    return c;
+}
+
+int main(int argc, char **argv)
+{
+    harness_resolve();
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    for (int i = 1; i < argc; i++) {
+        const char *c = argv[i];
+        CUresult rc;
+#define ARG() (i + 1 < argc ? argv[++i] : (fprintf(stderr, "missing argument\n"), exit(92), ""))
+        if (strcmp(c, "ctx") == 0) {
+            printf("ctx %d\n", harness_context(atoi(ARG())));
+        } else if (strcmp(c, "alloc") == 0 || strcmp(c, "managed") == 0 ||
+                   strcmp(c, "async") == 0 || strcmp(c, "pool") == 0) {
+            uint64_t n = size_arg(ARG());
+            CUdeviceptr p = 0;
+            if (c[0] == 'a' && c[1] == 'l')
+                rc = A.cuMemAlloc(&p, n);
+            else if (c[0] == 'm')
+                rc = A.cuMemAllocManaged(&p, n, 1);
+            else if (c[0] == 'a')
+                rc = A.cuMemAllocAsync(&p, n, NULL);
+            else
+                rc = A.cuMemAllocFromPoolAsync(&p, n, NULL, NULL);
+            printf("%s %d %d\n", c, rc, rc == CUDA_SUCCESS ? keep(p) : -1);
+        } else if (strcmp(c, "pitch") == 0) {
+            uint64_t w = size_arg(ARG()), h = size_arg(ARG());
+            CUdeviceptr p = 0;
+            size_t pitch = 0;
+            rc = A.cuMemAllocPitch(&p, &pitch, w, h, 4);
+            printf("pitch %d %d %zu\n", rc, rc == CUDA_SUCCESS ? keep(p) : -1, pitch);
+        } else if (strcmp(c, "free") == 0 || strcmp(c, "freeasync") == 0) {
+            int id = atoi(ARG());
+            rc = c[4] == 'a' ? A.cuMemFreeAsync(ids[id], NULL) : A.cuMemFree(ids[id]);
+            printf("%s %d\n", c, rc);
+        } else if (strcmp(c, "create") == 0) {
+            int dev = atoi(ARG());
+            uint64_t n = size_arg(ARG());
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = 1;
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = dev;
+            CUmemGenericAllocationHandle h = 0;
+            rc = A.cuMemCreate(&h, n, &prop, 0);
+            printf("create %d %d\n", rc, rc == CUDA_SUCCESS ? keep(h) : -1);
+        } else if (strcmp(c, "release") == 0) {
+            printf("release %d\n", A.cuMemRelease(ids[atoi(ARG())]));
+        } else if (strcmp(c, "array") == 0) {
+            CUDA_ARRAY_DESCRIPTOR d = {size_arg(ARG()), size_arg(ARG()), 0x20, 4};
+            CUarray a = NULL;
+            rc = A.cuArrayCreate(&a, &d);
+            printf("array %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)a) : -1);
+        } else if (strcmp(c, "array3d") == 0) {
+            CUDA_ARRAY3D_DESCRIPTOR d = {size_arg(ARG()), size_arg(ARG()), size_arg(ARG()), 0x01, 1, 0};
+            CUarray a = NULL;
+            rc = A.cuArray3DCreate(&a, &d);
+            printf("array3d %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)a) : -1);
+        } else if (strcmp(c, "mipmap") == 0) {
+            CUDA_ARRAY3D_DESCRIPTOR d = {size_arg(ARG()), size_arg(ARG()), size_arg(ARG()), 0x01, 1, 0};
+            unsigned levels = (unsigned)atoi(ARG());
+            CUmipmappedArray a = NULL;
+            rc = A.cuMipmappedArrayCreate(&a, &d, levels);
+            printf("mipmap %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)a) : -1);
+        } else if (strcmp(c, "adestroy") == 0) {
+            printf("adestroy %d\n", A.cuArrayDestroy((CUarray)(uintptr_t)ids[atoi(ARG())]));
+        } else if (strcmp(c, "mdestroy") == 0) {
+            printf("mdestroy %d\n",
+                   A.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)ids[atoi(ARG())]));
+        } else if (strcmp(c, "info") == 0) {
+            size_t f = 0, t = 0;
+            rc = A.cuMemGetInfo(&f, &t);
+            printf("info %d %zu %zu\n", rc, f, t);
+        } else if (strcmp(c, "total") == 0) {
+            size_t t = 0;
+            rc = A.cuDeviceTotalMem(&t, atoi(ARG()));
+            printf("total %d %zu\n", rc, t);
+        } else if (strcmp(c, "fill") == 0) {
+            uint64_t n = size_arg(ARG());
+            CUdeviceptr p;
+            int count = 0;
+            while ((rc = A.cuMemAlloc(&p, n)) == CUDA_SUCCESS) {
+                keep(p);
+                count++;
+            }
+            printf("fill %d %d\n", rc, count);
+        } else if (strcmp(c, "ctxcreate") == 0) {
+            CUcontext x = NULL;
+            rc = A.cuCtxCreate(&x, 0, atoi(ARG()));
+            printf("ctxcreate %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)x) : -1);
+        } else if (strcmp(c, "ctxdestroy") == 0) {
+            printf("ctxdestroy %d\n", A.cuCtxDestroy((CUcontext)(uintptr_t)ids[atoi(ARG())]));
+        } else if (strcmp(c, "setctx") == 0) {
+            printf("setctx %d\n", A.cuCtxSetCurrent((CUcontext)(uintptr_t)ids[atoi(ARG())]));
+        } else if (strcmp(c, "primary_release") == 0) {
+            printf("primary_release %d\n", A.cuDevicePrimaryCtxRelease(atoi(ARG())));
+        } else if (strcmp(c, "primary_reset") == 0) {
+            printf("primary_reset %d\n", A.cuDevicePrimaryCtxReset(atoi(ARG())));
+        } else if (strcmp(c, "threads") == 0) {
+            int n = atoi(ARG()), iters = atoi(ARG());
+            uint64_t sz = size_arg(ARG());
+            struct tctx ts[64];
+            for (int k = 0; k < n; k++)
+                ts[k] = (struct tctx){sz, iters, 0, 0, 0, current_ctx()};
+            run_threads(n, churn, ts);
+            int fails = 0;
+            for (int k = 0; k < n; k++)
+                fails += ts[k].failures;
+            printf("threads %d\n", fails);
+        } else if (strcmp(c, "tfill") == 0) {
+            int n = atoi(ARG());
+            uint64_t sz = size_arg(ARG()), got = 0;
+            int count = 0;
+            struct tctx ts[64];
+            for (int k = 0; k < n; k++)
+                ts[k] = (struct tctx){sz, 0, 0, 0, 0, current_ctx()};
+            run_threads(n, grab, ts);
+            for (int k = 0; k < n; k++) {
+                got += ts[k].got;
+                count += ts[k].count;
+            }
+            printf("tfill %llu %d\n", (unsigned long long)got, count);
+        } else if (strcmp(c, "fork") == 0) {
+            uint64_t n = size_arg(ARG());
+            pid_t pid = fork();
+            if (pid == 0) {
+                CUdeviceptr p;
+                rc = A.cuMemAlloc(&p, n);
+                printf("child %d\n", rc);
+                fflush(stdout);
+                _exit(rc == CUDA_SUCCESS ? 0 : 1);
+            }
+            int st = 0;
+            waitpid(pid, &st, 0);
+            printf("fork %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+        } else if (strcmp(c, "wait") == 0) {
+            char line[64];
+            printf("waiting\n");
+            if (fgets(line, sizeof line, stdin) == NULL)
+                return 0;
+        } else if (strcmp(c, "sleep") == 0) {
+            usleep((useconds_t)atoi(ARG()) * 1000);
+        } else if (strcmp(c, "kill") == 0) {
+            raise(SIGKILL);
+        } else {
+            fprintf(stderr, "unknown step %s\n", c);
+            return 93;
+        }
+    }
+    return 0;
+}
