@@ -127,13 +127,15 @@ def decode_devices(what: str, raw: object) -> tuple[GPUDevice, ...]:
 
 def encode_reservation(reservation: Reservation) -> dict[str, Any]:
     """A GPUNode status.reservations entry (the node is the GPUNode itself)."""
-    return {
+    encoded: dict[str, Any] = {
         "id": reservation.id,
         "namespace": reservation.namespace,
-        "pod": reservation.pod,
         "allocations": [_encode_allocation(a) for a in reservation.allocations],
         "expiresAt": format_timestamp(reservation.expires_at),
     }
+    if reservation.pod:  # generateName pods have no name yet; the field is optional
+        encoded["pod"] = reservation.pod
+    return encoded
 
 
 def decode_reservation(what: str, raw: object, node: str) -> Reservation:

@@ -6,6 +6,7 @@ pods. Admission is emulated by place-then-reserve with re-planning, as the webho
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -136,7 +137,6 @@ async def test_concurrent_charges_never_pass_the_quota(
         },
     )
     async with replica(kubeconfig) as (_, first), replica(kubeconfig) as (_, second):
-        await wait_for(lambda: bool(asyncio.run_coroutine_threadsafe), "start")
         await wait_for(
             lambda: (
                 bool(first.gpuquotas.get(f"{namespace}/gpu"))
@@ -233,8 +233,8 @@ async def test_controllers_prune_settled_reservations_and_recount_quota(
             },
         )
         await wait_for(lambda: kept.reservation.id in state.live_reservation_ids(), "pod in cache")
-        clock = [asyncio.get_running_loop().time()]
-        controllers = Controllers(api, state, state._settings, clock=lambda: clock[0] + 1e9)
+        later = time.time() + 2 * TTL  # past every reservation's expiry
+        controllers = Controllers(api, state, state._settings, clock=lambda: later)
         report = await controllers.reconcile_once()
         # the live pod's reservation settled, the orphan expired (clock far ahead)
         assert report.reservations_pruned == 2

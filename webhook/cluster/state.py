@@ -33,7 +33,7 @@ from webhook.cluster.records import (
     pod_record,
 )
 from webhook.cluster.watchcache import WatchCache, WatchSettings
-from webhook.state import Claim, RejectKind, ReserveRejectedError
+from webhook.state import Claim, RejectKind, ReserveRejected
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class KubeState:
         for _ in range(self._settings.write_retries):
             record = self.gpunodes.get(held.node)
             if record is None:
-                raise ReserveRejectedError(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
+                raise ReserveRejected(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
             self._refresh()
             node = self.nodes.get(held.node)
             problem = capacity_problem(
@@ -153,7 +153,7 @@ class KubeState:
                 split_count=self._settings.split_count,
             )
             if problem:
-                raise ReserveRejectedError(RejectKind.CAPACITY, problem)
+                raise ReserveRejected(RejectKind.CAPACITY, problem)
             try:
                 written = await stores.write_reservations(
                     self._api, held.node, record.resource_version, (*record.reservations, held)
@@ -163,7 +163,7 @@ class KubeState:
                 continue
             self.gpunodes.put(written)
             return
-        raise ReserveRejectedError(
+        raise ReserveRejected(
             RejectKind.CAPACITY,
             f"GPUNode {held.node} changed {self._settings.write_retries} times while reserving",
         )
@@ -196,7 +196,7 @@ class KubeState:
         for quota in await self.quotas(held.namespace):
             try:
                 charged.append(await self._charge_quota(quota, claim, sign))
-            except ReserveRejectedError:
+            except ReserveRejected:
                 for done in charged:
                     await self._charge_quota(done, claim, -sign)
                 raise
@@ -207,7 +207,7 @@ class KubeState:
             if sign > 0:
                 over = quotalib.check([quota], allocations, claim.models)
                 if over is not None:
-                    raise ReserveRejectedError(RejectKind.QUOTA, over.message)
+                    raise ReserveRejected(RejectKind.QUOTA, over.message)
             updated = quotalib.charge(quota, allocations, claim.models, sign)
             try:
                 written = await stores.write_quota_used(self._api, updated)
@@ -218,7 +218,7 @@ class KubeState:
                 continue
             self.gpuquotas.put(written)
             return decode_quota(written)
-        raise ReserveRejectedError(
+        raise ReserveRejected(
             RejectKind.QUOTA,
             f'GPUQuota "{quota.namespace}/{quota.name}" changed '
             f"{self._settings.write_retries} times while charging it; try again",
