@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
@@ -116,8 +117,6 @@ def test_decoding_bad_pem_says_what_is_wrong(t0: datetime) -> None:
 
 def test_rsa_keys_stored_by_someone_else_are_readable(t0: datetime) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    from cryptography.hazmat.primitives import serialization
-
     pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.TraditionalOpenSSL,
