@@ -24,7 +24,13 @@ from tests.agent.kubelet import TestKubelet
 
 NODE = "gpu-node-1"
 GPU_A = GPUDevice("GPU-aaaaaaaa-0000-0000-0000-000000000001", 0, "NVIDIA A10", 24576)
-GPU_B = GPUDevice("GPU-bbbbbbbb-0000-0000-0000-000000000002", 1, "NVIDIA A10", 24576)
+GPU_B = GPUDevice(
+    "GPU-bbbbbbbb-0000-0000-0000-000000000002",
+    1,
+    "NVIDIA A10",
+    24576,
+    pci_bus_id="00000000:02:00.0",
+)
 
 
 @pytest.fixture
@@ -121,3 +127,14 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     finally:
         manager.stop()
         kubelet.close()
+
+
+# The real control plane of the end-to-end suite, for the agent's API-facing tests.
+from tests.e2e.conftest import (  # noqa: E402
+    control_plane,
+    e2e_config,
+    fracgpu_crds,
+    kube_client,
+)
+
+__all__ = ["control_plane", "e2e_config", "fracgpu_crds", "kube_client"]
