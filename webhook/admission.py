@@ -12,20 +12,20 @@ carries exactly what fracgpu wrote for a reservation it holds.
 import dataclasses
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from fracgpu import names
-from fracgpu.dialects import canonical_quantities
+from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
 from fracgpu.placement import NoFit, PodDemand
 from webhook import pod as podlib
 from webhook import quota as quotalib
 from webhook import responses, validate
-from webhook.demand import PodAsk, read_ask
+from webhook.demand import PodAsk, gpu_container_names, read_ask
 from webhook.metrics import Metrics
-from webhook.mutate import decide, make_patch
+from webhook.mutate import canonical_resources, decide, make_patch
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
 from webhook.state import Claim, ClusterState, RejectKind, ReserveRejected
@@ -67,12 +67,12 @@ class Admission:
             return responses.allowed()
         trusted = request.username in self._settings.service_accounts
         try:
+            gpu_containers = gpu_container_names(pod, self._settings.dialects)
+            if gpu_containers and names.ANNOTATION_ASSIGNMENT in podlib.annotations(pod):
+                return await self._reapply(pod, namespace, gpu_containers, trusted, request.dry_run)
             ask = read_ask(pod, self._settings.dialects, self._settings.policy)
-            annotations = podlib.annotations(pod)
             if ask.demand is None:
                 return self._mutate_without_gpu(pod, trusted)
-            if names.ANNOTATION_ASSIGNMENT in annotations:
-                return await self._reapply(pod, namespace, ask, trusted, request.dry_run)
             if not trusted:
                 findings = validate.tamper_findings(
                     pod, placed_by_fracgpu=False, void_allowed=False
@@ -91,10 +91,17 @@ class Admission:
         return responses.patched(make_patch(pod, decide(pod, None, self._settings.dialects)))
 
     async def _reapply(
-        self, pod: Mapping[str, Any], namespace: str, ask: PodAsk, trusted: bool, dry_run: bool
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        gpu_containers: Sequence[str],
+        trusted: bool,
+        dry_run: bool,
     ) -> responses.Verdict:
         """Reinvocation: keep the pod's own verified assignment, write it again, place nothing."""
-        assignment = await self._verified_assignment(pod, namespace, ask, trusted, dry_run)
+        assignment = await self._verified_assignment(
+            pod, namespace, gpu_containers, trusted, dry_run
+        )
         if isinstance(assignment, str):
             return responses.denied(assignment)
         return responses.patched(make_patch(pod, decide(pod, assignment, self._settings.dialects)))
@@ -153,7 +160,9 @@ class Admission:
                     log.info("reservation lost a race, re-planning: %s", rejected.message)
                     continue
             mutated = decide(pod, assignment, self._settings.dialects)
-            return responses.patched(make_patch(pod, mutated), _warnings(ask, assignment))
+            return responses.patched(
+                make_patch(pod, mutated), _warnings(ask, assignment, self._settings.dialects)
+            )
         if quota_block is not None:
             return self._quota_denial(quota_block)
         self._metrics.placement_failure("conflict")
@@ -186,20 +195,22 @@ class Admission:
         try:
             if request.operation == "UPDATE":
                 return self._validate_update(request.old_obj, pod)
-            ask = read_ask(pod, self._settings.dialects, self._settings.policy)
-            if ask.demand is None:
+            gpu_containers = gpu_container_names(pod, self._settings.dialects)
+            if not gpu_containers or names.ANNOTATION_ASSIGNMENT not in podlib.annotations(pod):
+                ask = read_ask(pod, self._settings.dialects, self._settings.policy)
+                if ask.demand is not None:
+                    return responses.denied(
+                        "this pod asks for GPUs but carries no fracgpu assignment: the fracgpu "
+                        "mutating webhook did not place it. Check that the "
+                        "MutatingWebhookConfiguration selects this namespace, then create it "
+                        "again"
+                    )
                 findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
                 if findings:
                     return responses.denied(validate.tamper_message(findings, "this pod"))
                 return responses.allowed()
-            if names.ANNOTATION_ASSIGNMENT not in podlib.annotations(pod):
-                return responses.denied(
-                    "this pod asks for GPUs but carries no fracgpu assignment: the fracgpu "
-                    "mutating webhook did not place it. Check that the "
-                    "MutatingWebhookConfiguration selects this namespace, then create it again"
-                )
             assignment = await self._verified_assignment(
-                pod, namespace, ask, False, request.dry_run
+                pod, namespace, gpu_containers, False, request.dry_run
             )
             if isinstance(assignment, str):
                 return responses.denied(assignment)
@@ -229,31 +240,34 @@ class Admission:
         self,
         pod: Mapping[str, Any],
         namespace: str,
-        ask: PodAsk,
+        gpu_containers: Sequence[str],
         trusted: bool,
         dry_run: bool,
     ) -> Assignment | str:
         """The pod's assignment if fracgpu made it (or a trusted account wrote it), else why not."""
         assignment = validate.read_assignment(podlib.annotations(pod))
         if isinstance(assignment, str):
-            return f"annotation {names.ANNOTATION_ASSIGNMENT} is not usable: {assignment}"
+            return self._forged(pod, assignment)
         reservation = None if dry_run else await self._state.reservation(assignment.reservation_id)
         findings = validate.assignment_findings(
             assignment,
-            [r.container for r in ask.requests],
+            gpu_containers,
             namespace,
             reservation,
             check_reservation=not (dry_run or trusted),
         )
-        if not trusted:
-            findings += validate.tamper_findings(pod, placed_by_fracgpu=True, void_allowed=True)
         if findings:
-            return (
-                f"the pod's fracgpu fields were not written by fracgpu: {'; '.join(findings)}. "
-                "Users may not set fracgpu's annotations, labels or variables; remove them "
-                "and create the pod again"
-            )
+            return self._forged(pod, "; ".join(findings))
+        if not trusted:
+            extra = validate.tamper_findings(pod, placed_by_fracgpu=True, void_allowed=True)
+            if extra:
+                return validate.tamper_message(extra, "this pod")
         return assignment
+
+    def _forged(self, pod: Mapping[str, Any], why: str) -> str:
+        """A pod whose fracgpu fields fracgpu did not write: name them all, and why."""
+        findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
+        return f"{validate.tamper_message(findings, 'this pod')} (not fracgpu's because {why})"
 
 
 def _namespace(request: AdmissionRequest) -> str:
@@ -272,7 +286,7 @@ def _excluding_model(demand: PodDemand, model: str) -> PodDemand:
     )
 
 
-def _warnings(ask: PodAsk, assignment: Assignment) -> list[str]:
+def _warnings(ask: PodAsk, assignment: Assignment, dialects: DialectConfig) -> list[str]:
     """Tell the user what their dialect became, and when compute is best effort."""
     warnings = []
     for request in ask.requests:
@@ -280,7 +294,9 @@ def _warnings(ask: PodAsk, assignment: Assignment) -> list[str]:
         if held is None:
             continue
         if request.dialect is not Dialect.TKESTACK:
-            canonical = ", ".join(f"{k}={v}" for k, v in canonical_quantities(held).items())
+            canonical = ", ".join(
+                f"{k}={v}" for k, v in sorted(canonical_resources(held, dialects).items())
+            )
             warnings.append(
                 f'container "{request.container}": {request.dialect.value} request '
                 f"normalised to {canonical}"

@@ -12,7 +12,7 @@ from fractions import Fraction
 from typing import Any, Final
 
 from fracgpu import names
-from fracgpu.dialects import DialectConfig, parse_container
+from fracgpu.dialects import DialectConfig, gpu_resource_values, parse_container
 from fracgpu.errors import FracgpuError, QuantityError
 from fracgpu.model import ContainerRequest
 from fracgpu.placement import Constraints, PodDemand, Policy
@@ -52,6 +52,16 @@ def gpu_requests(pod: Mapping[str, Any], config: DialectConfig) -> tuple[Contain
         if request is not None:
             found.append(request)
     return tuple(found)
+
+
+def gpu_container_names(pod: Mapping[str, Any], config: DialectConfig) -> list[str]:
+    """Containers that carry any GPU resource, in whatever form (fracgpu's canonical one too).
+
+    Used on pods fracgpu already rewrote: canonical totals of multi-GPU shares (2 x 70 cores
+    = 140) are not valid requests to parse again, and need not be: the assignment is the
+    record, checked against the reservation.
+    """
+    return [c["name"] for _, _, c in podlib.containers(pod) if gpu_resource_values(c, config)]
 
 
 def read_ask(pod: Mapping[str, Any], config: DialectConfig, default_policy: Policy) -> PodAsk:

@@ -89,11 +89,7 @@ def _write_resources(
 ) -> None:
     """Replace dialect resources by the canonical ones, in limits and requests alike."""
     rn = config.names
-    canonical = canonical_quantities(held)
-    values = {
-        rn.vcuda_core: canonical[names.RESOURCE_VCUDA_CORE],
-        rn.vcuda_memory: canonical[names.RESOURCE_VCUDA_MEMORY],
-    }
+    values = canonical_resources(held, config)
     # The elastic bound is itself canonical (TKEStack); everything else is rewritten.
     replaced = rn.all() - {rn.vcuda_core_limit}
     resources = _child(container, "resources")
@@ -102,6 +98,17 @@ def _write_resources(
         for key in replaced & current.keys():
             del current[key]
         current.update(values)
+
+
+def canonical_resources(held: ContainerAssignment, config: DialectConfig) -> dict[str, str]:
+    """The canonical resources (configured names) a placed container is rewritten to."""
+    rn = config.names
+    canonical = canonical_quantities(held)
+    values = {rn.vcuda_memory: canonical[names.RESOURCE_VCUDA_MEMORY]}
+    # Best effort (no compute reserved) is written as memory alone, as TKEStack spells it.
+    if any(d.cores for d in held.devices):
+        values[rn.vcuda_core] = canonical[names.RESOURCE_VCUDA_CORE]
+    return values
 
 
 def _set_env(container: dict[str, Any], name: str, value: str) -> None:

@@ -1,0 +1,138 @@
+"""``fracgpu``: the webhook's command line.
+
+- ``fracgpu`` / ``fracgpu demo``: run the webhook locally and send it the example pods;
+- ``fracgpu admit POD.yaml --cluster CLUSTER.yaml``: print the pod as fracgpu would admit it;
+- ``fracgpu serve``: serve the webhook (settings from flags or FRACGPU_* variables).
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import jsonpatch
+import yaml
+
+from webhook import demo, server, settings
+from webhook.admission import Admission
+from webhook.client import build_review
+from webhook.embedded import ClusterFileError, EmbeddedState
+from webhook.metrics import Metrics
+from webhook.review import parse_review
+from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
+
+log = logging.getLogger("fracgpu")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command = args.command or "demo"
+    try:
+        if command == "demo":
+            logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+            return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout))
+        config = settings.load(args, os.environ)
+        logging.basicConfig(
+            level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        if command == "admit":
+            return asyncio.run(_admit(args.pod, args.username, args.dry_run, config))
+        return asyncio.run(_serve(config))
+    except (settings.SettingsError, ClusterFileError, TLSConfigError, OSError) as error:
+        print(f"fracgpu: {error}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fracgpu", description="fractional GPUs for Kubernetes: the admission webhook"
+    )
+    commands = parser.add_subparsers(dest="command")
+    run_demo = commands.add_parser("demo", help="run the webhook locally on the example pods")
+    run_demo.add_argument("--cluster", type=Path, default=demo.EXAMPLES / "cluster.yaml")
+    run_demo.add_argument("--pods", type=Path, default=demo.EXAMPLES / "pods")
+    admit = commands.add_parser("admit", help="print a pod as fracgpu would admit it")
+    admit.add_argument("pod", type=Path, help="pod manifest (YAML or JSON)")
+    admit.add_argument(
+        "--cluster",
+        dest="cluster_file",
+        default=None,
+        help="cluster file (or FRACGPU_CLUSTER_FILE)",
+    )
+    admit.add_argument("--username", default="alice@example.com", help="requesting user")
+    admit.add_argument("--dry-run", action="store_true", help="send the request as dry-run")
+    settings.add_arguments(admit)
+    serve = commands.add_parser("serve", help="serve the webhook over HTTPS")
+    settings.add_arguments(serve)
+    # `fracgpu` alone runs the demo with its defaults.
+    parser.set_defaults(
+        cluster=demo.EXAMPLES / "cluster.yaml", pods=demo.EXAMPLES / "pods", command=None
+    )
+    return parser
+
+
+def _state(config: settings.Settings) -> EmbeddedState:
+    if config.cluster_file is None:
+        raise settings.SettingsError(
+            "no cluster state: pass --cluster-file (or --cluster for admit) or set "
+            "FRACGPU_CLUSTER_FILE to a cluster file such as examples/cluster.yaml"
+        )
+    return EmbeddedState.from_file(
+        config.cluster_file, config.split_count, config.reservation_ttl_seconds
+    )
+
+
+async def _admit(pod_file: Path, username: str, dry_run: bool, config: settings.Settings) -> int:
+    """Run the pod through mutate then validate in-process; print it, or the denial (exit 1)."""
+    pod = yaml.safe_load(pod_file.read_text())
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+        print(f"fracgpu: {pod_file} is not a single Pod manifest", file=sys.stderr)
+        return 2
+    admission = Admission(config, _state(config), Metrics())
+    for endpoint in ("mutate", "validate"):
+        review = build_review(pod, username=username, dry_run=dry_run)
+        request = parse_review(json.dumps(review).encode(), "application/json", 2**31)
+        verdict = await (admission.mutate if endpoint == "mutate" else admission.validate)(request)
+        for warning in verdict.warnings:
+            print(f"Warning: {warning}", file=sys.stderr)
+        if not verdict.allowed:
+            print(f"denied by /{endpoint}: {verdict.message}", file=sys.stderr)
+            return 1
+        pod = jsonpatch.apply_patch(pod, list(verdict.patch))
+    sys.stdout.write(yaml.safe_dump(pod, sort_keys=False))
+    return 0
+
+
+async def _serve(config: settings.Settings) -> int:
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        raise settings.SettingsError(
+            "serving needs --tls-cert-file and --tls-key-file (FRACGPU_TLS_CERT_FILE, "
+            "FRACGPU_TLS_KEY_FILE): the API server only calls webhooks over HTTPS"
+        )
+    for line in settings.describe(config):
+        log.info("setting %s", line)
+    reloader = CertificateReloader(
+        TLSFiles(config.tls_cert_file, config.tls_key_file), config.tls_reload_seconds
+    )
+    running = await server.start(config, _state(config), reloader)
+    log.info("serving on %s", running.url)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await running.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

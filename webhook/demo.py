@@ -1,0 +1,172 @@
+"""``fracgpu demo``: the webhook on 127.0.0.1 with a throwaway CA, fed the example pods over HTTPS.
+
+Each pod goes through /mutate, then (if allowed) the patched pod through /validate, as
+kube-apiserver would do; the result is printed as a table, then every patch and message.
+"""
+
+import json
+import tempfile
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+import jsonpatch
+import yaml
+
+from fracgpu import names
+from fracgpu.codec import decode_assignment
+from fracgpu.errors import FracgpuError
+from webhook import selfsigned, server, settings
+from webhook.client import WebhookClient, build_review, patch_of
+from webhook.demand import gpu_requests
+from webhook.embedded import EmbeddedState, load_cluster_file
+from webhook.tls import CertificateReloader, TLSFiles
+
+EXAMPLES: Final = Path(__file__).resolve().parent.parent / "examples"
+VALUE_WIDTH: Final = 96
+
+
+@dataclass
+class Outcome:
+    source: str
+    pod: str
+    dialect: str
+    verdict: str
+    node: str = ""
+    gpus: list[str] = field(default_factory=list)
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    message: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
+    cluster = load_cluster_file(cluster_file)
+    gpu_index = {d.uuid: d.index for n in cluster.nodes for d in n.devices}
+    pod_files = sorted(pods_dir.glob("*.yaml"))
+    if not pod_files:
+        out.write(f"no pod manifests (*.yaml) in {pods_dir}\n")
+        return 1
+    with tempfile.TemporaryDirectory(prefix="fracgpu-demo-") as tmp:
+        authority = selfsigned.new_authority()
+        ca, cert, key = selfsigned.write_files(
+            Path(tmp), authority, selfsigned.issue_serving(authority)
+        )
+        config = settings.from_mapping(
+            {
+                "host": "127.0.0.1",
+                "port": "0",
+                "tls_cert_file": str(cert),
+                "tls_key_file": str(key),
+                "cluster_file": str(cluster_file),
+            }
+        )
+        state = EmbeddedState(cluster, config.split_count, config.reservation_ttl_seconds)
+        reloader = CertificateReloader(TLSFiles(cert, key), config.tls_reload_seconds)
+        running = await server.start(config, state, reloader)
+        try:
+            out.write(
+                f"fracgpu webhook listening on {running.url} (TLS, throwaway CA {ca}); "
+                f"cluster {cluster_file}: {len(cluster.nodes)} nodes, "
+                f"{len(gpu_index)} GPUs, {len(cluster.pods)} pods already placed\n\n"
+            )
+            async with WebhookClient(running.url, ca) as client:
+                outcomes = [
+                    await _admit(client, path, config.dialects, gpu_index) for path in pod_files
+                ]
+        finally:
+            await running.stop()
+    _print(outcomes, out)
+    return 0
+
+
+async def _admit(
+    client: WebhookClient,
+    path: Path,
+    dialects: Any,
+    gpu_index: Mapping[str, int],
+) -> Outcome:
+    pod = yaml.safe_load(path.read_text())
+    meta = pod.get("metadata", {})
+    short = meta.get("name") or meta.get("generateName", "") + "*"
+    name = f"{meta.get('namespace', 'default')}/{short}"
+    outcome = Outcome(path.name, name, _dialects(pod, dialects), "")
+    mutated = await client.review("/mutate", build_review(pod))
+    outcome.warnings = list(mutated.response.get("warnings") or [])
+    if not mutated.allowed:
+        outcome.verdict, outcome.message = "DENIED", mutated.message
+        return outcome
+    outcome.patch = patch_of(mutated.body)
+    patched = jsonpatch.apply_patch(pod, outcome.patch)
+    validated = await client.review("/validate", build_review(patched))
+    if not validated.allowed:
+        outcome.verdict, outcome.message = "DENIED by /validate", validated.message
+        return outcome
+    annotation = patched.get("metadata", {}).get("annotations", {}).get(names.ANNOTATION_ASSIGNMENT)
+    if annotation is None:
+        outcome.verdict = "ALLOWED" if not outcome.patch else "ALLOWED, patched"
+        return outcome
+    assignment = decode_assignment(annotation)
+    outcome.verdict, outcome.node = "ADMITTED", assignment.node
+    outcome.gpus = [
+        f"{c.container}: gpu{gpu_index.get(d.uuid, '?')} {d.cores}c {d.memory_mib}Mi"
+        for c in assignment.containers
+        for d in c.devices
+    ]
+    return outcome
+
+
+def _dialects(pod: Mapping[str, Any], dialects: Any) -> str:
+    try:
+        requests = gpu_requests(pod, dialects)
+    except FracgpuError:
+        return "(invalid)"
+    return ",".join(sorted({r.dialect.value for r in requests})) or "-"
+
+
+def _print(outcomes: Sequence[Outcome], out: TextIO) -> None:
+    header = ["#", "POD", "DIALECT", "VERDICT", "NODE", "GPUS (container: gpu cores memory)"]
+    rows = [
+        [o.source[:2], o.pod, o.dialect, o.verdict, o.node or "-", "\n".join(o.gpus) or "-"]
+        for o in outcomes
+    ]
+    out.write(render_table(header, rows))
+    admitted = sum(o.verdict.startswith(("ADMITTED", "ALLOWED")) for o in outcomes)
+    out.write(f"\n{len(outcomes)} pods: {admitted} admitted, {len(outcomes) - admitted} denied\n")
+    for o in outcomes:
+        out.write(f"\n== {o.source}  {o.pod}  {o.verdict}\n")
+        if o.message:
+            text = textwrap.fill(
+                o.message, 100, initial_indent="   message: ", subsequent_indent=" " * 12
+            )
+            out.write(text + "\n")
+        for warning in o.warnings:
+            out.write(f"   warning: {warning}\n")
+        for op in o.patch:
+            value = " " + _clip(json.dumps(op["value"])) if "value" in op else ""
+            if "from" in op:
+                value = f" from {op['from']}"
+            out.write(f"   {op['op']:<8}{op['path']}{value}\n")
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table; cells may span several lines."""
+    split = [[cell.splitlines() or [""] for cell in row] for row in [header, *rows]]
+    widths = [max(len(line) for row in split for line in row[i]) for i in range(len(header))]
+    rule = "+".join("-" * (w + 2) for w in widths)
+    lines = [f"+{rule}+"]
+    for number, row in enumerate(split):
+        for k in range(max(len(cell) for cell in row)):
+            parts = [
+                f" {(cell[k] if k < len(cell) else ''):<{w}} "
+                for cell, w in zip(row, widths, strict=True)
+            ]
+            lines.append("|" + "|".join(parts) + "|")
+        if number == 0 or number == len(split) - 1:
+            lines.append(f"+{rule}+")
+    return "\n".join(lines) + "\n"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 3] + "..."
