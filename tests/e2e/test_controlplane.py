@@ -7,6 +7,7 @@ import os
 import ssl
 import urllib.request
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ import kubernetes.client
 import kubernetes.config
 import pytest
 from kubernetes.client.exceptions import ApiException
+
+from fracgpu import codec
+from fracgpu.model import GPUAllocation, Quota, Reservation, ResourceAmounts, ResourceLimits
 
 from .conftest import NodeFactory
 from .harness import (
@@ -195,7 +199,11 @@ def test_node_objects_carry_gpu_allocatable(
     ("crd", "scope", "columns"),
     [
         (GPUNODES, "Cluster", ["GPUs", "Model", "Compute", "Memory(MiB)"]),
-        (GPUQUOTAS, "Namespaced", ["Cores", "Memory(MiB)", "GPUs"]),
+        (
+            GPUQUOTAS,
+            "Namespaced",
+            ["Used-Cores", "Hard-Cores", "Used-MiB", "Hard-MiB", "Used-GPUs", "Hard-GPUs"],
+        ),
     ],
 )
 def test_crds_are_established_with_status_subresource_and_columns(
@@ -358,11 +366,12 @@ def test_status_is_a_subresource(
             namespace,
             "gpuquotas",
             "q",
-            {"spec": {"hard": {"cores": 999}}, "status": {"used": {"cores": 50}}},
+            {"spec": {"hard": {"cores": 999}}, "status": {"used": {"cores": 50}, "stray": 1}},
         )
     )
     assert patched["status"]["used"]["cores"] == 50
     assert patched["spec"]["hard"]["cores"] == 200  # ...and /status never changes spec
+    assert "stray" not in patched["status"]  # unknown fields are pruned, not stored
     updated = as_dict(
         custom.patch_namespaced_custom_object(
             FRACGPU_GROUP,
@@ -422,19 +431,14 @@ def test_printer_columns_show_used_and_hard(
         namespace,
         "gpuquotas",
         "team",
-        {
-            "status": {
-                "used": {"cores": 150, "memoryMiB": 1024, "gpus": 2},
-                "summary": {"cores": "150/400", "memoryMiB": "1024/8192", "gpus": "2/4"},
-            }
-        },
+        {"status": {"used": {"cores": 150, "memoryMiB": 1024, "gpus": 2}}},
     )
     row = _cells(
         _table(control_plane, f"/apis/fracgpu.io/v1alpha1/namespaces/{namespace}/gpuquotas"),
         "team",
     )
-    assert (row["Cores"], row["Memory(MiB)"], row["GPUs"]) == ("150/400", "1024/8192", "2/4")
-    assert (row["Used-Cores"], row["Hard-Cores"]) == (150, 400)
+    used_hard = ("Used-Cores", "Hard-Cores", "Used-MiB", "Hard-MiB", "Used-GPUs", "Hard-GPUs")
+    assert tuple(row[c] for c in used_hard) == (150, 400, 1024, 8192, 2, 4)
 
 
 # --- faults ---------------------------------------------------------------------------
@@ -498,3 +502,78 @@ def test_close_leaves_no_process_or_file(e2e_config: E2EConfig) -> None:
         assert kubernetes.client.VersionApi(client).get_code().git_version == "v1.20.2"
     assert not any(_alive(pid) for pid in pids)
     assert e2e_config.keep_logs or not plane.work_dir.exists()
+
+
+# --- the core codec and the schemas agree -----------------------------------------------
+
+
+def test_gpuquota_codec_round_trips_through_the_api(
+    kube_client: kubernetes.client.ApiClient, fracgpu_crds: list[str], namespace: str
+) -> None:
+    quota = Quota(
+        namespace=namespace,
+        name="round-trip",
+        hard=ResourceLimits(cores=400, memory_mib=8192, gpus=4),
+        hard_by_model={"NVIDIA A100-SXM4-40GB": ResourceLimits(cores=200)},
+        pools=("train", "infer"),
+        used=ResourceAmounts(cores=150, memory_mib=1024, gpus=2),
+        used_by_model={"NVIDIA A100-SXM4-40GB": ResourceAmounts(150, 1024, 2)},
+    )
+    custom = _custom(kube_client)
+    custom.create_namespaced_custom_object(
+        FRACGPU_GROUP,
+        FRACGPU_VERSION,
+        namespace,
+        "gpuquotas",
+        _gpuquota(quota.name, codec.encode_quota_spec(quota)),
+    )
+    stored = as_dict(
+        custom.patch_namespaced_custom_object_status(
+            FRACGPU_GROUP,
+            FRACGPU_VERSION,
+            namespace,
+            "gpuquotas",
+            quota.name,
+            {"status": codec.encode_quota_status(quota)},
+        )
+    )
+    decoded = codec.decode_quota(stored)
+    assert decoded == replace(quota, resource_version=decoded.resource_version)
+    assert decoded.resource_version
+
+
+def test_gpunode_codec_round_trips_through_the_api(
+    kube_client: kubernetes.client.ApiClient, nodes: NodeFactory
+) -> None:
+    info = nodes.gpu_node("codec-node", gpus=2)
+    devices = codec.decode_devices("devices", info.devices)
+    reservation = Reservation(
+        id="r-1",
+        node="codec-node",
+        namespace="team-a",
+        pod="",
+        allocations=(
+            GPUAllocation(devices[0].uuid, 30, 2048),
+            GPUAllocation(devices[1].uuid, 0, 256),
+        ),
+        expires_at=2_000_000_000,
+    )
+    custom = _custom(kube_client)
+    stored = as_dict(
+        custom.patch_cluster_custom_object_status(
+            FRACGPU_GROUP,
+            FRACGPU_VERSION,
+            "gpunodes",
+            "codec-node",
+            {
+                "status": {
+                    "devices": [codec.encode_device(d) for d in devices],
+                    "reservations": [codec.encode_reservation(reservation)],
+                }
+            },
+        )
+    )
+    status = stored["status"]
+    assert codec.decode_devices("devices", status["devices"]) == devices
+    (raw,) = status["reservations"]
+    assert codec.decode_reservation("reservation", raw, "codec-node") == reservation
