@@ -70,7 +70,7 @@ class AllocationFiles:
         except FileNotFoundError:
             return None
 
-    def keys(self) -> list[str]:
+    def all_keys(self) -> list[str]:
         if not self.state_dir.is_dir():
             return []
         return sorted(p.name for p in self.state_dir.iterdir() if p.is_dir())

@@ -1,0 +1,186 @@
+"""fracgpu-agent: wire the parts together, run until SIGTERM, then shut down cleanly."""
+
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes import config as kube_config
+from prometheus_client import start_http_server
+
+from agent.containers import live_containers, live_keys, remove_stale
+from agent.containerstart import ContainerStarter
+from agent.deviceplugin.plugin import DevicePlugin
+from agent.deviceplugin.server import PluginManager
+from agent.deviceplugin.state import DeviceState
+from agent.deviceplugin.units import ResourceKind
+from agent.discovery import discover
+from agent.health import HealthMonitor
+from agent.hostfiles import AllocationFiles
+from agent.inventory import InventoryLoop, InventoryPublisher
+from agent.logs import setup_logging
+from agent.metrics import AgentCollector, build_registry
+from agent.nvml_backend import NvmlError, PynvmlBackend
+from agent.podlookup import KubernetesPodLookup
+from agent.podresources import PodResourcesClient, PodResourcesError
+from agent.settings import AgentSettings, SettingsError, parse_settings
+from agent.shim_install import ShimInstallError, install_shim
+from fracgpu.codec import encode_device
+
+log = logging.getLogger("agent")
+
+_HOUSEKEEPING_SECONDS = 60.0
+
+
+def _kube_api_client(settings: AgentSettings) -> Any:
+    config: Any = kube_config  # the loaders are untyped
+    if settings.kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(settings.kubeconfig))
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+def discover_command() -> int:
+    """Print what NVML reports as JSON (no cluster needed): for checks on a GPU machine."""
+    backend = PynvmlBackend()
+    try:
+        gpus = discover(backend)
+        report = {
+            "driverVersion": gpus.driver_version,
+            "cudaDriverVersion": gpus.cuda_driver_version,
+            "devices": [
+                {**encode_device(d), "usage": vars(backend.device_usage(d.uuid))}
+                for d in gpus.devices
+            ],
+        }
+    finally:
+        backend.shutdown()
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+@dataclass
+class Agent:
+    settings: AgentSettings
+
+    def run(self, stop: threading.Event) -> None:
+        s = self.settings
+        backend = PynvmlBackend()
+        gpus = discover(backend)
+        log.info(
+            "GPUs discovered",
+            extra={
+                "gpus": [d.uuid for d in gpus.devices],
+                "driver": gpus.driver_version,
+                "cuda": gpus.cuda_driver_version,
+            },
+        )
+        shim = install_shim(s.shim_source, s.host_lib_dir)
+        state = DeviceState(gpus.devices)
+        health = HealthMonitor(
+            backend,
+            [d.uuid for d in gpus.devices],
+            probe_seconds=s.health_probe_seconds,
+            xid_recovery_seconds=s.xid_recovery_seconds,
+            ignored_xids=s.ignored_xids,
+        )
+        health.add_listener(state.set_health)
+        api_client = _kube_api_client(s)
+        files = AllocationFiles(s.host_state_dir)
+        resources = (s.compute_resource, s.memory_resource)
+        pod_resources = PodResourcesClient(s.pod_resources_socket)
+        starter = ContainerStarter(
+            node_name=s.node_name,
+            resources=resources,
+            pod_resources=pod_resources,
+            pods=KubernetesPodLookup(client.CoreV1Api(api_client)),
+            files=files,
+            gpus=state.gpus,
+            lookup_attempts=s.prestart_lookup_attempts,
+            lookup_interval_seconds=s.prestart_lookup_interval_seconds,
+        )
+        plugins = [
+            DevicePlugin(
+                kind=kind, resource_name=name, state=state, starter=starter, files=files, shim=shim
+            )
+            for kind, name in zip(
+                (ResourceKind.COMPUTE, ResourceKind.MEMORY), resources, strict=True
+            )
+        ]
+        manager = PluginManager(plugins, state, s.device_plugin_dir, s.kubelet_poll_seconds)
+        inventory: InventoryLoop | None = None
+        if s.publish_inventory:
+            publisher = InventoryPublisher(client.CustomObjectsApi(api_client), s.node_name)
+            inventory = InventoryLoop(publisher, gpus, health.snapshot, s.inventory_resync_seconds)
+            health.add_listener(inventory.health_changed)
+        collector = AgentCollector(
+            backend,
+            lambda: state.gpus().values(),
+            health.snapshot,
+            lambda: live_containers(pod_resources, resources, files),
+        )
+        http_server, http_thread = start_http_server(
+            s.metrics_port, s.metrics_address, registry=build_registry(collector)
+        )
+        log.info("metrics serving", extra={"port": http_server.server_port})
+
+        health.start()
+        manager.start()
+        if inventory is not None:
+            inventory.start()
+        try:
+            while not stop.wait(_HOUSEKEEPING_SECONDS):
+                try:
+                    remove_stale(files, live_keys(pod_resources, resources), s.stale_grace_seconds)
+                except PodResourcesError as error:
+                    log.warning("housekeeping skipped", extra={"error": str(error)})
+        finally:
+            log.info("shutting down")
+            manager.stop()
+            if inventory is not None:
+                inventory.stop()
+            health.stop()
+            http_server.shutdown()
+            http_thread.join(timeout=5)
+            backend.shutdown()
+            log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["discover"]:
+        setup_logging("WARNING")
+        try:
+            return discover_command()
+        except NvmlError as error:
+            print(f"fracgpu-agent discover: {error}", file=sys.stderr)
+            return 1
+    try:
+        settings = parse_settings(args)
+    except SettingsError as error:
+        print(f"fracgpu-agent: {error}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal received", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        Agent(settings).run(stop)
+    except (NvmlError, ShimInstallError) as error:
+        log.error("agent cannot start", extra={"error": str(error)})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The fracgpu containers running on this node right now, with their files on the host.
+
+Kubelet's pod-resources API says which containers hold our device IDs; the allocation
+directories of those containers hold their limits and accounting region. A directory no
+live container owns is stale: it is ignored by metrics and removed after a grace period.
+"""
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from agent.containerstart import PodResourcesSource
+from agent.hostfiles import AllocationFiles, allocation_key
+from agent.shim_abi_adapter import (
+    LimitsSummary,
+    RegionDevice,
+    ShimAbiError,
+    decode_limits,
+    decode_region,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LiveContainer:
+    namespace: str
+    pod: str
+    container: str
+    keys: tuple[str, ...]
+    limits: LimitsSummary | None
+    region: tuple[RegionDevice, ...] | None
+
+
+def live_keys(source: PodResourcesSource, resources: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Allocation key -> (namespace, pod, container) for every container holding our IDs."""
+    wanted = set(resources)
+    out: dict[str, tuple[str, ...]] = {}
+    for holder in source.list():
+        for resource, ids in holder.devices.items():
+            if resource in wanted:
+                out[allocation_key(resource, ids)] = (
+                    holder.namespace,
+                    holder.pod,
+                    holder.container,
+                )
+    return out
+
+
+def _read_limits(files: AllocationFiles, key: str) -> LimitsSummary | None:
+    text = files.read_limits(key)
+    if text is None:
+        return None
+    try:
+        return decode_limits(text)
+    except ShimAbiError as error:
+        log.warning("unreadable limits file", extra={"key": key, "error": str(error)})
+        return None
+
+
+def _read_region(files: AllocationFiles, keys: Iterable[str]) -> tuple[RegionDevice, ...] | None:
+    # Kubelet mounts one of a container's allocation dirs; the shim's region is in that one.
+    newest: tuple[float, bytes] | None = None
+    for key in keys:
+        path = files.region_path(key)
+        try:
+            mtime = path.stat().st_mtime
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        if newest is None or mtime > newest[0]:
+            newest = (mtime, data)
+    if newest is None:
+        return None
+    try:
+        return decode_region(newest[1])
+    except ShimAbiError as error:
+        log.warning("unreadable accounting region", extra={"error": str(error)})
+        return None
+
+
+def live_containers(
+    source: PodResourcesSource, resources: Iterable[str], files: AllocationFiles
+) -> list[LiveContainer]:
+    by_container: dict[tuple[str, ...], list[str]] = {}
+    for key, who in live_keys(source, resources).items():
+        by_container.setdefault(who, []).append(key)
+    out = []
+    for (namespace, pod, container), keys in sorted(by_container.items()):
+        keys.sort()
+        limits = next((lim for k in keys if (lim := _read_limits(files, k)) is not None), None)
+        out.append(
+            LiveContainer(namespace, pod, container, tuple(keys), limits, _read_region(files, keys))
+        )
+    return out
+
+
+def remove_stale(
+    files: AllocationFiles, live: Iterable[str], grace_seconds: float, now: float | None = None
+) -> list[str]:
+    """Remove allocation dirs no live container owns and untouched for ``grace_seconds``."""
+    now = time.time() if now is None else now
+    keep = set(live)
+    removed = []
+    for key in files.all_keys():
+        if key in keep:
+            continue
+        try:
+            if files.age_seconds(key, now) < grace_seconds:
+                continue
+        except FileNotFoundError:
+            continue
+        files.remove(key)
+        removed.append(key)
+    if removed:
+        log.info("stale allocation dirs removed", extra={"count": len(removed)})
+    return removed
