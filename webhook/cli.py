@@ -21,9 +21,14 @@ import yaml
 from webhook import demo, server, settings
 from webhook.admission import Admission
 from webhook.client import build_review
+from webhook.cluster.apiclient import endpoint_from_kubeconfig
+from webhook.cluster.leader import LeaseSettings
+from webhook.cluster.runtime import ClusterMode, kube_state
+from webhook.cluster.state import KubeStateSettings
 from webhook.embedded import ClusterFileError, EmbeddedState
 from webhook.metrics import Metrics
 from webhook.review import parse_review
+from webhook.state import ClusterState
 from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
 
 log = logging.getLogger("fracgpu")
@@ -120,7 +125,16 @@ async def _serve(config: settings.Settings) -> int:
     reloader = CertificateReloader(
         TLSFiles(config.tls_cert_file, config.tls_key_file), config.tls_reload_seconds
     )
-    running = await server.start(config, _state(config), reloader)
+    if not config.cluster_mode:
+        return await _serve_until_signal(config, _state(config), reloader)
+    async with kube_state(_cluster_mode(config)) as state:
+        return await _serve_until_signal(config, state, reloader)
+
+
+async def _serve_until_signal(
+    config: settings.Settings, state: ClusterState, reloader: CertificateReloader
+) -> int:
+    running = await server.start(config, state, reloader)
     log.info("serving on %s", running.url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -132,6 +146,20 @@ async def _serve(config: settings.Settings) -> int:
         log.info("shutting down")
         await running.stop()
     return 0
+
+
+def _cluster_mode(config: settings.Settings) -> ClusterMode:
+    kubeconfig = None if config.in_cluster else str(config.kubeconfig)
+    return ClusterMode(
+        endpoint=endpoint_from_kubeconfig(kubeconfig),
+        state=KubeStateSettings(
+            split_count=config.split_count,
+            reservation_ttl_s=config.reservation_ttl_seconds,
+            settle_s=config.settle_seconds,
+        ),
+        lease=LeaseSettings(config.lease_namespace, config.lease_name, config.identity),
+        controller_interval_s=config.controller_interval_seconds,
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ them all and a test keeps the two in step.
 
 import argparse
 import dataclasses
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,18 @@ class Settings:
     reservation_ttl_seconds: int = 300
     placement_attempts: int = 3
     log_level: str = "INFO"
+    # Cluster mode (state in the Kubernetes API) instead of a cluster file.
+    kubeconfig: Path | None = None
+    in_cluster: bool = False
+    identity: str = ""
+    lease_namespace: str = "fracgpu-system"
+    lease_name: str = "fracgpu-webhook"
+    settle_seconds: float = 5.0
+    controller_interval_seconds: float = 5.0
+
+    @property
+    def cluster_mode(self) -> bool:
+        return self.kubeconfig is not None or self.in_cluster
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,18 @@ def _gpushare_unit(text: str) -> int:
     return units[text]
 
 
+def _flag(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError("use true or false")
+    return lowered in ("true", "1", "yes")
+
+
+def _identity(text: str) -> str:
+    # Replicas need distinct identities for leader election; a pod's hostname is its name.
+    return text or socket.gethostname()
+
+
 def _log_level(text: str) -> str:
     level = text.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -216,6 +241,28 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _positive_int,
     ),
     Option("log_level", "INFO", "DEBUG, INFO, WARNING or ERROR", _log_level),
+    Option(
+        "kubeconfig",
+        "",
+        "cluster mode: kubeconfig of the API server holding the state (not with cluster_file)",
+        _optional_path,
+    ),
+    Option("in_cluster", "false", "cluster mode with the pod's service account", _flag),
+    Option("identity", "", "this replica's name for leader election (default hostname)", _identity),
+    Option("lease_namespace", "fracgpu-system", "namespace of the leader-election Lease", str),
+    Option("lease_name", "fracgpu-webhook", "name of the leader-election Lease", str),
+    Option(
+        "settle_seconds",
+        "5",
+        "how long a reservation outlives its pod's appearance (covers replicas' watch lag)",
+        _positive_float,
+    ),
+    Option(
+        "controller_interval_seconds",
+        "5",
+        "how often the leader prunes reservations and recounts quotas",
+        _positive_float,
+    ),
     *(
         Option(
             f"resource_{f.name}",
@@ -272,6 +319,11 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
     )
     if len(resource_names.all()) != len(dataclasses.fields(ResourceNames)):
         raise SettingsError("resource names must all differ from each other")
+    if values["cluster_file"] is not None and (values["kubeconfig"] or values["in_cluster"]):
+        raise SettingsError(
+            f"{_option('cluster_file').flag} and cluster mode ({_option('kubeconfig').flag} or "
+            f"{_option('in_cluster').flag}) exclude each other: pick one source of state"
+        )
     cert, key = values["tls_cert_file"], values["tls_key_file"]
     if (cert is None) != (key is None):
         raise SettingsError(
@@ -297,6 +349,13 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         reservation_ttl_seconds=values["reservation_ttl_seconds"],
         placement_attempts=values["placement_attempts"],
         log_level=values["log_level"],
+        kubeconfig=values["kubeconfig"],
+        in_cluster=values["in_cluster"],
+        identity=values["identity"],
+        lease_namespace=values["lease_namespace"],
+        lease_name=values["lease_name"],
+        settle_seconds=values["settle_seconds"],
+        controller_interval_seconds=values["controller_interval_seconds"],
     )
 
 
