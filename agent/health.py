@@ -55,6 +55,8 @@ class HealthMonitor:
         self._listeners: list[HealthListener] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # Set once XID events are being received (tests and logs wait on it).
+        self.xid_watch_ready = threading.Event()
 
     # -- queries ---------------------------------------------------------------------------
     def snapshot(self) -> dict[str, bool]:
@@ -159,6 +161,7 @@ class HealthMonitor:
             # Some GPUs (and vGPUs) cannot deliver events; the probes still cover them.
             log.warning("XID events unavailable; relying on probes", extra={"error": str(error)})
             return
+        self.xid_watch_ready.set()
         while not self._stop.is_set():
             try:
                 event = self._backend.wait_xid(_XID_WAIT_MS)
