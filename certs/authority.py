@@ -217,7 +217,9 @@ def is_ca(cert: x509.Certificate) -> bool:
 
 
 def lifetime(cert: x509.Certificate) -> timedelta:
-    return cert.not_valid_after_utc - cert.not_valid_before_utc
+    """From issuance to notAfter: the span renewal windows are a share of (the backdating
+    is clock-skew slack, not lifetime)."""
+    return max(cert.not_valid_after_utc - issued_at(cert), timedelta(0))
 
 
 def issued_at(cert: x509.Certificate) -> datetime:
