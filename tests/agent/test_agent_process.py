@@ -1,0 +1,122 @@
+"""fracgpu-agent as a real process: NVML double, test kubelet, /metrics, SIGTERM."""
+
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
+from tests.agent.agent_process import AgentProcess, write_unused_kubeconfig
+from tests.agent.kubelet import TestKubelet
+from tests.agent.nvml_double import NvmlDouble, ensure_shim_built
+
+UUID0 = "GPU-aaaa0000-0000-4000-8000-000000000000"
+UUID1 = "GPU-aaaa0000-0000-4000-8000-000000000001"
+
+
+@pytest.fixture
+def double(short_dir: Path) -> NvmlDouble:
+    ensure_shim_built()
+    fake = NvmlDouble(short_dir)
+    fake.configure(
+        device_count=2,
+        device__0__uuid=UUID0,
+        device__0__utilization_gpu=12,
+        device__1__uuid=UUID1,
+        device__1__memory_bytes=8 << 30,
+    )
+    return fake
+
+
+@pytest.fixture
+def kubelet(short_dir: Path) -> Iterator[TestKubelet]:
+    k = TestKubelet(short_dir / "dp", short_dir / "pr.sock")
+    k.start()
+    yield k
+    k.close()
+
+
+@pytest.fixture
+def agent(short_dir: Path, double: NvmlDouble, kubelet: TestKubelet) -> Iterator[AgentProcess]:
+    process = AgentProcess(
+        node="node-a",
+        directory=short_dir,
+        double=double,
+        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
+        publish_inventory=False,
+    )
+    yield process
+    process.stop()
+
+
+def _health(devices: dict[str, str], uuid: str) -> set[str]:
+    return {h for d, h in devices.items() if d.startswith(uuid)}
+
+
+def test_agent_serves_kubelet_and_tracks_health(
+    agent: AgentProcess, kubelet: TestKubelet, double: NvmlDouble
+) -> None:
+    core = kubelet.wait_for_plugin(RESOURCE_VCUDA_CORE, timeout=30)
+    mem = kubelet.wait_for_plugin(RESOURCE_VCUDA_MEMORY, timeout=30)
+    assert len(core.devices) == 200
+    assert len(mem.devices) == 16 * 4 + 8 * 4  # 16 GiB and 8 GiB in 256 MiB units
+    installed = list(agent.lib_dir.glob("libfracgpu-*.so"))
+    assert len(installed) == 1 and (agent.lib_dir / "ld.so.preload").is_file()
+
+    # A critical XID makes GPU 0 unhealthy; after the quiet period it is healthy again.
+    seen = core.updates
+    double.xid(UUID0, 79)
+    devices = kubelet.wait_for_update(RESOURCE_VCUDA_CORE, seen, timeout=20)
+    assert _health(devices, UUID0) == {"Unhealthy"} and _health(devices, UUID1) == {"Healthy"}
+    seen = kubelet.wait_for_plugin(RESOURCE_VCUDA_CORE).updates
+    devices = kubelet.wait_for_update(RESOURCE_VCUDA_CORE, seen, timeout=20)
+    assert _health(devices, UUID0) == {"Healthy"}
+
+    # NVML errors on GPU 1 make it unhealthy until it answers again.
+    seen = kubelet.wait_for_plugin(RESOURCE_VCUDA_CORE).updates
+    double.set("device.1.nvml_error.nvmlDeviceGetMemoryInfo", 15)
+    devices = kubelet.wait_for_update(RESOURCE_VCUDA_CORE, seen, timeout=20)
+    assert _health(devices, UUID1) == {"Unhealthy"}
+    seen = kubelet.wait_for_plugin(RESOURCE_VCUDA_CORE).updates
+    double.set("device.1.nvml_error.nvmlDeviceGetMemoryInfo", None)
+    devices = kubelet.wait_for_update(RESOURCE_VCUDA_CORE, seen, timeout=20)
+    assert _health(devices, UUID1) == {"Healthy"}
+
+
+def test_agent_exports_metrics(agent: AgentProcess, kubelet: TestKubelet) -> None:
+    port = agent.metrics_port()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    assert f'fracgpu_gpu_memory_total_bytes{{gpu="{UUID1}"' in text
+    line = next(
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("fracgpu_gpu_utilization_ratio") and UUID0 in ln
+    )
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(0.12)
+
+
+def test_agent_stops_cleanly_and_removes_its_sockets(
+    agent: AgentProcess, kubelet: TestKubelet
+) -> None:
+    kubelet.wait_for_plugin(RESOURCE_VCUDA_CORE, timeout=30)
+    sockets = sorted(p.name for p in agent.plugin_dir.iterdir() if p.name != "kubelet.sock")
+    assert sockets == ["fracgpu-vcuda-core.sock", "fracgpu-vcuda-memory.sock"]
+    assert agent.stop() == 0
+    assert sorted(p.name for p in agent.plugin_dir.iterdir()) == ["kubelet.sock"]
+    assert any(entry.get("msg") == "stopped" for entry in agent.logs)
+
+
+def test_agent_refuses_bad_settings(short_dir: Path, double: NvmlDouble) -> None:
+    process = AgentProcess(
+        node="node-a",
+        directory=short_dir,
+        double=double,
+        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
+        publish_inventory=False,
+        extra=("--metrics-port=70000",),
+    )
+    assert process.proc.wait(30) == 2
+    process.stop()
+    assert "--metrics-port=70000 is not allowed" in "".join(process.raw)
