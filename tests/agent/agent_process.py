@@ -1,5 +1,6 @@
 """Run fracgpu-agent as a real process (against the NVML double) and watch its logs."""
 
+import contextlib
 import json
 import os
 import signal
@@ -64,10 +65,8 @@ class AgentProcess:
         for line in self.proc.stderr:
             with self._cond:
                 self.raw.append(line)
-                try:
+                with contextlib.suppress(json.JSONDecodeError):  # a non-JSON line (traceback)
                     self.logs.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
                 self._cond.notify_all()
 
     def wait_log(self, msg: str, timeout: float = 20.0) -> dict[str, Any]:
