@@ -27,6 +27,7 @@ from typing import Any
 
 import kubernetes.client
 import kubernetes.config
+import urllib3
 from cryptography import x509
 from kubernetes.client.exceptions import ApiException
 
@@ -277,6 +278,8 @@ class KubeStore:
     def _call(self, what: str, request: Any, missing_ok: bool = False) -> Json | None:
         try:
             response = request()
+        except urllib3.exceptions.HTTPError as error:
+            raise StoreError(f"cannot {what}: the API server is unreachable ({error})") from error
         except ApiException as error:
             if error.status == 404 and missing_ok:
                 return None
