@@ -58,6 +58,7 @@ DIALECT_CASES = [
 @pytest.mark.parametrize(("limits", "gpus", "cores", "memory", "canonical"), DIALECT_CASES)
 async def test_every_dialect_becomes_canonical_resources_and_a_matching_assignment(
     webhook: Webhook,
+    *,
     limits: dict[str, str],
     gpus: int,
     cores: int,

@@ -115,6 +115,7 @@ MALFORMED = [
 )
 async def test_malformed_reviews_get_4xx_with_a_reason(
     webhook: Webhook,
+    *,
     endpoint: str,
     case: str,
     body: bytes,

@@ -37,7 +37,8 @@ DIALECT = [
         "share-150",
         gpu_pod({CORE: "150"}),
         False,
-        'container "main": tencent.com/vcuda-core=150 is not allowed: use 1-99 for a share of one GPU or a multiple of 100',
+        'container "main": tencent.com/vcuda-core=150 is not allowed: '
+        "use 1-99 for a share of one GPU or a multiple of 100",
         code=422,
     ),
     Case("core-0", gpu_pod({CORE: "0"}), False, "tencent.com/vcuda-core=0 is not allowed"),
@@ -152,7 +153,8 @@ NEVER = [
         "memory-too-big",
         gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"}),
         False,
-        'no GPU node in the cluster could ever hold this pod (container "main": 1 GPU x 0 cores + 50176 MiB',
+        "no GPU node in the cluster could ever hold this pod "
+        '(container "main": 1 GPU x 0 cores + 50176 MiB',
     ),
     Case("too-many-gpus", gpu_pod({CORE: "300"}), False, "could ever hold this pod"),
     Case("cpu-too-big", gpu_pod(SHARE | {"cpu": "64"}), False, "could ever hold this pod"),
@@ -163,19 +165,22 @@ QUOTA = [
         "quota-cores",
         gpu_pod({CORE: "60", MEM: "4"}, namespace="limited"),
         False,
-        "GPUQuota limited/small is exceeded: this pod asks 60 cores, 0 are in use and 50 are allowed",
+        "GPUQuota limited/small is exceeded: "
+        "this pod asks 60 cores, 0 are in use and 50 are allowed",
     ),
     Case(
         "quota-memory",
         gpu_pod({CORE: "30", MEM: "40"}, namespace="limited"),
         False,
-        "GPUQuota limited/small is exceeded: this pod asks 10240 MiB memory, 0 are in use and 8192 are allowed",
+        "GPUQuota limited/small is exceeded: "
+        "this pod asks 10240 MiB memory, 0 are in use and 8192 are allowed",
     ),
     Case(
         "quota-whole-gpus",
         gpu_pod({CORE: "200"}, namespace="wholes"),
         False,
-        "GPUQuota wholes/whole-gpus is exceeded: this pod asks 2 whole GPUs, 0 are in use and 1 are allowed",
+        "GPUQuota wholes/whole-gpus is exceeded: "
+        "this pod asks 2 whole GPUs, 0 are in use and 1 are allowed",
     ),
     Case(
         "quota-model",
@@ -185,7 +190,8 @@ QUOTA = [
             annotations={"nvidia.com/use-gputype": "A100"},
         ),
         False,
-        'GPUQuota models/per-model for GPU model "A100" is exceeded: this pod asks 30 cores, 0 are in use and 20 are allowed',
+        'GPUQuota models/per-model for GPU model "A100" is exceeded: '
+        "this pod asks 30 cores, 0 are in use and 20 are allowed",
     ),
     Case("quota-within", gpu_pod({CORE: "50", MEM: "32"}, namespace="limited"), True),
     Case("quota-other-namespace", gpu_pod({CORE: "60", MEM: "40"}, namespace="team"), True),

@@ -1,0 +1,188 @@
+"""The `fracgpu` command as a user runs it: a real process, real HTTPS inside the demo."""
+
+import asyncio
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from fracgpu import names
+from fracgpu.codec import decode_assignment
+from tests.webhook.support import gpu_pod, write_tls
+from webhook.client import WebhookClient, build_review
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def fracgpu(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "webhook.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def row(output: str, pod: str) -> list[str]:
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) > 3 and cells[1] == pod:
+            return cells
+    raise AssertionError(f"no table row for {pod} in:\n{output}")
+
+
+def test_plain_fracgpu_runs_the_demo_over_https() -> None:
+    result = fracgpu()
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"listening on https://127\.0\.0\.1:\d+", out)
+    expected = {
+        "team-a/tkestack-share": ("tkestack", "ADMITTED"),
+        "team-a/hami-share": ("hami", "ADMITTED"),
+        "team-a/gpushare-mem": ("gpushare", "ADMITTED"),
+        "team-a/pipeline-*": ("hami,tkestack", "ADMITTED"),
+        "team-a/whole-gpu": ("tkestack", "ADMITTED"),
+        "team-a/multi-gpu": ("hami", "ADMITTED"),
+        "team-small/over-quota": ("tkestack", "DENIED"),
+        "team-a/invalid-share": ("(invalid)", "DENIED"),
+        "team-a/tamper": ("tkestack", "DENIED"),
+        "team-a/web": ("-", "ALLOWED, patched"),
+        "team-a/never-fits": ("hami", "DENIED"),
+        "research/no-room-now": ("hami", "DENIED"),
+        "kube-system/system-daemon": ("hami", "ALLOWED"),
+    }
+    for pod, (dialect, verdict) in expected.items():
+        cells = row(out, pod)
+        assert (cells[2], cells[3]) == (dialect, verdict), cells
+    assert row(out, "team-a/hami-share")[4] == "gpu-t4-0"  # nvidia.com/use-gputype: T4
+    assert "GPUQuota team-small/gpu is exceeded: this pod asks 50 cores, 30 are in use" in out
+    assert "this pod sets annotation fracgpu.io/assignment, variable NVIDIA_VISIBLE_DEVICES" in out
+    assert "add     /spec/containers/0/env" in out
+
+
+def test_demo_takes_other_pods(tmp_path: Path) -> None:
+    (tmp_path / "one.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "metadata": {"name": "solo", "namespace": "team-a"},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "resources": {
+                                "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "10"}
+                            },
+                        }
+                    ]
+                },
+            }
+        )
+    )
+    result = fracgpu("demo", "--pods", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert row(result.stdout, "team-a/solo")[3] == "ADMITTED"
+    assert "1 pods: 1 admitted, 0 denied" in result.stdout
+
+
+def test_admit_prints_the_mutated_pod() -> None:
+    result = fracgpu(
+        "admit",
+        str(EXAMPLES / "pods" / "02-hami-share.yaml"),
+        "--cluster",
+        str(EXAMPLES / "cluster.yaml"),
+    )
+    assert result.returncode == 0, result.stderr
+    pod = yaml.safe_load(result.stdout)
+    assignment = decode_assignment(pod["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT])
+    assert assignment.node == "gpu-t4-0"
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["tencent.com/vcuda-core"] == "25"
+    assert "nvidia.com/gpu" not in limits
+    assert 'Warning: container "inference": hami request normalised' in result.stderr
+
+
+def test_admit_prints_a_denial_and_exits_1() -> None:
+    result = fracgpu(
+        "admit",
+        str(EXAMPLES / "pods" / "08-invalid.yaml"),
+        "--cluster",
+        str(EXAMPLES / "cluster.yaml"),
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert (
+        'denied by /mutate: container "cuda": tencent.com/vcuda-core=150 is not allowed'
+        in result.stderr
+    )
+
+
+def test_admit_without_a_cluster_says_what_to_pass(tmp_path: Path) -> None:
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("metadata: {name: x}\nspec: {containers: [{name: c}]}\n")
+    result = fracgpu("admit", str(pod))
+    assert result.returncode == 2
+    assert "no cluster state: pass --cluster-file (or --cluster for admit)" in result.stderr
+
+
+def test_a_broken_cluster_file_is_a_clear_error(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n  - name: n\n    cpu: 1\n    memory: 1Gi\n    gpus: [{uuid: u}]\n")
+    result = fracgpu("admit", str(EXAMPLES / "pods" / "10-no-gpu.yaml"), "--cluster", str(cluster))
+    assert result.returncode == 2
+    assert "nodes[0].gpus[0]: is missing index, memoryMiB, model" in result.stderr
+
+
+def test_serve_without_tls_files_refuses_to_start() -> None:
+    result = fracgpu("serve", "--cluster-file", str(EXAMPLES / "cluster.yaml"))
+    assert result.returncode == 2
+    assert "serving needs --tls-cert-file and --tls-key-file" in result.stderr
+
+
+async def test_serve_answers_over_https_and_stops_on_sigterm(tmp_path: Path) -> None:
+    _, ca, cert, key = write_tls(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        "FRACGPU_TLS_CERT_FILE": str(cert),
+        "FRACGPU_TLS_KEY_FILE": str(key),
+        "FRACGPU_CLUSTER_FILE": str(EXAMPLES / "cluster.yaml"),
+        "PATH": "/usr/bin:/bin",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "webhook.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        async with WebhookClient(f"https://127.0.0.1:{port}", ca) as client:
+            for _ in range(100):
+                try:
+                    if (await client.get("/readyz"))[0] == 200:
+                        break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            pod = gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "10"}, namespace="team-a")
+            reply = await client.review("/mutate", build_review(pod))
+            assert reply.allowed, reply.message
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, stderr.decode()
+    assert b"serving on https://127.0.0.1:" in stderr

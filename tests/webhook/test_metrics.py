@@ -1,0 +1,59 @@
+"""/metrics: admissions by verdict, latency, placement failures by reason; one registry per app."""
+
+import re
+
+from prometheus_client import REGISTRY
+
+from tests.webhook.conftest import StartWebhook
+from tests.webhook.support import Webhook, gpu_pod, plain_pod
+from webhook.client import build_review
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+        if match is None or match[1] != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match[2] or ""))
+        if found == labels:
+            return float(match[3])
+    return 0.0
+
+
+async def test_metrics_count_verdicts_latency_and_placement_failures(webhook: Webhook) -> None:
+    await webhook.admit(gpu_pod({"tencent.com/vcuda-core": "30"}))  # patched + allowed
+    await webhook.admit(gpu_pod({"tencent.com/vcuda-core": "150"}))  # denied (invalid)
+    await webhook.admit(gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "99999"}))  # never
+    await webhook.admit(gpu_pod({"tencent.com/vcuda-core": "60"}, namespace="limited"))  # quota
+    await webhook.client.review("/validate", build_review(plain_pod()))
+    await webhook.client.post_raw("/mutate", b"nope")
+    status, text = await webhook.client.get("/metrics")
+    assert status == 200
+    count = "fracgpu_webhook_admissions_total"
+    assert sample(text, count, endpoint="mutate", verdict="patched") == 1
+    assert sample(text, count, endpoint="mutate", verdict="denied") == 3
+    assert sample(text, count, endpoint="mutate", verdict="malformed") == 1
+    assert sample(text, count, endpoint="validate", verdict="allowed") == 2
+    failures = "fracgpu_webhook_placement_failures_total"
+    assert sample(text, failures, reason="never") == 1
+    assert sample(text, failures, reason="quota") == 1
+    latency = "fracgpu_webhook_admission_duration_seconds_count"
+    assert sample(text, latency, endpoint="mutate") == 5
+    assert (
+        sample(
+            text, "fracgpu_webhook_admission_duration_seconds_bucket", endpoint="mutate", le="+Inf"
+        )
+        == 5
+    )
+
+
+async def test_each_app_has_its_own_registry(start: StartWebhook) -> None:
+    first, second = await start(), await start()
+    await first.admit(plain_pod())
+    _, text = await second.client.get("/metrics")
+    assert (
+        sample(text, "fracgpu_webhook_admissions_total", endpoint="mutate", verdict="patched") == 0
+    )
+    assert REGISTRY.get_sample_value("fracgpu_webhook_admissions_total") is None
