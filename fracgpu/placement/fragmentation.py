@@ -23,12 +23,17 @@ from fracgpu.placement.workload import Shape
 
 # Float noise below this (in units x frequency) is not a difference between candidates.
 TIE_TOLERANCE = 1e-7
+# For a shape that needs none of a host resource, any node hosts "plenty" of it.
+_TINY = 1e-12
+# floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
+_FLOOR_NUDGE = 1e-9
 
 
 class FragmentationIndex:
     """Per-node usable capacity for each typical shape, for scoring candidate placements."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stranding: bool = True) -> None:
+        self.stranding = stranding
         self.shapes: tuple[Shape, ...] = ()
         self.weights: FloatArray = np.zeros(0)
         self._topology = -1
@@ -43,9 +48,15 @@ class FragmentationIndex:
         self.elig: BoolArray = np.zeros((0, s), np.bool_)
         self.need_mem: IntArray = np.zeros((0, s), np.int64)
         self.limit: IntArray = np.zeros((0, s), np.int64)
+        self.s_units_inv = np.ones(s)
+        self.s_gpus_inv = np.ones(s)
+        self.s_cpu_inv = np.zeros(s)
+        self.s_mem_inv = np.zeros(s)
         self.usable_now: BoolArray = np.zeros((0, s), np.bool_)
-        self.usable: IntArray = np.zeros((0, s), np.int64)
-        self.count: IntArray = np.zeros((0, s), np.int64)
+        self.pods_now: FloatArray = np.zeros((0, s))
+        self.usable: FloatArray = np.zeros((0, s))
+        self.pods: FloatArray = np.zeros((0, s))
+        self.effective_now: FloatArray = np.zeros((0, s))
 
     @property
     def active(self) -> bool:
@@ -75,6 +86,11 @@ class FragmentationIndex:
         self.s_gpus = np.array([s.gpus for s in self.shapes], dtype=np.int64)
         self.s_cpu = np.array([s.cpu_milli for s in self.shapes], dtype=np.int64)
         self.s_mem = np.array([s.memory_mib for s in self.shapes], dtype=np.int64)
+        self.s_units_inv = 1.0 / self.s_units
+        self.s_gpus_inv = 1.0 / np.maximum(self.s_gpus, 1)
+        # A shape that needs no CPU (memory) is never limited by it.
+        self.s_cpu_inv = np.where(self.s_cpu > 0, 1.0 / np.maximum(self.s_cpu, 1), _TINY)
+        self.s_mem_inv = np.where(self.s_mem > 0, 1.0 / np.maximum(self.s_mem, 1), _TINY)
         cards, card_of_slot = np.unique(state.g_mem_total, return_inverse=True)
         need_by_card = np.array(
             [[s.memory.resolve(int(c)) for s in self.shapes] for c in cards], dtype=np.int64
@@ -90,10 +106,13 @@ class FragmentationIndex:
             & (self.need_mem <= state.g_mem_total[:, None])
         )
         self.limit = np.where(exclusive[None, :], 1, state.g_split[:, None])
-        self.usable_now = self.usable_for(
+        self.usable_now, self.pods_now = self.usable_for(
             np.arange(len(state.g_free)), state.g_free, state.g_mem_free, state.g_cont
         )
-        self.usable, self.count = _per_node(state, self.usable_now)
+        self.usable, self.pods = _per_node(state, self.usable_now, self.pods_now)
+        self.effective_now = self._effective(
+            self.usable, self.pods, state.n_cpu_free, state.n_mem_free
+        )
 
     # -- incremental -----------------------------------------------------------------------------
     def update_node(self, state: ClusterState, row: int) -> None:
@@ -101,23 +120,55 @@ class FragmentationIndex:
             return
         s = state.slots_of_row(row)
         slots = np.arange(s.start, s.stop)
-        usable = self.usable_for(
-            slots, state.g_free[slots], state.g_mem_free[slots], state.g_cont[slots]
-        )
+        free = state.g_free[slots]
+        usable, pods = self.usable_for(slots, free, state.g_mem_free[slots], state.g_cont[slots])
         self.usable_now[slots] = usable
-        self.usable[row] = (state.g_free[slots, None] * usable).sum(axis=0)
-        self.count[row] = usable.sum(axis=0)
+        self.pods_now[slots] = pods
+        self.usable[row] = (free[:, None] * usable).sum(axis=0)
+        self.pods[row] = pods.sum(axis=0)
+        self.effective_now[row] = self._effective(
+            self.usable[row : row + 1],
+            self.pods[row : row + 1],
+            state.n_cpu_free[row : row + 1],
+            state.n_mem_free[row : row + 1],
+        )[0]
 
     def usable_for(
         self, slots: IntArray, free: IntArray, mem_free: IntArray, cont: IntArray
-    ) -> BoolArray:
-        """[slot, shape]: could a pod of each shape take each GPU in this (hypothetical) state."""
-        return (
+    ) -> tuple[BoolArray, FloatArray]:
+        """[slot, shape]: could a pod of each shape take each GPU in this (hypothetical) state,
+        and how many such pods the GPU could take (by compute and split count)."""
+        room = self.limit[slots] - cont[:, None]
+        usable = (
             self.elig[slots]
             & (free[:, None] >= self.s_units[None, :])
             & (mem_free[:, None] >= self.need_mem[slots])
-            & (cont[:, None] < self.limit[slots])
+            & (room > 0)
         )
+        # floor(free / units) in floats: exact enough with the small nudge, and much faster.
+        by_compute = np.floor(free[:, None] * self.s_units_inv + _FLOOR_NUDGE)
+        pods: FloatArray = np.minimum(by_compute, room) * usable
+        return usable, pods
+
+    def _effective(
+        self, usable: FloatArray, pods: FloatArray, cpu: IntArray, mem: IntArray
+    ) -> FloatArray:
+        """Usable compute per [node, shape] that pods of the shape could really take: all of it
+        when the node's free CPU and memory can host as many such pods as its GPUs can, else
+        the share that the CPU or memory can feed (FGD only asks whether one pod fits)."""
+        gpu_pods = np.floor(pods * self.s_gpus_inv + _FLOOR_NUDGE)
+        host_pods = np.minimum(
+            np.floor(cpu[:, None] * self.s_cpu_inv + _FLOOR_NUDGE),
+            np.floor(mem[:, None] * self.s_mem_inv + _FLOOR_NUDGE),
+        )
+        if not self.stranding:
+            result: FloatArray = usable * ((gpu_pods >= 1) & (host_pods >= 1))
+            return result
+        np.minimum(host_pods, gpu_pods, out=host_pods)
+        np.maximum(host_pods, 0, out=host_pods)
+        np.maximum(gpu_pods, 1, out=gpu_pods)
+        result = usable * host_pods / gpu_pods
+        return result
 
     # -- scoring ---------------------------------------------------------------------------------
     def loss(
@@ -125,38 +176,45 @@ class FragmentationIndex:
     ) -> FloatArray:
         """Usable capacity (weighted by frequency) each candidate would destroy."""
         rows, pair_cand, slots = cands.rows, cands.pair_cand, cands.slots
-        take_units, take_mem, take_cont = cands.take_units, cands.take_mem, cands.take_cont
         n = len(rows)
         if not self.active or n == 0:
             return np.zeros(n)
-        before_usable = self.usable[rows]
-        before_count = self.count[rows]
-        free = state.g_free[slots]
+        take_units, take_mem, take_cont = cands.take_units, cands.take_mem, cands.take_cont
+        expand: IntArray | None = None
+        if pair_cand is None:
+            # GPUs of one node in the same state score the same: score one of each.
+            key = _state_key(state, slots)
+            if key is not None:
+                _, first, expand = np.unique(key, return_index=True, return_inverse=True)
+                rows, slots = rows[first], slots[first]
+                take_units, take_mem, take_cont = (
+                    take_units[first],
+                    take_mem[first],
+                    take_cont[first],
+                )
+        free = state.g_free[slots].astype(np.float64)
         after_free = free - take_units
-        after = self.usable_for(
+        after_usable, after_pods = self.usable_for(
             slots, after_free, state.g_mem_free[slots] - take_mem, state.g_cont[slots] + take_cont
         )
-        was = self.usable_now[slots]
-        d_usable = after_free[:, None] * after - free[:, None] * was
-        d_count = after.astype(np.int64) - was
+        d_usable = after_free[:, None] * after_usable - free[:, None] * self.usable_now[slots]
+        d_pods = after_pods - self.pods_now[slots]
         if pair_cand is not None:
-            agg_u = np.zeros((n, len(self.shapes)), np.int64)
-            agg_c = np.zeros((n, len(self.shapes)), np.int64)
+            agg_u = np.zeros((n, len(self.shapes)))
+            agg_p = np.zeros((n, len(self.shapes)))
             np.add.at(agg_u, pair_cand, d_usable)
-            np.add.at(agg_c, pair_cand, d_count)
-            d_usable, d_count = agg_u, agg_c
-        cpu = state.n_cpu_free[rows][:, None]
-        mem = state.n_mem_free[rows][:, None]
-        ok_before = (cpu >= self.s_cpu) & (mem >= self.s_mem) & (before_count >= self.s_gpus)
-        after_count = before_count + d_count
-        ok_after = (
-            (cpu - cpu_milli >= self.s_cpu)
-            & (mem - memory_mib >= self.s_mem)
-            & (after_count >= self.s_gpus)
+            np.add.at(agg_p, pair_cand, d_pods)
+            d_usable, d_pods = agg_u, agg_p
+        d_usable += self.usable[rows]
+        d_pods += self.pods[rows]
+        after = self._effective(
+            d_usable,
+            d_pods,
+            state.n_cpu_free[rows] - cpu_milli,
+            state.n_mem_free[rows] - memory_mib,
         )
-        lost = before_usable * ok_before - (before_usable + d_usable) * ok_after
-        result: FloatArray = lost @ self.weights
-        return result
+        lost: FloatArray = (self.effective_now[rows] - after) @ self.weights
+        return lost if expand is None else lost[expand.reshape(-1)]
 
     def node_loss_cpu_only(
         self, state: ClusterState, rows: IntArray, cpu_milli: int, memory_mib: int
@@ -164,22 +222,48 @@ class FragmentationIndex:
         """Usable capacity a GPU-less pod destroys by taking CPU and memory from each node."""
         if not self.active or len(rows) == 0:
             return np.zeros(len(rows))
-        cpu = state.n_cpu_free[rows][:, None]
-        mem = state.n_mem_free[rows][:, None]
-        fits_gpus = self.count[rows] >= self.s_gpus
-        ok_before = (cpu >= self.s_cpu) & (mem >= self.s_mem) & fits_gpus
-        ok_after = (cpu - cpu_milli >= self.s_cpu) & (mem - memory_mib >= self.s_mem) & fits_gpus
-        lost = self.usable[rows] * (ok_before & ~ok_after)
-        result: FloatArray = lost @ self.weights
+        after = self._effective(
+            self.usable[rows],
+            self.pods[rows],
+            state.n_cpu_free[rows] - cpu_milli,
+            state.n_mem_free[rows] - memory_mib,
+        )
+        result: FloatArray = (self.effective_now[rows] - after) @ self.weights
         return result
 
 
-def _per_node(state: ClusterState, usable: BoolArray) -> tuple[IntArray, IntArray]:
-    """Sums over each node's consecutive GPU slots: usable free compute and usable GPU count."""
+def _state_key(state: ClusterState, slots: IntArray) -> IntArray | None:
+    """One integer per (node, model, free compute, containers, free memory), or None when the
+    ranges are too wide to pack into 63 bits."""
+    spans = [
+        len(state.n_first),
+        len(state.models) or 1,
+        state.gpu_units + 1,
+        int(state.g_split.max(initial=0)) + 2,
+        int(state.g_mem_total.max(initial=0)) + 1,
+    ]
+    if np.prod(np.array(spans, dtype=np.float64)) >= 2.0**62:
+        return None
+    free = state.g_free[slots]
+    cont = state.g_cont[slots]
+    mem = state.g_mem_free[slots]
+    if free.min(initial=0) < 0 or cont.min(initial=0) < 0 or mem.min(initial=0) < 0:
+        return None  # over-committed GPUs (counted from outside): no packing
+    key = state.g_node[slots] * spans[1] + state.g_model[slots]
+    key = key * spans[2] + free
+    key = key * spans[3] + np.minimum(cont, spans[3] - 1)
+    result: IntArray = key * spans[4] + np.minimum(mem, spans[4] - 1)
+    return result
+
+
+def _per_node(
+    state: ClusterState, usable: BoolArray, pods: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Sums over each node's consecutive GPU slots: usable free compute and pods that fit."""
     free_usable = state.g_free[:, None] * usable
-    zeros = np.zeros((1, usable.shape[1]), np.int64)
+    zeros = np.zeros((1, usable.shape[1]))
     cum_free = np.concatenate([zeros, np.cumsum(free_usable, axis=0)])
-    cum_count = np.concatenate([zeros, np.cumsum(usable, axis=0, dtype=np.int64)])
+    cum_pods = np.concatenate([zeros, np.cumsum(pods, axis=0)])
     start = state.n_first
     stop = state.n_first + state.n_count
-    return cum_free[stop] - cum_free[start], cum_count[stop] - cum_count[start]
+    return cum_free[stop] - cum_free[start], cum_pods[stop] - cum_pods[start]

@@ -1,0 +1,117 @@
+"""Replaying an openb-format trace through the production placement (``ClusterView.place``).
+
+The method follows ``shared/data/openb/README.md`` (the FGD paper's simulator):
+shuffle the pods with the seed, append uniformly drawn clones until the total GPU request
+would pass ``tune`` x capacity, place arrivals one by one (pods never leave), log
+(arrived, used) after every pod, bin by x = round(100 * arrived / capacity) and average
+100 * used / capacity per bin.
+"""
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from bench.placement.trace import (
+    MILLI_PER_GPU,
+    TraceError,
+    TraceNode,
+    TracePod,
+    to_demand,
+    to_inventory,
+)
+from fracgpu.placement import ClusterView, Placement, Policy
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    policy: Policy
+    seed: int
+    pods: int
+    placed: int
+    alloc_by_x: dict[int, float]  # bin x -> mean allocation % of the events in it
+    first_failure_arrived: float | None  # arrived % when the first pod failed
+    latencies_ns: npt.NDArray[np.int64]
+    wall_s: float
+
+    def alloc_at(self, x: int) -> float:
+        return self.alloc_by_x.get(x, math.nan)
+
+
+def capacity_milli(nodes: Sequence[TraceNode]) -> int:
+    return sum(n.gpus for n in nodes) * MILLI_PER_GPU
+
+
+def arrival_order(pods: Sequence[TracePod], seed: int, tune: float, capacity: int) -> list[int]:
+    """Shuffled pod indices, then clones until one more would pass ``tune`` x capacity."""
+    if not any(p.gpu_request for p in pods):
+        raise TraceError("the pod list has no GPU pods, so the replay has nothing to measure")
+    rng = np.random.default_rng(seed)
+    order = [int(i) for i in rng.permutation(len(pods))]
+    total = sum(p.gpu_request for p in pods)
+    target = tune * capacity
+    while True:
+        clone = int(rng.integers(len(pods)))
+        if total + pods[clone].gpu_request > target:
+            return order
+        order.append(clone)
+        total += pods[clone].gpu_request
+
+
+def bin_x(arrived: int, capacity: int) -> int:
+    """round(100 * arrived / capacity), halves rounded up (integer arithmetic, no float ties)."""
+    return (200 * arrived + capacity) // (2 * capacity)
+
+
+def replay(
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    policy: Policy,
+    seed: int,
+    tune: float,
+) -> SeedResult:
+    started = time.perf_counter()
+    capacity = capacity_milli(nodes)
+    view = ClusterView(
+        (to_inventory(n) for n in nodes),
+        # The README's feasibility rule has no limit on pods per GPU.
+        default_split_count=MILLI_PER_GPU,
+        gpu_units=MILLI_PER_GPU,
+    )
+    demands = [to_demand(p) for p in pods]
+    order = arrival_order(pods, seed, tune, capacity)
+    latencies = np.zeros(len(order), np.int64)
+    sums: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    arrived = used = placed = 0
+    first_failure: float | None = None
+    for k, index in enumerate(order):
+        pod, demand = pods[index], demands[index]
+        arrived += pod.gpu_request
+        view.observe(demand)
+        t0 = time.perf_counter_ns()
+        result = view.place(demand, policy)
+        latencies[k] = time.perf_counter_ns() - t0
+        if isinstance(result, Placement):
+            allocations = [a for c in result.containers for a in c.devices]
+            view.allocate(result.node, allocations, demand.cpu_milli, demand.memory_mib)
+            used += pod.gpu_request
+            placed += 1
+        elif first_failure is None:
+            first_failure = 100 * arrived / capacity
+        x = bin_x(arrived, capacity)
+        sums[x] = sums.get(x, 0.0) + 100 * used / capacity
+        counts[x] = counts.get(x, 0) + 1
+    return SeedResult(
+        policy=policy,
+        seed=seed,
+        pods=len(order),
+        placed=placed,
+        alloc_by_x={x: sums[x] / counts[x] for x in sums},
+        first_failure_arrived=first_failure,
+        latencies_ns=latencies,
+        wall_s=time.perf_counter() - started,
+    )
