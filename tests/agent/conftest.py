@@ -135,6 +135,7 @@ from tests.e2e.conftest import (  # noqa: E402
     e2e_config,
     fracgpu_crds,
     kube_client,
+    namespace,
 )
 
-__all__ = ["control_plane", "e2e_config", "fracgpu_crds", "kube_client"]
+__all__ = ["control_plane", "e2e_config", "fracgpu_crds", "kube_client", "namespace"]

@@ -1,0 +1,175 @@
+"""The node path end to end on a real kube-apiserver: the agent (a real process on the NVML
+double) publishes its GPUNode, the real webhook places a pod on it, the test kubelet
+allocates the pod's canonical resources from the agent's device plugins and starts the
+container, and the limits file the agent wrote matches the pod's assignment."""
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from agent.hostfiles import AllocationFiles, allocation_key
+from agent.shim_abi_adapter import decode_limits
+from fracgpu import codec, names
+from tests.agent.agent_process import AgentProcess
+from tests.agent.kubelet import ContainerRef, TestKubelet
+from tests.agent.nvml_double import NvmlDouble, ensure_shim_built
+from tests.e2e.harness import ControlPlane, create_node, gpu_allocatable
+from tests.e2e.webhook_harness import (
+    TcpBalancer,
+    WebhookReplica,
+    WebhookTLS,
+    register_webhooks,
+    unregister_webhooks,
+)
+
+pytestmark = pytest.mark.e2e
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def webhook(
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    fracgpu_crds: list[str],
+    tmp_path: Path,
+) -> Iterator[None]:
+    tls = WebhookTLS.create(tmp_path / "tls")
+    replica = WebhookReplica("agent-e2e", control_plane.kubeconfig("admin"), tls, tmp_path).start()
+    try:
+        replica.wait_ready()
+        with TcpBalancer([replica.port]) as balancer:
+            url = f"https://127.0.0.1:{balancer.port}"
+            register_webhooks(kube_client, url, tls.ca.cert_pem())
+            try:
+                yield
+            finally:
+                unregister_webhooks(kube_client, url, tls.ca.cert_pem())
+    finally:
+        replica.stop()
+
+
+def _wait(predicate: Any, what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _published_devices(custom: Any, node: str) -> list[dict[str, Any]]:
+    try:
+        obj = custom.get_cluster_custom_object(
+            names.GROUP, names.CRD_VERSION, names.GPUNODE_PLURAL, node
+        )
+    except ApiException:
+        return []
+    return list((obj.get("status") or {}).get("devices") or [])
+
+
+def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    webhook: None,
+    namespace: str,
+    short_dir: Path,
+) -> None:
+    ensure_shim_built()
+    node = f"agent-node-{uuid.uuid4().hex[:6]}"
+    double = NvmlDouble(short_dir)
+    double.configure(
+        device_count=2, device__0__memory_bytes=24 * GIB, device__1__memory_bytes=24 * GIB
+    )
+    create_node(kube_client, node, extended=gpu_allocatable(2, 24576))
+    kubelet = TestKubelet(short_dir / "dp", short_dir / "pr.sock")
+    kubelet.start()
+    agent = AgentProcess(
+        node=node,
+        directory=short_dir,
+        double=double,
+        kubeconfig=control_plane.kubeconfig("admin"),
+        publish_inventory=True,
+    )
+    custom = kubernetes.client.CustomObjectsApi(kube_client)
+    core = kubernetes.client.CoreV1Api(kube_client)
+    try:
+        devices = _wait(lambda: _published_devices(custom, node), "the agent's GPUNode")
+        assert [d["memoryMiB"] for d in devices] == [24576, 24576]
+        uuids = {d["uuid"] for d in devices}
+
+        # The webhook places a TKEStack-style pod on the agent's node (its caches may need a
+        # moment to see the new GPUNode).
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "trainer"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "cuda:12",
+                        "resources": {
+                            "limits": {
+                                names.RESOURCE_VCUDA_CORE: "30",
+                                names.RESOURCE_VCUDA_MEMORY: "16",
+                            }
+                        },
+                    }
+                ]
+            },
+        }
+
+        def admitted() -> Any:
+            try:
+                return core.create_namespaced_pod(namespace, body)
+            except ApiException as error:
+                if error.status in (400, 403, 500) and "no GPU" in (error.body or ""):
+                    return None
+                raise
+
+        pod = _wait(admitted, "admission onto the agent's node")
+        assignment = codec.decode_assignment(pod.metadata.annotations[names.ANNOTATION_ASSIGNMENT])
+        assert assignment.node == node
+        (alloc,) = assignment.allocations()
+        assert alloc.uuid in uuids
+
+        # Kubelet's part: allocate what the (mutated) container asks for, then start it.
+        limits = pod.spec.containers[0].resources.limits
+        ref = ContainerRef(namespace, "trainer", "main")
+        keys = []
+        for resource in (names.RESOURCE_VCUDA_CORE, names.RESOURCE_VCUDA_MEMORY):
+            ids, reply = kubelet.allocate(ref, resource, int(limits[resource]))
+            assert not any(m.container_path == "" for m in reply.mounts)
+            keys.append(allocation_key(resource, ids))
+        for resource in (names.RESOURCE_VCUDA_CORE, names.RESOURCE_VCUDA_MEMORY):
+            kubelet.pre_start(ref, resource)
+
+        files = AllocationFiles(agent.state_dir)
+        texts = {files.limits_path(k).read_text() for k in keys}
+        assert len(texts) == 1  # both mounts candidates carry the same limits
+        written = decode_limits(texts.pop())
+        assert (written.namespace, written.pod, written.container) == (namespace, "trainer", "main")
+        assert written.devices == ((alloc.uuid, alloc.memory_mib * 1024 * 1024, alloc.cores),)
+    finally:
+        assert agent.stop() == 0
+        kubelet.close()
+        for delete in (
+            lambda: core.delete_namespaced_pod("trainer", namespace),
+            lambda: custom.delete_cluster_custom_object(
+                names.GROUP, names.CRD_VERSION, names.GPUNODE_PLURAL, node
+            ),
+            lambda: core.delete_node(node),
+        ):
+            try:
+                delete()
+            except ApiException as error:
+                if error.status != 404:
+                    raise
