@@ -1,0 +1,52 @@
+"""The agent's settings: flags, FRACGPU_AGENT_* environment, clear errors."""
+
+from pathlib import Path
+
+import pytest
+
+from agent.settings import SettingsError, parse_settings
+
+
+def test_defaults_need_only_the_node_name() -> None:
+    s = parse_settings([], env={"NODE_NAME": "gpu-1"})
+    assert s.node_name == "gpu-1"
+    assert s.device_plugin_dir == Path("/var/lib/kubelet/device-plugins")
+    assert s.compute_resource == "tencent.com/vcuda-core"
+    assert s.ignored_xids == (13, 31, 43, 45, 68, 109)
+    assert s.publish_inventory
+
+
+def test_environment_sets_and_flags_win() -> None:
+    env = {
+        "NODE_NAME": "gpu-1",
+        "FRACGPU_AGENT_METRICS_PORT": "9500",
+        "FRACGPU_AGENT_IGNORED_XIDS": "13,43",
+        "FRACGPU_AGENT_NO_PUBLISH_INVENTORY": "true",
+        "FRACGPU_AGENT_HOST_LIB_DIR": "/opt/fracgpu/lib",
+    }
+    s = parse_settings(["--metrics-port=9600", "--node-name=gpu-2"], env=env)
+    assert s.metrics_port == 9600
+    assert s.node_name == "gpu-2"
+    assert s.ignored_xids == (13, 43)
+    assert not s.publish_inventory
+    assert s.host_lib_dir == Path("/opt/fracgpu/lib")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "the node name is required"),
+        (["--node-name=n", "--log-level=LOUD"], "--log-level=LOUD is not allowed"),
+        (["--node-name=n", "--ignored-xids=13,x"], "comma-separated integers"),
+        (["--node-name=n", "--health-probe-seconds=0"], "--health-probe-seconds must be"),
+        (["--node-name=n", "--compute-resource=vcuda"], "domain-qualified resource name"),
+        (
+            ["--node-name=n", "--memory-resource=tencent.com/vcuda-core"],
+            "must differ",
+        ),
+    ],
+)
+def test_bad_values_say_what_is_allowed(args: list[str], message: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        parse_settings(args, env={})
+    assert message in str(raised.value)
