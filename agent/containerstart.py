@@ -64,9 +64,12 @@ class ContainerStarter:
         except (PodLookupError, LimitsError) as error:
             raise ContainerStartError(str(error)) from None
         content = render_limits(limits)
-        for name, held in sorted(holder.devices.items()):
-            if name in self._resources:
-                self._files.write_limits(allocation_key(name, held), content)
+        try:
+            for name, held in sorted(holder.devices.items()):
+                if name in self._resources:
+                    self._files.write_limits(allocation_key(name, held), content)
+        except OSError as error:
+            raise ContainerStartError(f"cannot write the limits file: {error}") from None
         log.info(
             "limits written",
             extra={
