@@ -1,5 +1,9 @@
 """fracgpu-agent as a real process: NVML double, test kubelet, /metrics, SIGTERM."""
 
+import json
+import os
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +13,7 @@ import pytest
 from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 from tests.agent.agent_process import AgentProcess, write_unused_kubeconfig
 from tests.agent.kubelet import TestKubelet
-from tests.agent.nvml_double import NvmlDouble, ensure_shim_built
+from tests.agent.nvml_double import REPO, NvmlDouble, ensure_shim_built
 
 UUID0 = "GPU-aaaa0000-0000-4000-8000-000000000000"
 UUID1 = "GPU-aaaa0000-0000-4000-8000-000000000001"
@@ -120,3 +124,20 @@ def test_agent_refuses_bad_settings(short_dir: Path, double: NvmlDouble) -> None
     assert process.proc.wait(30) == 2
     process.stop()
     assert "--metrics-port=70000 is not allowed" in "".join(process.raw)
+
+
+def test_discover_command_prints_what_nvml_reports(double: NvmlDouble) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "discover"],
+        cwd=REPO,
+        env={**os.environ, **double.env(), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = json.loads(result.stdout)
+    assert [d["uuid"] for d in report["devices"]] == [UUID0, UUID1]
+    assert report["devices"][1]["memoryMiB"] == 8192
+    assert report["devices"][0]["usage"]["utilization_percent"] == 12
+    assert report["driverVersion"] and report["cudaDriverVersion"]
