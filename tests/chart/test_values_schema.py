@@ -1,0 +1,187 @@
+"""values.schema.json accepts the chart's own values files and rejects bad values."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.chart.chartfiles import CHART_DIR
+
+Values = dict[str, Any]
+
+
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads((CHART_DIR / "values.schema.json").read_text())
+    return schema
+
+
+def _validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(
+        _schema(), format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER
+    )
+
+
+def _defaults() -> Values:
+    values: Values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    return values
+
+
+def _merged(base: Values, override: Values) -> Values:
+    """Helm's merge of a -f file over values.yaml: maps merge, null deletes, the rest replaces."""
+    result = copy.deepcopy(base)
+    for key, value in override.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = _merged(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def _with(path: str, value: Any) -> Values:
+    """The defaults with one dotted path set (``None`` deletes the key)."""
+    values = _defaults()
+    *parents, last = path.split(".")
+    node = values
+    for key in parents:
+        node = node[key]
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    return values
+
+
+def _errors(values: Values) -> list[str]:
+    return [f"{'.'.join(map(str, e.path))}: {e.message}" for e in _validator().iter_errors(values)]
+
+
+def test_schema_is_draft7() -> None:
+    schema = _schema()
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+
+
+def test_default_values_are_valid() -> None:
+    assert _errors(_defaults()) == []
+
+
+def test_hami_profile_is_valid() -> None:
+    hami = yaml.safe_load((CHART_DIR / "values-hami.yaml").read_text())
+    assert _errors(_merged(_defaults(), hami)) == []
+
+
+def test_profiles_keep_resource_names_distinct() -> None:
+    # The webhook refuses to start when two resource names are equal.
+    hami = yaml.safe_load((CHART_DIR / "values-hami.yaml").read_text())
+    for values in (_defaults(), _merged(_defaults(), hami)):
+        names = list(values["resourceNames"].values())
+        assert len(set(names)) == len(names), names
+
+
+def test_hami_profile_differs_where_it_says() -> None:
+    hami = _merged(_defaults(), yaml.safe_load((CHART_DIR / "values-hami.yaml").read_text()))
+    assert hami["resourceNames"]["hamiGpu"] == "nvidia.com/gpu"
+    assert hami["resourceNames"]["vcudaCore"] != _defaults()["resourceNames"]["vcudaCore"]
+    assert hami["agent"]["nodeSelector"] == {"gpu": "on"}
+
+
+BAD_VALUES = [
+    ("unknown top-level key", "replicas", 2),
+    ("unknown nested key", "webhook.replica", 2),
+    ("negative replicas", "webhook.replicas", -1),
+    ("zero replicas", "webhook.replicas", 0),
+    ("replicas as string", "webhook.replicas", "2"),
+    ("bad placement policy", "webhook.placementPolicy", "random"),
+    ("placement policy wrong case", "webhook.placementPolicy", "Binpack"),
+    ("split count above 100", "webhook.splitCount", 101),
+    ("cores above 100", "webhook.defaultGpuCores", 150),
+    ("memory percentage above 100", "webhook.defaultGpuMemory", "150%"),
+    ("memory in decimal units", "webhook.defaultGpuMemory", "4GB"),
+    ("gpushare unit", "webhook.gpushareMemoryUnit", "GB"),
+    ("log level", "webhook.logLevel", "verbose"),
+    ("port out of range", "webhook.port", 70000),
+    ("webhook timeout above 30", "webhooks.timeoutSeconds", 31),
+    ("exempt namespace not a DNS label", "webhooks.extraExemptNamespaces", ["Team_A"]),
+    ("matchConditions not a boolean", "webhooks.matchConditions.enabled", "yes"),
+    ("unqualified resource name", "resourceNames.vcudaCore", "vcuda-core"),
+    ("missing resource name", "resourceNames.vcudaMemory", None),
+    ("pull policy", "image.pullPolicy", "Sometimes"),
+    ("anti-affinity", "webhook.antiAffinity", "strict"),
+    ("certs mode", "certs.mode", "vault"),
+    ("certs validity not a duration", "certs.servingValidity", "one year"),
+    ("renew window above 99%", "certs.servingRenewBefore", "150%"),
+    ("extra IP not an address", "certs.extraIpAddresses", ["10.0.0.300"]),
+    ("issuer kind", "certs.certManager.issuerRef", {"name": "x", "kind": "Vault"}),
+    ("issuer without name", "certs.certManager.issuerRef", {"kind": "ClusterIssuer"}),
+    ("agent metrics port zero", "agent.metricsPort", 0),
+    ("agent host dir relative", "agent.hostDir", "var/lib/fracgpu"),
+    ("agent privileged as string", "agent.privileged", "false"),
+    ("agent negative xid", "agent.ignoredXids", [-1]),
+    ("agent poll seconds zero", "agent.kubeletPollSeconds", 0),
+    ("node selector value not a string", "agent.nodeSelector", {"gpu": True}),
+    ("PDB minAvailable negative", "webhook.podDisruptionBudget.minAvailable", -1),
+    ("update strategy zero", "agent.updateStrategy.maxUnavailable", 0),
+    ("monitoring flag type", "monitoring.serviceMonitor.enabled", "true"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"), [(p, v) for _, p, v in BAD_VALUES], ids=[label for label, _, _ in BAD_VALUES]
+)
+def test_bad_value_is_rejected(path: str, value: Any) -> None:
+    errors = _errors(_with(path, value))
+    assert errors, f"{path}={value!r} was accepted"
+
+
+def test_rejection_names_the_field() -> None:
+    errors = _errors(_with("webhook.placementPolicy", "random"))
+    assert any(e.startswith("webhook.placementPolicy:") and "binpack" in e for e in errors)
+
+
+def test_every_default_value_is_described_by_the_schema() -> None:
+    """Each key of values.yaml has a schema entry, so nothing escapes validation."""
+
+    def walk(values: Any, schema: dict[str, Any], path: str) -> list[str]:
+        if not isinstance(values, dict) or "properties" not in schema:
+            return []
+        missing = []
+        for key, value in values.items():
+            sub = schema["properties"].get(key)
+            if sub is None:
+                missing.append(f"{path}{key}")
+            else:
+                missing += walk(value, sub, f"{path}{key}.")
+        return missing
+
+    assert walk(_defaults(), _schema(), "") == []
+
+
+def test_every_value_is_documented_by_a_comment() -> None:
+    """values.yaml: every key is preceded by a comment, or belongs to a commented group."""
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    key_line = re.compile(r"^(\s*)([A-Za-z][A-Za-z0-9]*):")
+    undocumented = []
+    # Indentation levels whose current group carries a comment (children inherit it).
+    commented_groups: dict[int, bool] = {}
+    for number, line in enumerate(lines):
+        match = key_line.match(line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        for level in [lv for lv in commented_groups if lv >= indent]:
+            del commented_groups[level]
+        previous = lines[number - 1].strip() if number else ""
+        own_comment = previous.startswith("#")
+        parent_commented = any(commented_groups.values())
+        if not (own_comment or parent_commented):
+            undocumented.append(f"line {number + 1}: {match.group(2)}")
+        commented_groups[indent] = own_comment
+    assert undocumented == []
