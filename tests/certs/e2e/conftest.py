@@ -35,6 +35,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+def core_api(client: kubernetes.client.ApiClient) -> Any:
+    """CoreV1Api, typed as Any: the tests pass raw JSON dicts, which the client sends as-is
+    although it annotates model classes."""
+    return kubernetes.client.CoreV1Api(client)
+
+
+def admission_api(client: kubernetes.client.ApiClient) -> Any:
+    """AdmissionregistrationV1Api, typed as Any (see core_api)."""
+    return kubernetes.client.AdmissionregistrationV1Api(client)
+
+
 def webhook_entry(name: str, client_config: dict[str, Any]) -> dict[str, Any]:
     """One webhook that matches nothing in other tests' namespaces (label selector)."""
     return {
@@ -76,7 +87,7 @@ def webhook_configurations(
     kube_client: kubernetes.client.ApiClient, namespace: str
 ) -> Iterator[WebhookConfigurations]:
     """A Mutating and a Validating configuration, two webhook entries each, no caBundle."""
-    api = kubernetes.client.AdmissionregistrationV1Api(kube_client)
+    api = admission_api(kube_client)
     suffix = uuid.uuid4().hex[:6]
     service = {"namespace": namespace, "name": "fracgpu-webhook", "port": 443}
     names = WebhookConfigurations(f"certs-m-{suffix}", f"certs-v-{suffix}")

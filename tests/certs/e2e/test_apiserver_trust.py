@@ -27,7 +27,7 @@ from certs.reconcile import ensure
 from certs.settings import Settings, Window
 from certs.store import KubeStore
 
-from .conftest import webhook_entry
+from .conftest import admission_api, core_api, webhook_entry
 
 pytestmark = pytest.mark.e2e
 
@@ -103,11 +103,11 @@ def webhook_server(tmp_path: Path) -> Iterator[WebhookServer]:
 def _admission_error(client: kubernetes.client.ApiClient, namespace: str) -> str:
     """Create a ConfigMap; the webhook must refuse it. Returns the apiserver's message."""
     try:
-        kubernetes.client.CoreV1Api(client).create_namespaced_config_map(
+        core_api(client).create_namespaced_config_map(
             namespace, {"metadata": {"name": f"probe-{uuid.uuid4().hex[:6]}"}}
         )
     except ApiException as error:
-        message: str = json.loads(error.body)["message"]
+        message: str = json.loads(error.body or "{}")["message"]
         return message
     raise AssertionError("the ConfigMap was admitted: the webhook was not called")
 
@@ -123,9 +123,7 @@ def _eventually(probe: Callable[[], str], expected: str, timeout_s: float = 20) 
 
 
 def _serving_pair(client: kubernetes.client.ApiClient, settings: Settings) -> CertKeyPair:
-    secret = kubernetes.client.CoreV1Api(client).read_namespaced_secret(
-        settings.secret, settings.namespace
-    )
+    secret = core_api(client).read_namespaced_secret(settings.secret, settings.namespace)
     return authority.decode_pair(
         base64.b64decode(secret.data["tls.crt"]), base64.b64decode(secret.data["tls.key"])
     )
@@ -140,12 +138,12 @@ def test_kube_apiserver_trusts_the_patched_ca_bundle_through_a_ca_rotation(
     kube_client: kubernetes.client.ApiClient, namespace: str, webhook_server: WebhookServer
 ) -> None:
     name = f"certs-trust-{uuid.uuid4().hex[:6]}"
-    admission = kubernetes.client.AdmissionregistrationV1Api(kube_client)
+    admission = admission_api(kube_client)
     entry = webhook_entry(f"trust.{name}.fracgpu.io", {"url": webhook_server.url})
     admission.create_validating_webhook_configuration(
         {"metadata": {"name": name}, "webhooks": [entry]}
     )
-    kubernetes.client.CoreV1Api(kube_client).patch_namespace(
+    core_api(kube_client).patch_namespace(
         namespace, {"metadata": {"labels": {"certs-e2e": entry["name"]}}}
     )
     # Short real lifetimes: the apiserver checks certificates against the real clock.
@@ -161,7 +159,10 @@ def test_kube_apiserver_trusts_the_patched_ca_bundle_through_a_ca_rotation(
         ca_overlap=timedelta(seconds=3),
     )
     store = KubeStore(kube_client, settings)
-    probe = lambda: _admission_error(kube_client, namespace)  # noqa: E731
+
+    def probe() -> str:
+        return _admission_error(kube_client, namespace)
+
     try:
         # Before: a certificate from a CA the apiserver was never told about is refused.
         stranger = authority.new_ca(datetime.now(UTC), timedelta(hours=1))

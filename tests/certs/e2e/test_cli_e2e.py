@@ -12,7 +12,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from ..test_cli import ENTRY_POINT
-from .conftest import WebhookConfigurations
+from .conftest import WebhookConfigurations, core_api
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +51,7 @@ def test_run_reconciles_then_stops_cleanly_on_sigterm(
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "log"
-    core = kubernetes.client.CoreV1Api(kube_client)
+    core = core_api(kube_client)
     with log.open("w") as out:
         process = subprocess.Popen(
             [

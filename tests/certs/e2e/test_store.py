@@ -19,7 +19,7 @@ from certs.settings import Settings
 from certs.store import KubeStore, Snapshot, connect
 from tests.e2e.harness import ControlPlane
 
-from .conftest import WebhookConfigurations
+from .conftest import WebhookConfigurations, admission_api, core_api
 
 pytestmark = pytest.mark.e2e
 
@@ -46,14 +46,14 @@ class Cluster:
         return KubeStore(self.client, self.settings)
 
     def secret(self, name: str) -> Json:
-        response = kubernetes.client.CoreV1Api(self.client).read_namespaced_secret(
+        response = core_api(self.client).read_namespaced_secret(
             name, self.settings.namespace, _preload_content=False
         )
         result: Json = json.loads(response.data)
         return result
 
     def webhooks(self) -> list[Json]:
-        api = kubernetes.client.AdmissionregistrationV1Api(self.client)
+        api = admission_api(self.client)
         out = []
         for read, name in (
             (api.read_mutating_webhook_configuration, self.settings.mutating_webhook),
@@ -137,7 +137,7 @@ def test_a_cleared_ca_bundle_is_patched_back_and_nothing_else_is_touched(
     """`helm upgrade` re-applies the configurations with an empty caBundle."""
     clock = Clock()
     ensure(cluster.store(), cluster.settings, clock)
-    api = kubernetes.client.AdmissionregistrationV1Api(cluster.client)
+    api = admission_api(cluster.client)
     validating = cluster.webhooks()[1]
     for entry in validating["webhooks"]:
         entry["clientConfig"].pop("caBundle")
@@ -246,7 +246,7 @@ def test_conflict_on_the_serving_secret_rereads_and_keeps_the_other_writers_chan
     clock = Clock()
     s = cluster.settings
     ensure(cluster.store(), s, clock)
-    core = kubernetes.client.CoreV1Api(cluster.client)
+    core = core_api(cluster.client)
 
     def annotate() -> None:
         core.patch_namespaced_secret(
@@ -289,7 +289,7 @@ def test_conflict_on_a_webhook_configuration_is_retried_to_a_consistent_state(
 ) -> None:
     clock = Clock()
     s = cluster.settings
-    api = kubernetes.client.AdmissionregistrationV1Api(cluster.client)
+    api = admission_api(cluster.client)
 
     def label_it() -> None:
         api.patch_mutating_webhook_configuration(
@@ -310,7 +310,7 @@ def test_conflict_on_a_webhook_configuration_is_retried_to_a_consistent_state(
 
 def test_unreadable_secrets_are_replaced_with_the_reason_given(cluster: Cluster) -> None:
     s = cluster.settings
-    core = kubernetes.client.CoreV1Api(cluster.client)
+    core = core_api(cluster.client)
     core.create_namespaced_secret(
         s.namespace,
         {
