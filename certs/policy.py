@@ -59,6 +59,7 @@ class Decision:
 
 
 def decide(state: StoredState, settings: Settings, now: datetime) -> Decision:
+    """What must change in `state` at `now`, with the reasons; no actions when all is well."""
     actions: set[Action] = set()
     reasons: list[str] = list(state.problems)
 
