@@ -19,7 +19,9 @@ from fracgpu import codec, names
 from tests.agent.agent_process import AgentProcess
 from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import NvmlDouble, ensure_shim_built
+from tests.chart.chartfiles import rbac_objects
 from tests.e2e.harness import ControlPlane, create_node, gpu_allocatable
+from tests.e2e.harness.identities import WEBHOOK_NAMESPACE
 from tests.e2e.webhook_harness import (
     TcpBalancer,
     WebhookReplica,
@@ -55,6 +57,36 @@ def webhook(
         replica.stop()
 
 
+@pytest.fixture
+def agent_rbac(kube_client: kubernetes.client.ApiClient) -> Iterator[None]:
+    """The chart's least-privilege RBAC for the agent's service account, and nothing more."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(kube_client)
+    objects = rbac_objects("agent", WEBHOOK_NAMESPACE, service_account="fracgpu-agent")
+    created = []
+    for obj in objects:
+        create = {
+            "ClusterRole": rbac.create_cluster_role,
+            "ClusterRoleBinding": rbac.create_cluster_role_binding,
+        }[obj["kind"]]
+        try:
+            create(obj)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        created.append(obj)
+    yield
+    for obj in reversed(created):
+        delete = {
+            "ClusterRole": rbac.delete_cluster_role,
+            "ClusterRoleBinding": rbac.delete_cluster_role_binding,
+        }[obj["kind"]]
+        try:
+            delete(obj["metadata"]["name"])
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
 def _wait(predicate: Any, what: str, timeout: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -75,10 +107,10 @@ def _published_devices(custom: Any, node: str) -> list[dict[str, Any]]:
     return list((obj.get("status") or {}).get("devices") or [])
 
 
+@pytest.mark.usefixtures("webhook", "agent_rbac")
 def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
     control_plane: ControlPlane,
     kube_client: kubernetes.client.ApiClient,
-    webhook: None,
     namespace: str,
     short_dir: Path,
 ) -> None:
@@ -95,7 +127,8 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         node=node,
         directory=short_dir,
         double=double,
-        kubeconfig=control_plane.kubeconfig("admin"),
+        # the agent's own identity, limited to the chart's RBAC for it
+        kubeconfig=control_plane.kubeconfig("agent"),
         publish_inventory=True,
     )
     custom = kubernetes.client.CustomObjectsApi(kube_client)
