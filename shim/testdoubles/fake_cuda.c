@@ -20,7 +20,10 @@
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 struct CUctx_st { int dev; int primary; };
-struct CUstream_st { int dev; uint64_t tail; };
+#define QUEUE_DEPTH 1024
+/* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
+ * still pending, like a hardware queue that is full. */
+struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH]; };
 struct CUevent_st { uint64_t ts; int recorded; };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
@@ -212,9 +215,13 @@ static struct CUstream_st *stream_of(CUstream s)
 
 /* Put an operation of dur_ns on the device after everything submitted
  * before it (by any process); returns its start time. */
+static void sleep_until(uint64_t t);
+
 static uint64_t submit(struct CUstream_st *st, uint64_t dur_ns)
 {
     struct fake_state *s = fake_state();
+    pthread_mutex_lock(&st->mu);
+    sleep_until(st->ends[st->head]);
     uint64_t now = fake_now_ns(), stail = __atomic_load_n(&st->tail, __ATOMIC_ACQUIRE);
     uint64_t tail = __atomic_load_n(&s->dev_tail_ns[st->dev], __ATOMIC_ACQUIRE), start, end;
     do {
@@ -227,6 +234,9 @@ static uint64_t submit(struct CUstream_st *st, uint64_t dur_ns)
     } while (!__atomic_compare_exchange_n(&s->dev_tail_ns[st->dev], &tail, end, 1,
                                           __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     __atomic_store_n(&st->tail, end, __ATOMIC_RELEASE);
+    st->ends[st->head] = end;
+    st->head = (st->head + 1) % QUEUE_DEPTH;
+    pthread_mutex_unlock(&st->mu);
     uint64_t pt = __atomic_load_n(&proc_tail[st->dev], __ATOMIC_ACQUIRE);
     while (pt < end && !__atomic_compare_exchange_n(&proc_tail[st->dev], &pt, end, 1,
                                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
@@ -275,6 +285,7 @@ EXPORT CUresult cuInit(unsigned int flags)
         primary[i].dev = (int)i;
         primary[i].primary = 1;
         default_stream[i].dev = (int)i;
+        pthread_mutex_init(&default_stream[i].mu, NULL);
     }
     __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
@@ -819,6 +830,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
         return rc;
     struct CUstream_st *st = calloc(1, sizeof *st);
     st->dev = dev;
+    pthread_mutex_init(&st->mu, NULL);
     *s = st;
     return CUDA_SUCCESS;
 }

@@ -1,0 +1,1 @@
+char fracgpu_probe(void) { return 'b'; }
