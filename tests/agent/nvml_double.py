@@ -18,9 +18,20 @@ NVML_DOUBLE = SHIM_BUILD / "doubles" / "libnvidia-ml.so.1"
 SHIM_LIBRARY = SHIM_BUILD / "libfracgpu.so"
 
 
+# Everything the agent tests use from shim/build.
+_NEEDED = (
+    NVML_DOUBLE,
+    SHIM_BUILD / "doubles" / "libcuda.so.1",
+    SHIM_LIBRARY,
+    SHIM_BUILD / "libfracgpu-test.so",
+    SHIM_BUILD / "tests" / "mem_ops",
+    SHIM_BUILD / "tests" / "limits_check",
+)
+
+
 def ensure_shim_built() -> None:
-    """Build shim/ (library and doubles) when this checkout has not yet."""
-    if NVML_DOUBLE.is_file() and SHIM_LIBRARY.is_file():
+    """Build shim/ (libraries, doubles, test programs) when this checkout has not yet."""
+    if all(path.is_file() for path in _NEEDED):
         return
     subprocess.run(["make", "-s", "-C", str(REPO / "shim")], check=True)
 

@@ -1,6 +1,8 @@
 """From a pod's assignment to its container's limits: checks against this node."""
 
 import dataclasses
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +11,9 @@ from agent.podlookup import PodInfo
 from agent.shim_abi_adapter import decode_limits
 from fracgpu.model import GPUAllocation
 from tests.agent.conftest import GPU_A, GPU_B, NODE, assigned_pod
+from tests.agent.nvml_double import SHIM_BUILD, ensure_shim_built
+
+LIMITS_CHECK = SHIM_BUILD / "tests" / "limits_check"
 
 GPUS = {GPU_A.uuid: GPU_A, GPU_B.uuid: GPU_B}
 MIB = 1 << 20
@@ -64,3 +69,53 @@ def test_assignment_for_another_node_or_gpu_is_refused() -> None:
         limits_for(pod, "main", "other", GPUS)
     with pytest.raises(LimitsError, match="which this node does not have"):
         limits_for(pod, "main", NODE, {GPU_B.uuid: GPU_B})
+
+
+@pytest.mark.parametrize(
+    ("allocations", "mode", "compute", "devices"),
+    [
+        (
+            [GPUAllocation(GPU_A.uuid, 30, 4096)],
+            "sliced",
+            "1",
+            [f"device 0 {GPU_A.uuid} {4096 * MIB} 30 30"],
+        ),
+        (
+            [GPUAllocation(GPU_A.uuid, 0, 1024)],
+            "sliced",
+            "0",
+            [f"device 0 {GPU_A.uuid} {1024 * MIB} 100 100"],
+        ),
+        (
+            [
+                GPUAllocation(GPU_A.uuid, 100, GPU_A.memory_mib),
+                GPUAllocation(GPU_B.uuid, 100, GPU_B.memory_mib),
+            ],
+            "whole",
+            "0",
+            [
+                f"device 0 {GPU_A.uuid} {GPU_A.memory_mib * MIB} 100 100",
+                f"device 1 {GPU_B.uuid} {GPU_B.memory_mib * MIB} 100 100",
+            ],
+        ),
+    ],
+)
+def test_the_shim_reads_what_the_agent_writes(
+    tmp_path: Path, allocations: list[GPUAllocation], mode: str, compute: str, devices: list[str]
+) -> None:
+    ensure_shim_built()
+    pod = assigned_pod("p", {"main": allocations})
+    path = tmp_path / "limits"
+    path.write_text(render_limits(limits_for(pod, "main", NODE, GPUS)))
+    result = subprocess.run(
+        [str(LIMITS_CHECK), str(path)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    read = dict(line.split(" ", 1) for line in lines if not line.startswith("device "))
+    assert read["mode"] == mode
+    assert read["compute_limit_enabled"] == compute
+    assert (read["namespace"], read["pod"], read["container"]) == ("team-a", "p", "main")
+    assert read["pod_uid"] == "uid-p"
+    assert read["device_count"] == str(len(devices))
+    assert [line for line in lines if line.startswith("device ")] == devices
