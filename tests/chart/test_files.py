@@ -1,0 +1,163 @@
+"""The chart's shared files (webhook definitions, RBAC rules) are valid and say what the
+design requires; the loader fills them in like the templates do."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from tests.chart import chartfiles
+from tests.chart.chartfiles import Names, webhook_configurations, webhooks_document
+
+RBAC_RULE_KEYS = {"apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"}
+RBAC_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+
+
+def _hooks() -> list[dict]:  # type: ignore[type-arg]
+    mutating, validating = webhook_configurations("https://127.0.0.1:9443", b"PEM")
+    return mutating["webhooks"] + validating["webhooks"]
+
+
+def test_mutating_webhook_definition() -> None:
+    mutating, _ = webhook_configurations("https://127.0.0.1:9443/", b"PEM")
+    assert mutating["kind"] == "MutatingWebhookConfiguration"
+    assert mutating["metadata"]["name"] == "fracgpu-mutating"
+    (hook,) = mutating["webhooks"]
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate"
+
+
+def test_validating_webhook_definition() -> None:
+    _, validating = webhook_configurations("https://127.0.0.1:9443", b"PEM")
+    assert validating["metadata"]["name"] == "fracgpu-validating"
+    (hook,) = validating["webhooks"]
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert hook["rules"][0]["resources"] == ["pods"]
+    assert "reinvocationPolicy" not in hook  # only mutating webhooks have it
+    assert hook["clientConfig"]["url"] == "https://127.0.0.1:9443/validate"
+
+
+@pytest.mark.parametrize("field", ["failurePolicy", "sideEffects", "admissionReviewVersions"])
+def test_common_settings(field: str) -> None:
+    expected = {"failurePolicy": "Fail", "sideEffects": "NoneOnDryRun"}
+    for hook in _hooks():
+        if field == "admissionReviewVersions":
+            assert hook[field] == ["v1"]
+        else:
+            assert hook[field] == expected[field]
+        assert 1 <= hook["timeoutSeconds"] <= 30
+
+
+def test_names_are_unique_and_qualified() -> None:
+    names = [hook["name"] for hook in _hooks()]
+    assert len(set(names)) == len(names)
+    assert all(name.count(".") >= 2 for name in names)  # the API server requires a FQDN
+
+
+def test_namespace_selector_exempts_system_and_own_namespaces() -> None:
+    names = Names(release_namespace="gpu-system", extra_exempt_namespaces=("team-ops",))
+    mutating, validating = webhook_configurations("https://x", b"PEM", names=names)
+    for hook in mutating["webhooks"] + validating["webhooks"]:
+        expressions = hook["namespaceSelector"]["matchExpressions"]
+        by_key = {e["key"]: e for e in expressions}
+        by_name = by_key["kubernetes.io/metadata.name"]
+        assert by_name["operator"] == "NotIn"
+        assert by_name["values"] == [
+            *chartfiles.SYSTEM_NAMESPACES,
+            "gpu-system",
+            "team-ops",
+        ]
+        opt_out = by_key["fracgpu.io/ignore"]
+        assert opt_out == {"key": "fracgpu.io/ignore", "operator": "NotIn", "values": ["true"]}
+
+
+def test_ca_bundle_is_base64_of_the_pem() -> None:
+    pem = b"-----BEGIN CERTIFICATE-----\nabc\n-----END CERTIFICATE-----\n"
+    for hook in webhook_configurations("https://x", pem)[0]["webhooks"]:
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == pem
+    as_text = webhook_configurations("https://x", pem.decode())[1]["webhooks"][0]
+    assert base64.b64decode(as_text["clientConfig"]["caBundle"]) == pem
+
+
+def test_match_conditions_name_every_resource() -> None:
+    names = Names(resource_names=("example.com/a", "example.com/b"))
+    mutating, _ = webhook_configurations("https://x", b"P", names=names, match_conditions=True)
+    (condition,) = mutating["webhooks"][0]["matchConditions"]
+    assert "['example.com/a', 'example.com/b']" in condition["expression"]
+    assert "__" not in condition["expression"]
+    plain, _ = webhook_configurations("https://x", b"P")
+    assert "matchConditions" not in plain["webhooks"][0]
+
+
+def test_no_placeholder_is_left() -> None:
+    document = webhooks_document()
+    assert "__" not in repr(document)
+    for component in chartfiles.COMPONENTS:
+        assert "__" not in repr(chartfiles.rbac_document(component))
+
+
+@pytest.mark.parametrize("component", chartfiles.COMPONENTS)
+def test_rbac_rules_are_policy_rules(component: str) -> None:
+    rules = chartfiles.cluster_rules(component) + chartfiles.namespace_rules(component)
+    assert rules
+    for rule in rules:
+        assert set(rule) <= RBAC_RULE_KEYS, rule
+        assert rule["apiGroups"] and rule["resources"] and rule["verbs"]
+        assert set(rule["verbs"]) <= RBAC_VERBS, rule
+        if "resourceNames" in rule:
+            # RBAC cannot restrict create/list/watch by name: a rule claiming so misleads.
+            assert not set(rule["verbs"]) & {"create", "list", "watch"}, rule
+
+
+def test_certs_rules_are_limited_to_fracgpu_objects() -> None:
+    names = Names(prefix="gpu")
+    rules = chartfiles.cluster_rules("certs", names)
+    assert chartfiles.rule_grants(
+        rules,
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        "update",
+        "gpu-mutating",
+    )
+    assert not chartfiles.rule_grants(
+        rules, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "update", "other"
+    )
+    secrets = chartfiles.namespace_rules("certs", names)
+    assert chartfiles.rule_grants(secrets, "", "secrets", "get", "gpu-webhook-ca")
+    assert not chartfiles.rule_grants(secrets, "", "secrets", "get", "someone-elses")
+
+
+def test_rbac_objects_bind_the_service_account() -> None:
+    objects = chartfiles.rbac_objects("webhook", "fracgpu-system")
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    for binding in (objects[1], objects[3]):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "fracgpu-webhook", "namespace": "fracgpu-system"}
+        ]
+    assert objects[2]["metadata"]["namespace"] == "fracgpu-system"
+    # The agent needs no namespaced rules: no Role is made for it.
+    assert [o["kind"] for o in chartfiles.rbac_objects("agent", "ns")] == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ]
+
+
+def test_crds_are_the_charts() -> None:
+    names = sorted(crd["metadata"]["name"] for crd in chartfiles.crds())
+    assert names == ["gpunodes.fracgpu.io", "gpuquotas.fracgpu.io"]
+
+
+def test_unknown_component_is_refused() -> None:
+    with pytest.raises(ValueError, match="use one of webhook, agent, certs"):
+        chartfiles.rbac_document("scheduler")
