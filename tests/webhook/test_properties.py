@@ -47,7 +47,7 @@ CARD_MIB = {g["uuid"]: g["memoryMiB"] for node in BIG_CLUSTER["nodes"] for g in 
 GPU_NODE = {g["uuid"]: node["name"] for node in BIG_CLUSTER["nodes"] for g in node["gpus"]}
 MANAGED = {"team", "limited", "models", "wholes"}
 
-RESOURCE_KEYS = sorted(CONFIG.names.all()) + ["cpu", "memory"]
+RESOURCE_KEYS = [*sorted(CONFIG.names.all()), "cpu", "memory"]
 QUANTITIES = st.one_of(
     st.sampled_from(
         [
@@ -346,6 +346,7 @@ SETTINGS = settings(
 )
 async def test_random_pods_never_get_a_500_or_an_unsafe_patch(
     big: Webhook,
+    *,
     pod: dict[str, Any],
     operation: str,
     username: str,
