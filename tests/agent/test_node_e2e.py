@@ -191,6 +191,15 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         written = decode_limits(texts.pop())
         assert (written.namespace, written.pod, written.container) == (namespace, "trainer", "main")
         assert written.devices == ((alloc.uuid, alloc.memory_mib * 1024 * 1024, alloc.cores),)
+
+        # A GPU that stops answering NVML is published unhealthy, and healthy once it answers.
+        def healthy_flags() -> list[bool]:
+            return [d["healthy"] for d in _published_devices(custom, node)]
+
+        double.set("device.1.nvml_error.nvmlDeviceGetMemoryInfo", 15)
+        _wait(lambda: healthy_flags() == [True, False], "GPU 1 published unhealthy")
+        double.set("device.1.nvml_error.nvmlDeviceGetMemoryInfo", None)
+        _wait(lambda: healthy_flags() == [True, True], "GPU 1 published healthy again")
     finally:
         assert agent.stop() == 0
         kubelet.close()
