@@ -70,6 +70,13 @@ def read_ask(pod: Mapping[str, Any], config: DialectConfig, default_policy: Poli
     policy = _policy(annotations, default_policy)
     if not requests:
         return PodAsk((), None, policy)
+    node_name = podlib.spec(pod).get("nodeName")
+    if node_name:
+        raise DemandError(
+            f"spec.nodeName={node_name!r} is not allowed on a GPU pod: it bypasses the scheduler "
+            "and fracgpu's placement. Remove it; fracgpu pins the pod to the node it chooses "
+            f"(steer with {names.ANNOTATION_USE_MODELS} or {names.HAMI_ANNOTATION_USE_GPUUUID})"
+        )
     cpu_milli, memory_mib = cpu_and_memory(pod)
     demand = PodDemand(requests, cpu_milli, memory_mib, constraints(annotations))
     return PodAsk(requests, demand, policy)

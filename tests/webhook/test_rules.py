@@ -135,6 +135,12 @@ STEERING = [
         "annotation fracgpu.io/use-gpu-models=' , ' is not allowed: use a comma-separated list",
     ),
     Case(
+        "node-name",
+        {**gpu_pod(SHARE), "spec": {**gpu_pod(SHARE)["spec"], "nodeName": "node-a"}},
+        False,
+        "spec.nodeName='node-a' is not allowed on a GPU pod: it bypasses the scheduler",
+    ),
+    Case(
         "empty-uuid-list",
         gpu_pod(SHARE, annotations={"nvidia.com/use-gpuuuid": ""}),
         False,
