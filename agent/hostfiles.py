@@ -8,13 +8,14 @@ state dir, named from a hash of the resource and its sorted device IDs:
                            accounting region here
 
 Kubelet hands a device ID to one container at a time, so a key names one live container;
-when kubelet reuses the IDs for a new container, ``prepare`` drops the old files (unlinking
-keeps them alive for anything that still has them open).
+when kubelet reuses the IDs for a new container, ``prepare`` starts it afresh without
+touching files a previous holder may still have open or mounted.
 """
 
 import hashlib
 import os
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -51,11 +52,17 @@ class AllocationFiles:
         return self.run_dir(key) / REGION_FILE
 
     def prepare(self, key: str) -> None:
-        """A fresh directory for a new allocation: no limits yet, an empty run dir."""
+        """A fresh directory for a new allocation: no limits yet, an empty run dir.
+
+        A previous run dir is renamed aside, not emptied: if anything still has it mounted,
+        it keeps its region; the one before that is removed.
+        """
         self.limits_path(key).unlink(missing_ok=True)
         run = self.run_dir(key)
+        for old in self.directory(key).glob(f"{RUN_DIR}.old-*"):
+            shutil.rmtree(old, ignore_errors=True)
         if run.exists():
-            shutil.rmtree(run)
+            run.rename(run.with_name(f"{RUN_DIR}.old-{time.time_ns()}"))
         run.mkdir(parents=True)
         # Containers may run as any user; every process of the container shares the region.
         os.chmod(run, 0o777)
