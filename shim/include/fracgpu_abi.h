@@ -24,7 +24,6 @@
 #define FRACGPU_KEY_POD_UID "pod_uid"
 #define FRACGPU_KEY_DEVICE_COUNT "device_count"
 #define FRACGPU_KEY_COMPUTE_LIMIT_ENABLED "compute_limit_enabled"
-#define FRACGPU_KEY_BURST_WHEN_ALONE "burst_when_alone"
 #define FRACGPU_KEY_PRIORITY "priority"
 #define FRACGPU_KEY_CONTEXT_OVERHEAD_BYTES "context_overhead_bytes"
 #define FRACGPU_DEVICE_KEY_PREFIX "device."
