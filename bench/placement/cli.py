@@ -1,0 +1,161 @@
+"""``fracgpu-bench placement``: replay a trace per policy and seed, print the table."""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.placement.replay import SeedResult, capacity_milli, replay
+from bench.placement.report import ratios, summarize, table
+from bench.placement.trace import TraceError, TraceNode, TracePod, read_nodes, read_pods
+from fracgpu.placement import Policy
+
+DEFAULT_POLICIES = (Policy.FRAGMENTATION, Policy.BEST_FIT, Policy.BINPACK, Policy.SPREAD)
+_DATA = Path("shared") / "data" / "openb"
+DEFAULT_NODES = _DATA / "openb_node_list_gpu_node.csv"
+DEFAULT_PODS = _DATA / "openb_pod_list_default.csv"
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def default_path(relative: Path) -> Path:
+    """``../shared/...`` beside the repository (CI keeps ``shared`` next to the clone)."""
+    beside_repo = _repo_root().parent / relative
+    return beside_repo if beside_repo.exists() else Path.cwd().parent / relative
+
+
+def parse_seeds(text: str) -> list[int]:
+    """ "42-51", "42,45,50" or "42"."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            low, sep, high = part.strip().partition("-")
+            if sep:
+                first, last = int(low), int(high)
+                if last < first:
+                    raise ValueError
+                seeds.extend(range(first, last + 1))
+            else:
+                seeds.append(int(low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds {text!r}: use a range like 42-51, a list like 42,45 or one seed"
+        ) from None
+    return seeds
+
+
+def parse_policies(text: str) -> list[Policy]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    allowed = ", ".join(p.value for p in Policy)
+    try:
+        return [Policy(n) for n in names] or list(DEFAULT_POLICIES)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"policy {text!r}: choose from {allowed}") from None
+
+
+def parse_tune(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 10:
+        raise argparse.ArgumentTypeError(f"tune {text!r}: use a number in (0, 10], e.g. 1.3")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fracgpu-bench placement",
+        description="Replay an openb-format trace (shared/data/openb/README.md method) through "
+        "fracgpu's production placement and report GPU allocation and decision latency.",
+    )
+    parser.add_argument("--nodes", type=Path, default=None, help="node list CSV (openb format)")
+    parser.add_argument("--pods", type=Path, default=None, help="pod list CSV (openb format)")
+    parser.add_argument(
+        "--policy",
+        type=parse_policies,
+        default=list(DEFAULT_POLICIES),
+        help="comma-separated policies (default: %(default)s)",
+    )
+    parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"))
+    parser.add_argument("--tune", type=parse_tune, default=1.3)
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="replays run in parallel (latency is only comparable with --jobs 1)",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    return parser
+
+
+def _task(args: tuple[list[TraceNode], list[TracePod], Policy, int, float]) -> SeedResult:
+    return replay(*args)
+
+
+def run(
+    nodes: list[TraceNode],
+    pods: list[TracePod],
+    policies: Sequence[Policy],
+    seeds: Sequence[int],
+    tune: float,
+    jobs: int,
+) -> dict[Policy, list[SeedResult]]:
+    tasks = [(nodes, pods, policy, seed, tune) for policy in policies for seed in seeds]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(_task, tasks))
+    else:
+        results = [_task(t) for t in tasks]
+    grouped: dict[Policy, list[SeedResult]] = {p: [] for p in policies}
+    for result in results:
+        grouped[result.policy].append(result)
+    return grouped
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.jobs < 1:
+        print("fracgpu-bench placement: --jobs must be 1 or more", file=sys.stderr)
+        return 2
+    nodes_path = args.nodes or default_path(DEFAULT_NODES)
+    pods_path = args.pods or default_path(DEFAULT_PODS)
+    try:
+        nodes = read_nodes(nodes_path)
+        pods = read_pods(pods_path)
+    except TraceError as e:
+        print(f"fracgpu-bench placement: {e}", file=sys.stderr)
+        return 2
+    gpus = capacity_milli(nodes) // 1000
+    print(
+        f"trace: {nodes_path.name} ({len(nodes)} nodes, {gpus} GPUs), {pods_path.name} "
+        f"({len(pods)} pods); seeds {','.join(map(str, args.seeds))}; tune {args.tune}; "
+        f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        flush=True,
+    )
+    started = time.perf_counter()
+    grouped = run(nodes, pods, args.policy, args.seeds, args.tune, args.jobs)
+    summaries = [summarize(p, grouped[p]) for p in args.policy]
+    print(table(summaries))
+    for line in ratios(summaries):
+        print(line)
+    print(f"total wall time {time.perf_counter() - started:.1f} s")
+    if args.json is not None:
+        payload = [
+            {
+                **asdict(s),
+                "policy": s.policy.value,
+                "alloc": {str(x): asdict(v) for x, v in s.alloc.items()},
+            }
+            for s in summaries
+        ]
+        args.json.write_text(json.dumps(payload, indent=2))
+    return 0

@@ -1,0 +1,119 @@
+"""Aggregating replay results over seeds and printing them side by side."""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.placement.replay import SeedResult
+from fracgpu.placement import Policy
+
+REPORTED_X = (100, 130)
+
+
+@dataclass(frozen=True)
+class Stat:
+    mean: float
+    sd: float  # sample standard deviation over seeds (0 for one seed)
+
+    def __str__(self) -> str:
+        if math.isnan(self.mean):
+            return "n/a"
+        return f"{self.mean:.2f} ± {self.sd:.2f}"
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    policy: Policy
+    seeds: int
+    alloc: dict[int, Stat]  # x -> allocation % at x
+    first_failure: Stat  # arrived % at the first failed pod (seeds without one count as nan)
+    latency_p50_ms: float
+    latency_p99_ms: float
+    latency_max_ms: float
+    pods_per_seed: float
+    placed_per_seed: float
+    wall_s: float
+
+
+def stat(values: Sequence[float]) -> Stat:
+    clean = [v for v in values if not math.isnan(v)]
+    if not clean:
+        return Stat(math.nan, math.nan)
+    sd = float(np.std(clean, ddof=1)) if len(clean) > 1 else 0.0
+    return Stat(float(np.mean(clean)), sd)
+
+
+def summarize(policy: Policy, results: Sequence[SeedResult]) -> PolicySummary:
+    latencies = np.concatenate([r.latencies_ns for r in results]) / 1e6
+    return PolicySummary(
+        policy=policy,
+        seeds=len(results),
+        alloc={x: stat([r.alloc_at(x) for r in results]) for x in REPORTED_X},
+        first_failure=stat(
+            [
+                math.nan if r.first_failure_arrived is None else r.first_failure_arrived
+                for r in results
+            ]
+        ),
+        latency_p50_ms=float(np.percentile(latencies, 50)),
+        latency_p99_ms=float(np.percentile(latencies, 99)),
+        latency_max_ms=float(latencies.max()),
+        pods_per_seed=float(np.mean([r.pods for r in results])),
+        placed_per_seed=float(np.mean([r.placed for r in results])),
+        wall_s=sum(r.wall_s for r in results),
+    )
+
+
+def table(summaries: Sequence[PolicySummary]) -> str:
+    header = (
+        "policy",
+        "alloc % x=100",
+        "alloc % x=130",
+        "arrived % at 1st failure",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "placed/pods",
+        "wall s",
+    )
+    rows = [
+        (
+            s.policy.value,
+            str(s.alloc[100]),
+            str(s.alloc[130]),
+            str(s.first_failure),
+            f"{s.latency_p50_ms:.3f}",
+            f"{s.latency_p99_ms:.3f}",
+            f"{s.latency_max_ms:.1f}",
+            f"{s.placed_per_seed:.0f}/{s.pods_per_seed:.0f}",
+            f"{s.wall_s:.1f}",
+        )
+        for s in summaries
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def ratios(summaries: Sequence[PolicySummary], baseline: Policy = Policy.BEST_FIT) -> list[str]:
+    """Unallocated GPU at x=100 relative to the baseline: how much less capacity is wasted."""
+    base = next((s for s in summaries if s.policy is baseline), None)
+    if base is None:
+        return []
+    lines = []
+    wasted_base = 100 - base.alloc[100].mean
+    for s in summaries:
+        if s is base or wasted_base <= 0:
+            continue
+        wasted = 100 - s.alloc[100].mean
+        lines.append(
+            f"{s.policy.value}: {s.alloc[100].mean - base.alloc[100].mean:+.2f} points of GPU "
+            f"allocated at x=100 vs {baseline.value}; unallocated GPU "
+            f"{wasted:.2f} % vs {wasted_base:.2f} % (ratio {wasted / wasted_base:.2f})"
+        )
+    return lines
