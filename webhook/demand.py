@@ -70,6 +70,7 @@ def read_ask(pod: Mapping[str, Any], config: DialectConfig, default_policy: Poli
     policy = _policy(annotations, default_policy)
     if not requests:
         return PodAsk((), None, policy)
+    check_priority(annotations)
     node_name = podlib.spec(pod).get("nodeName")
     if node_name:
         raise DemandError(
@@ -105,6 +106,22 @@ def constraints(annotations: Mapping[str, str]) -> Constraints:
         include_uuids=unique("include_uuids"),
         exclude_uuids=unique("exclude_uuids"),
     )
+
+
+# Priority annotations: fracgpu's words and HAMi's numbers (0 = high, 1 = low).
+_PRIORITY_VALUES: Final = {
+    names.ANNOTATION_PRIORITY: ("high", "low"),
+    names.HAMI_ANNOTATION_PRIORITY: ("0", "1"),
+}
+
+
+def check_priority(annotations: Mapping[str, str]) -> None:
+    """The node side reads the priority annotations; reject values it could not read."""
+    for key, allowed in _PRIORITY_VALUES.items():
+        if key in annotations and annotations[key] not in allowed:
+            raise DemandError(
+                f"annotation {key}={annotations[key]!r} is not allowed: use {' or '.join(allowed)}"
+            )
 
 
 def _policy(annotations: Mapping[str, str], default: Policy) -> Policy:

@@ -135,6 +135,19 @@ STEERING = [
         "annotation fracgpu.io/use-gpu-models=' , ' is not allowed: use a comma-separated list",
     ),
     Case(
+        "bad-priority",
+        gpu_pod(SHARE, annotations={"fracgpu.io/priority": "urgent"}),
+        False,
+        "annotation fracgpu.io/priority='urgent' is not allowed: use high or low",
+    ),
+    Case(
+        "bad-hami-priority",
+        gpu_pod(SHARE, annotations={"nvidia.com/priority": "2"}),
+        False,
+        "annotation nvidia.com/priority='2' is not allowed: use 0 or 1",
+    ),
+    Case("hami-priority", gpu_pod(SHARE, annotations={"nvidia.com/priority": "1"}), True),
+    Case(
         "node-name",
         {**gpu_pod(SHARE), "spec": {**gpu_pod(SHARE)["spec"], "nodeName": "node-a"}},
         False,
