@@ -248,7 +248,11 @@ class Admission:
         assignment = validate.read_assignment(podlib.annotations(pod))
         if isinstance(assignment, str):
             return self._forged(pod, assignment)
-        reservation = None if dry_run else await self._state.reservation(assignment.reservation_id)
+        reservation = (
+            None
+            if dry_run
+            else await self._state.reservation(assignment.reservation_id, assignment.node)
+        )
         findings = validate.assignment_findings(
             assignment,
             gpu_containers,

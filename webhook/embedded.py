@@ -152,7 +152,8 @@ class EmbeddedState:
     async def quotas(self, namespace: str) -> tuple[Quota, ...]:
         return tuple(q for q in self._quotas if q.namespace == namespace)
 
-    async def reservation(self, reservation_id: str) -> Reservation | None:
+    async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:
+        del node  # one process: nothing can lag behind
         claim = self._reservations.get(reservation_id)
         return None if claim is None else claim.reservation
 

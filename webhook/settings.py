@@ -46,7 +46,7 @@ class Settings:
     dialects: DialectConfig = dataclasses.field(default_factory=DialectConfig)
     split_count: int = 10
     reservation_ttl_seconds: int = 300
-    placement_attempts: int = 3
+    placement_attempts: int = 8
     log_level: str = "INFO"
     # Cluster mode (state in the Kubernetes API) instead of a cluster file.
     kubeconfig: Path | None = None
@@ -236,7 +236,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
     ),
     Option(
         "placement_attempts",
-        "3",
+        "8",
         "placement retries when a reservation loses a race",
         _positive_int,
     ),

@@ -62,8 +62,12 @@ class ClusterState(Protocol):
         """The namespace's GPUQuotas with their current use."""
         ...
 
-    async def reservation(self, reservation_id: str) -> Reservation | None:
-        """A live reservation this webhook made, or None (unknown or expired)."""
+    async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:
+        """A live reservation this webhook made, or None (unknown or expired).
+
+        ``node`` is where the pod's assignment says it is: a back end whose cache may lag
+        behind another replica's write reads that node's reservations fresh on a miss.
+        """
         ...
 
     async def reserve(self, claim: Claim) -> None:

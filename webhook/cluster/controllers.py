@@ -1,7 +1,7 @@
 """Controllers that keep shared state true; one replica runs them (see leader.py).
 
 - prune reservations: drop those whose pod has been live for ``settle_s`` (the pod now
-  accounts for the slice), whose pod finished, or that expired without a pod;
+  accounts for the slice), whose pod was deleted or finished, or that expired without a pod;
 - recount GPUQuota use from live pods plus open reservations (like ResourceQuota's
   controller), correcting any drift from crashed admissions;
 - publish each GPUNode's allocation summary for ``kubectl get gpunodes``.
@@ -74,13 +74,14 @@ class Controllers:
     async def _prune_reservations(self, report: RoundReport) -> None:
         now = self._clock()
         live = self._state.live_reservation_ids()
+        departed = self._state.departed_reservation_ids()
         for name, record in self._state.gpunodes.items():
             keep = []
             for held in record.reservations:
                 made_at = held.expires_at - self._settings.reservation_ttl_s
                 settled = held.id in live and now - made_at >= self._settings.settle_s
                 expired = held.id not in live and now >= held.expires_at
-                if not (settled or expired):
+                if not (settled or expired or held.id in departed):
                     keep.append(held)
             if len(keep) == len(record.reservations):
                 continue

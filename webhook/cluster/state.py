@@ -81,8 +81,16 @@ class KubeState:
         self._host_free: dict[str, tuple[int, int]] = {}
         self._pods_by_node: dict[str, set[str]] = {}
         self._live_reservations: dict[str, str] = {}  # reservation ID -> pod key
+        # Reservation IDs whose pod was seen and then deleted or finished -> when
+        self._departed: dict[str, float] = {}
         self._dirty: set[str] = set()
         self._charged: dict[str, Claim] = {}  # quota charged by this replica, for refunds
+        # Claims being written now: counted in the view at once, so concurrent admissions in
+        # this replica plan around each other instead of racing for the same GPU.
+        self._inflight: dict[str, Claim] = {}
+        # One writer per GPUNode in this replica: queued writes reuse the previous write's
+        # resourceVersion instead of colliding with each other.
+        self._node_locks: dict[str, asyncio.Lock] = {}
         self.pods.add_listener(self._on_pod)
         self.nodes.add_listener(lambda key, old, new: self._dirty.add(key))
         self.gpunodes.add_listener(lambda key, old, new: self._dirty.add(key))
@@ -106,7 +114,15 @@ class KubeState:
     async def quotas(self, namespace: str) -> tuple[Quota, ...]:
         return tuple(q for _, q in self.gpuquotas.items() if q.namespace == namespace)
 
-    async def reservation(self, reservation_id: str) -> Reservation | None:
+    async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:
+        found = self._cached_reservation(reservation_id)
+        if found is None and node:
+            # Another replica may have written it a moment ago; our watch may not have it yet.
+            await self._reload_gpunode(node)
+            found = self._cached_reservation(reservation_id)
+        return found
+
+    def _cached_reservation(self, reservation_id: str) -> Reservation | None:
         for _, record in self.gpunodes.items():
             for held in record.reservations:
                 if held.id == reservation_id:
@@ -135,17 +151,29 @@ class KubeState:
             await self._charge_quotas(claim, sign=-1)
 
     # -- reservations ---------------------------------------------------------------------------
+    def _node_lock(self, node: str) -> asyncio.Lock:
+        return self._node_locks.setdefault(node, asyncio.Lock())
+
     async def _reserve_on_node(self, claim: Claim) -> None:
+        held = claim.reservation
+        self._hold_inflight(claim)  # until written or refused, whatever the queue
+        try:
+            async with self._node_lock(held.node):
+                self._drop_inflight(held.id)
+                await self._write_reservation(claim)
+        finally:
+            self._drop_inflight(held.id)
+
+    async def _write_reservation(self, claim: Claim) -> None:
         held = claim.reservation
         for _ in range(self._settings.write_retries):
             record = self.gpunodes.get(held.node)
             if record is None:
                 raise ReserveRejected(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
             self._refresh()
-            node = self.nodes.get(held.node)
             problem = capacity_problem(
                 self._view,
-                record.inventory(node),
+                record.inventory(self.nodes.get(held.node)),
                 allocations=held.allocations,
                 host_free=self._host_free.get(held.node, (0, 0)),
                 cpu_milli=claim.cpu_milli,
@@ -154,21 +182,43 @@ class KubeState:
             )
             if problem:
                 raise ReserveRejected(RejectKind.CAPACITY, problem)
+            self._hold_inflight(claim)
             try:
                 written = await stores.write_reservations(
                     self._api, held.node, record.resource_version, (*record.reservations, held)
                 )
             except ConflictError:
+                self._drop_inflight(held.id)
                 await self._reload_gpunode(held.node)
                 continue
+            except BaseException:
+                self._drop_inflight(held.id)
+                raise
             self.gpunodes.put(written)
+            self._drop_inflight(held.id)
             return
         raise ReserveRejected(
             RejectKind.CAPACITY,
             f"GPUNode {held.node} changed {self._settings.write_retries} times while reserving",
         )
 
+    def _hold_inflight(self, claim: Claim) -> None:
+        held = claim.reservation
+        self._inflight[held.id] = claim
+        self._view.allocate(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
+        cpu, memory = self._host_free.get(held.node, (0, 0))
+        self._host_free[held.node] = (cpu - claim.cpu_milli, memory - claim.memory_mib)
+
+    def _drop_inflight(self, reservation_id: str) -> None:
+        claim = self._inflight.pop(reservation_id, None)
+        if claim is not None:
+            self._dirty.add(claim.reservation.node)  # rebuilt from the GPUNode record
+
     async def _remove_reservation(self, node: str, reservation_id: str) -> None:
+        async with self._node_lock(node):
+            await self._write_removal(node, reservation_id)
+
+    async def _write_removal(self, node: str, reservation_id: str) -> None:
         for _ in range(self._settings.write_retries):
             record = self.gpunodes.get(node)
             if record is None or all(r.id != reservation_id for r in record.reservations):
@@ -234,6 +284,8 @@ class KubeState:
             self._pods_by_node.get(old.node, set()).discard(key)
             if old.reservation_id:
                 self._live_reservations.pop(old.reservation_id, None)
+                if new is None or new.terminal:
+                    self._departed[old.reservation_id] = self._clock()
         if new is not None and not new.terminal and new.node:
             self._pods_by_node.setdefault(new.node, set()).add(key)
             if new.reservation_id:
@@ -241,6 +293,12 @@ class KubeState:
 
     def live_reservation_ids(self) -> dict[str, str]:
         return dict(self._live_reservations)
+
+    def departed_reservation_ids(self) -> frozenset[str]:
+        """Reservations whose pod has come and gone; forgotten after one TTL."""
+        horizon = self._clock() - self._settings.reservation_ttl_s
+        self._departed = {rid: at for rid, at in self._departed.items() if at > horizon}
+        return frozenset(self._departed)
 
     def _refresh(self) -> None:
         if not self._dirty:
@@ -264,8 +322,15 @@ class KubeState:
                 allocations = pod.assignment.allocations() if pod.assignment else ()
                 self._view.allocate(name, allocations, pod.cpu_milli, pod.memory_mib)
                 cpu, memory = cpu - pod.cpu_milli, memory - pod.memory_mib
+            recorded = {r.id for r in record.reservations}
             for held in self._open_reservations(record, now):
                 self._view.allocate(name, held.allocations)
+            for claim in self._inflight.values():
+                if claim.reservation.node == name and claim.reservation.id not in recorded:
+                    self._view.allocate(
+                        name, claim.reservation.allocations, claim.cpu_milli, claim.memory_mib
+                    )
+                    cpu, memory = cpu - claim.cpu_milli, memory - claim.memory_mib
             self._host_free[name] = (cpu, memory)
 
     def _open_reservations(self, record: GPUNodeRecord, now: float) -> list[Reservation]:
