@@ -240,6 +240,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     size_t f = 0, t = 0;
     CUresult rc = real_cuMemGetInfo_v2(&f, &t);
     if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT) {
+        fracgpu_region_reclaim_dead(G.region); /* report no memory of dead processes */
         int di = fracgpu_current_dev_index();
         uint64_t limit = di < 0 ? 0 : G.limits.dev[di].memory_limit;
         uint64_t used = di < 0 ? 0 : __atomic_load_n(&G.region->dev[di].memory_used,

@@ -68,6 +68,7 @@ static int slice_of(nvmlDevice_t device, uint64_t *limit, uint64_t *used)
     if (real_nvmlDeviceGetUUID == NULL ||
         real_nvmlDeviceGetUUID(device, uuid, sizeof uuid) != NVML_SUCCESS)
         return 0;
+    fracgpu_region_reclaim_dead(G.region);
     for (unsigned i = 0; i < G.limits.device_count; i++) {
         if (strcasecmp(G.limits.dev[i].uuid, uuid) == 0) {
             *limit = G.limits.dev[i].memory_limit;

@@ -1,0 +1,238 @@
+"""Memory slice: every allocation path counts, exactly, through every lookup."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.shim.sandbox import GiB, MiB, Sandbox, step, steps
+
+LOOKUPS = ["direct", "dlsym", "procaddr", "procaddr_ptds"]
+OOM = "2"
+
+
+@pytest.mark.parametrize("lookup", LOOKUPS)
+def test_slice_is_enforced_exactly(node: Sandbox, lookup: str) -> None:
+    out = node.run(
+        "mem_ops",
+        "ctx",
+        "0",
+        "alloc",
+        "512Mi",
+        "alloc",
+        "512Mi",
+        "alloc",
+        "1",
+        "info",
+        "free",
+        "0",
+        "info",
+        "alloc",
+        "512Mi",
+        "wait",
+        lookup=lookup,
+        timeout=30,
+    )
+    s = steps(out.stdout)
+    assert out.returncode == 0, out.stderr
+    assert [x[:2] for x in s if x[0] == "alloc"] == [
+        ["alloc", "0"],
+        ["alloc", "0"],
+        ["alloc", OOM],
+        ["alloc", "0"],
+    ]
+    assert step(out.stdout, "info", 0)[1:] == ["0", "0", str(GiB)]
+    assert step(out.stdout, "info", 1)[1:] == ["0", str(512 * MiB), str(GiB)]
+    device = node.region().devices[0]
+    assert device.oom_rejections == 1
+    assert device.memory_peak == GiB
+
+
+def test_without_the_shim_the_whole_device_is_visible(node: Sandbox) -> None:
+    out = node.run("mem_ops", "ctx", "0", "alloc", "2Gi", "info", preload=None)
+    assert step(out.stdout, "alloc")[1] == "0"
+    assert step(out.stdout, "info")[3] == str(4 * GiB)
+
+
+def test_total_mem_reports_the_slice(node: Sandbox) -> None:
+    out = node.run("mem_ops", "ctx", "0", "total", "0")
+    assert step(out.stdout, "total")[1:] == ["0", str(GiB)]
+
+
+def test_fill_stops_at_the_slice_and_free_gives_all_back(node: Sandbox) -> None:
+    out = node.run("mem_ops", "ctx", "0", "fill", "100Mi", "info")
+    assert step(out.stdout, "fill")[1:] == [OOM, "10"]
+    assert step(out.stdout, "info")[2] == str(GiB - 1000 * MiB)
+
+
+@pytest.mark.parametrize("kind", ["managed", "async", "pool"])
+def test_other_linear_allocations_count(node: Sandbox, kind: str) -> None:
+    out = node.run(
+        "mem_ops",
+        "ctx",
+        "0",
+        kind,
+        "700Mi",
+        kind,
+        "700Mi",
+        "freeasync",
+        "0",
+        kind,
+        "700Mi",
+        "info",
+    )
+    got = [x[1] for x in steps(out.stdout) if x[0] == kind]
+    assert got == ["0", OOM, "0"]
+    assert step(out.stdout, "info")[2] == str(GiB - 700 * MiB)
+
+
+def test_pitch_counts_what_the_driver_gave(node: Sandbox) -> None:
+    out = node.run("mem_ops", "ctx", "0", "pitch", "1000", "1000", "wait", timeout=10)
+    assert step(out.stdout, "pitch")[1] == "0"
+    pitch = int(step(out.stdout, "pitch")[3])
+    assert pitch == 1024
+    out = node.run("mem_ops", "ctx", "0", "pitch", "1000", "1000", "info")
+    assert step(out.stdout, "info")[2] == str(GiB - 1024 * 1000)
+
+
+def test_virtual_memory_create_and_release(node: Sandbox) -> None:
+    out = node.run(
+        "mem_ops",
+        "ctx",
+        "0",
+        "create",
+        "0",
+        "768Mi",
+        "create",
+        "0",
+        "512Mi",
+        "release",
+        "0",
+        "create",
+        "0",
+        "512Mi",
+        "info",
+    )
+    assert [x[1] for x in steps(out.stdout) if x[0] == "create"] == ["0", OOM, "0"]
+    assert step(out.stdout, "info")[2] == str(GiB - 512 * MiB)
+
+
+def test_arrays_and_mipmaps_count_and_release(node: Sandbox) -> None:
+    # float4 1024x1024 = 16 MiB; 3D uint8 256^3 = 16 MiB; mipmap levels 256^3 + 128^3
+    out = node.run(
+        "mem_ops",
+        "ctx",
+        "0",
+        "array",
+        "1024",
+        "1024",
+        "info",
+        "array3d",
+        "256",
+        "256",
+        "256",
+        "info",
+        "mipmap",
+        "256",
+        "256",
+        "256",
+        "2",
+        "info",
+        "adestroy",
+        "0",
+        "adestroy",
+        "1",
+        "mdestroy",
+        "2",
+        "info",
+    )
+    free = [int(x[2]) for x in steps(out.stdout) if x[0] == "info"]
+    assert free == [GiB - 16 * MiB, GiB - 32 * MiB, GiB - 48 * MiB - 2 * MiB, GiB]
+
+
+def test_context_overhead_counts(tmp_path: object, node: Sandbox) -> None:
+    node.context_bytes = 256 * MiB
+    node.write_fake_config()
+    node.write_limits(context_overhead_bytes=256 * MiB)
+    out = node.run(
+        "mem_ops",
+        "ctx",
+        "0",
+        "info",
+        "ctxcreate",
+        "0",
+        "info",
+        "alloc",
+        "100Mi",
+        "info",
+        "ctxdestroy",
+        "0",
+        "setctx",
+        "0",
+        "info",
+    )
+    assert step(out.stdout, "ctxcreate")[1] == "0"
+    free = [int(x[2]) for x in steps(out.stdout) if x[0] == "info"]
+    assert free[:3] == [768 * MiB, 512 * MiB, 412 * MiB]
+
+
+def test_destroying_a_context_releases_its_allocations(node: Sandbox) -> None:
+    out = node.run(
+        "mem_ops",
+        "ctx",
+        "0",
+        "ctxcreate",
+        "0",
+        "alloc",
+        "800Mi",
+        "ctxdestroy",
+        "0",
+        "ctx",
+        "0",
+        "alloc",
+        "800Mi",
+    )
+    assert [x[1] for x in steps(out.stdout) if x[0] == "alloc"] == ["0", "0"]
+
+
+def test_primary_context_reset_releases_its_allocations(node: Sandbox) -> None:
+    out = node.run(
+        "mem_ops", "ctx", "0", "alloc", "800Mi", "primary_reset", "0", "ctx", "0", "alloc", "800Mi"
+    )
+    assert [x[1] for x in steps(out.stdout) if x[0] == "alloc"] == ["0", "0"]
+
+
+def test_failed_driver_allocation_returns_the_reservation(node: Sandbox) -> None:
+    node.device_memory = 512 * MiB  # the real GPU is fuller than the slice
+    node.write_fake_config()
+    out = node.run("mem_ops", "ctx", "0", "alloc", "600Mi", "info", "alloc", "400Mi")
+    assert [x[1] for x in steps(out.stdout) if x[0] == "alloc"] == [OOM, "0"]
+    assert step(out.stdout, "info")[2] == str(512 * MiB)
+
+
+def test_device_without_limits_gets_no_memory(node: Sandbox) -> None:
+    node.device_count = 2
+    node.write_fake_config()
+    out = node.run("mem_ops", "ctx", "0", "ctx", "1", "alloc", "1Mi")
+    assert [x[1] for x in steps(out.stdout) if x[0] == "ctx"] == ["0", OOM]
+    assert "CUDA device 1" in out.stderr and "not in the limits file" in out.stderr
+
+
+def test_two_devices_have_separate_slices(node: Sandbox) -> None:
+    node.device_count = 2
+    node.write_fake_config()
+    node.write_limits(devices=2)
+    out = node.run("mem_ops", "ctx", "0", "alloc", "1Gi", "ctx", "1", "alloc", "1Gi", "alloc", "1")
+    assert [x[1] for x in steps(out.stdout) if x[0] == "alloc"] == ["0", "0", OOM]
+
+
+def test_many_threads_churning_leave_nothing_counted(node: Sandbox) -> None:
+    out = node.run("mem_ops", "ctx", "0", "threads", "8", "2000", "100Mi", "info")
+    assert step(out.stdout, "threads")[1] == "0"
+    assert step(out.stdout, "info")[2] == str(GiB)
+
+
+def test_threads_racing_to_fill_never_pass_the_slice(node: Sandbox) -> None:
+    out = node.run("mem_ops", "ctx", "0", "tfill", "8", "10Mi", "wait", timeout=30)
+    got, count = step(out.stdout, "tfill")[1:]
+    assert int(count) == GiB // (10 * MiB)
+    assert int(got) == int(count) * 10 * MiB
