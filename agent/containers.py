@@ -12,13 +12,8 @@ from dataclasses import dataclass
 
 from agent.containerstart import PodResourcesSource
 from agent.hostfiles import AllocationFiles, allocation_key
-from agent.shim_abi_adapter import (
-    LimitsSummary,
-    RegionDevice,
-    ShimAbiError,
-    decode_limits,
-    decode_region,
-)
+from fracgpu.errors import CodecError
+from fracgpu.shim_abi import Limits, RegionDevice, decode_limits, decode_region
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +24,7 @@ class LiveContainer:
     pod: str
     container: str
     keys: tuple[str, ...]
-    limits: LimitsSummary | None
+    limits: Limits | None
     region: tuple[RegionDevice, ...] | None
 
 
@@ -48,13 +43,13 @@ def live_keys(source: PodResourcesSource, resources: Iterable[str]) -> dict[str,
     return out
 
 
-def _read_limits(files: AllocationFiles, key: str) -> LimitsSummary | None:
+def _read_limits(files: AllocationFiles, key: str) -> Limits | None:
     text = files.read_limits(key)
     if text is None:
         return None
     try:
-        return decode_limits(text)
-    except ShimAbiError as error:
+        return decode_limits(text.encode())
+    except CodecError as error:
         log.warning("unreadable limits file", extra={"key": key, "error": str(error)})
         return None
 
@@ -74,8 +69,8 @@ def _read_region(files: AllocationFiles, keys: Iterable[str]) -> tuple[RegionDev
     if newest is None:
         return None
     try:
-        return decode_region(newest[1])
-    except ShimAbiError as error:
+        return decode_region(newest[1]).devices
+    except CodecError as error:
         log.warning("unreadable accounting region", extra={"error": str(error)})
         return None
 

@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from agent.hostfiles import AllocationFiles, allocation_key
-from agent.limits import ContainerLimits, LimitsError, limits_for, render_limits
+from agent.limits import LimitsError, limits_for, render_limits
 from agent.podlookup import PodLookup, PodLookupError
 from agent.podresources import ContainerDevices, PodResourcesError, find_holder
 from fracgpu.model import GPUDevice
+from fracgpu.shim_abi import Limits
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class ContainerStarter:
         self._files.prepare(key)
         return key
 
-    def container_starting(self, resource: str, device_ids: Iterable[str]) -> ContainerLimits:
+    def container_starting(self, resource: str, device_ids: Iterable[str]) -> Limits:
         ids = list(device_ids)
         holder = self._identify(resource, ids)
         try:

@@ -1,18 +1,16 @@
-"""From a pod's assignment to the text of one container's limits file.
+"""From a pod's assignment to the content of one container's limits file.
 
 The decision (which GPUs, how much memory and compute) is the webhook's, read from the
-pod's assignment annotation; this module checks it against this node and hands it to the
-shim ABI encoder (``fracgpu.shim_abi``), the one owner of the file format.
+pod's assignment annotation; this module checks it against this node and builds the
+shim's ``Limits``. The file format itself belongs to ``fracgpu.shim_abi``.
 """
 
-from dataclasses import dataclass
-
-from agent import shim_abi_adapter
 from agent.podlookup import PodInfo
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import CodecError
 from fracgpu.model import GPUDevice
 from fracgpu.names import ANNOTATION_ASSIGNMENT, CORES_PER_GPU
+from fracgpu.shim_abi import DeviceLimits, Limits, encode_limits
 
 MIB = 1024 * 1024
 
@@ -21,32 +19,7 @@ class LimitsError(Exception):
     """The pod's assignment cannot be turned into limits; says what is wrong."""
 
 
-@dataclass(frozen=True)
-class DeviceLimit:
-    uuid: str
-    memory_limit_bytes: int
-    # Percent of the GPU's compute (1..100); None when the container has no compute share
-    # (best effort), which turns compute limiting off.
-    core_limit: int | None
-
-
-@dataclass(frozen=True)
-class ContainerLimits:
-    namespace: str
-    pod: str
-    container: str
-    pod_uid: str
-    whole: bool
-    devices: tuple[DeviceLimit, ...]
-
-    @property
-    def compute_limit_enabled(self) -> bool:
-        return not self.whole and all(d.core_limit is not None for d in self.devices)
-
-
-def limits_for(
-    pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPUDevice]
-) -> ContainerLimits:
+def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPUDevice]) -> Limits:
     where = f"pod {pod.namespace}/{pod.name} container {container}"
     if pod.assignment is None:
         raise LimitsError(
@@ -66,6 +39,7 @@ def limits_for(
         raise LimitsError(f"{where} holds fracgpu resources but the assignment has no entry for it")
     devices = []
     whole = True
+    best_effort = False
     for alloc in chosen.devices:
         gpu = gpus.get(alloc.uuid)
         if gpu is None:
@@ -76,23 +50,31 @@ def limits_for(
             raise LimitsError(f"{where} has no memory on GPU {alloc.uuid}: memoryMiB must be > 0")
         memory_mib = min(alloc.memory_mib, gpu.memory_mib)
         whole = whole and alloc.cores >= CORES_PER_GPU and memory_mib >= gpu.memory_mib
+        # cores 0 is best effort: no compute reserved, so none is limited either.
+        best_effort = best_effort or alloc.cores == 0
         devices.append(
-            DeviceLimit(
+            DeviceLimits(
                 uuid=alloc.uuid,
                 memory_limit_bytes=memory_mib * MIB,
-                core_limit=alloc.cores if alloc.cores > 0 else None,
+                core_limit=alloc.cores if alloc.cores > 0 else CORES_PER_GPU,
             )
         )
-    return ContainerLimits(
-        namespace=pod.namespace,
-        pod=pod.name,
-        container=container,
-        pod_uid=pod.uid,
-        whole=whole,
-        devices=tuple(devices),
-    )
+    try:
+        limits = Limits(
+            devices=tuple(devices),
+            whole=whole,
+            namespace=pod.namespace,
+            pod=pod.name,
+            container=container,
+            pod_uid=pod.uid or None,
+            compute_limit_enabled=not whole and not best_effort,
+        )
+        encode_limits(limits)  # the shim's own checks, so a bad file is never written
+    except CodecError as error:
+        raise LimitsError(f"{where}: {error}") from None
+    return limits
 
 
-def render_limits(limits: ContainerLimits) -> str:
-    """The limits file text, encoded by the shim ABI module."""
-    return shim_abi_adapter.encode_limits(limits)
+def render_limits(limits: Limits) -> str:
+    """The limits file text, as the shim ABI encodes it."""
+    return encode_limits(limits).decode()

@@ -19,6 +19,7 @@ from agent.containers import LiveContainer
 from agent.nvml_backend import NvmlBackend, NvmlError
 from fracgpu.model import GPUDevice
 from fracgpu.names import CORES_PER_GPU
+from fracgpu.shim_abi import Limits
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,8 @@ class AgentCollector(Collector):
         memory: dict[str, int] = {}
         count: dict[str, int] = {}
         for c in containers:
-            for uuid, mem_limit, core_limit in c.limits.devices if c.limits else ():
-                cores[uuid] = cores.get(uuid, 0) + (core_limit or 0)
+            for uuid, (mem_limit, reserved, _paced) in _slices(c.limits).items():
+                cores[uuid] = cores.get(uuid, 0) + reserved
                 memory[uuid] = memory.get(uuid, 0) + mem_limit
                 count[uuid] = count.get(uuid, 0) + 1
 
@@ -158,17 +159,17 @@ class AgentCollector(Collector):
         now = self._clock_ns()
         seen: set[tuple[str, str, str, str]] = set()
         for c in containers:
-            limits = {u: (m, core) for u, m, core in (c.limits.devices if c.limits else ())}
+            slices = _slices(c.limits)
             region = {d.uuid: d for d in c.region or ()}
-            for uuid in sorted(set(limits) | set(region)):
+            for uuid in sorted(set(slices) | set(region)):
                 labels = [c.namespace, c.pod, c.container, uuid]
-                mem_limit, core_limit = limits.get(uuid, (0, None))
+                mem_limit, _reserved, paced = slices.get(uuid, (0, 0, CORES_PER_GPU))
                 dev = region.get(uuid)
-                limit.add_metric(labels, mem_limit or (dev.memory_limit_bytes if dev else 0))
-                compute.add_metric(labels, (core_limit or CORES_PER_GPU) / CORES_PER_GPU)
+                limit.add_metric(labels, mem_limit or (dev.memory_limit if dev else 0))
+                compute.add_metric(labels, paced / CORES_PER_GPU)
                 if dev is None:
                     continue
-                used.add_metric(labels, dev.memory_used_bytes)
+                used.add_metric(labels, dev.memory_used)
                 ooms.add_metric(labels, dev.oom_rejections)
                 key = (c.namespace, c.pod, c.container, uuid)
                 seen.add(key)
@@ -180,6 +181,21 @@ class AgentCollector(Collector):
         for key in set(self._samples) - seen:
             del self._samples[key]
         yield from (used, limit, compute, util, ooms)
+
+
+def _slices(limits: Limits | None) -> dict[str, tuple[int, int, int]]:
+    """Per GPU: (memory limit bytes, cores reserved, cores the shim paces to)."""
+    if limits is None:
+        return {}
+    out = {}
+    for dev in limits.devices:
+        # Best effort (compute limiting off, not a whole GPU) reserves no compute and runs
+        # unpaced; everything else reserves and is paced to its core limit.
+        best_effort = not limits.whole and not limits.compute_limit_enabled
+        reserved = 0 if best_effort else dev.core_limit
+        paced = CORES_PER_GPU if not limits.compute_limit_enabled else dev.core_limit
+        out[dev.uuid] = (dev.memory_limit_bytes, reserved, paced)
+    return out
 
 
 def build_registry(collector: AgentCollector) -> CollectorRegistry:

@@ -8,8 +8,8 @@ import pytest
 
 from agent.limits import LimitsError, limits_for, render_limits
 from agent.podlookup import PodInfo
-from agent.shim_abi_adapter import decode_limits
 from fracgpu.model import GPUAllocation
+from fracgpu.shim_abi import DeviceLimits, decode_limits
 from tests.agent.conftest import GPU_A, GPU_B, NODE, assigned_pod
 from tests.agent.nvml_double import SHIM_BUILD, ensure_shim_built
 
@@ -26,8 +26,11 @@ def test_sliced_limits_per_gpu() -> None:
     )
     limits = limits_for(pod, "main", NODE, GPUS)
     assert not limits.whole and limits.compute_limit_enabled
-    summary = decode_limits(render_limits(limits))
-    assert summary.devices == ((GPU_A.uuid, 8192 * MIB, 40), (GPU_B.uuid, 8192 * MIB, 40))
+    summary = decode_limits(render_limits(limits).encode())
+    assert summary.devices == (
+        DeviceLimits(GPU_A.uuid, 8192 * MIB, 40),
+        DeviceLimits(GPU_B.uuid, 8192 * MIB, 40),
+    )
     assert (summary.namespace, summary.pod, summary.container) == ("team-a", "p", "main")
 
 
@@ -41,11 +44,8 @@ def test_whole_gpu_with_all_its_memory_is_whole_mode() -> None:
 def test_best_effort_compute_turns_compute_limiting_off() -> None:
     pod = assigned_pod("p", {"main": [GPUAllocation(GPU_A.uuid, 0, 1024)]})
     limits = limits_for(pod, "main", NODE, GPUS)
-    assert not limits.compute_limit_enabled
-    text = render_limits(limits)
-    assert "compute_limit_enabled=0" in text and "core_limit" not in text.replace(
-        "compute_limit_enabled", ""
-    )
+    assert not limits.compute_limit_enabled and not limits.whole
+    assert "compute_limit_enabled=0" in render_limits(limits)
 
 
 @pytest.mark.parametrize(

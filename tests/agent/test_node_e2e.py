@@ -14,8 +14,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agent.hostfiles import AllocationFiles, allocation_key
-from agent.shim_abi_adapter import decode_limits
 from fracgpu import codec, names
+from fracgpu.shim_abi import DeviceLimits, decode_limits
 from tests.agent.agent_process import AgentProcess
 from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import NvmlDouble, ensure_shim_built
@@ -188,9 +188,11 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         files = AllocationFiles(agent.state_dir)
         texts = {files.limits_path(k).read_text() for k in keys}
         assert len(texts) == 1  # both mounts candidates carry the same limits
-        written = decode_limits(texts.pop())
+        written = decode_limits(texts.pop().encode())
         assert (written.namespace, written.pod, written.container) == (namespace, "trainer", "main")
-        assert written.devices == ((alloc.uuid, alloc.memory_mib * 1024 * 1024, alloc.cores),)
+        assert written.devices == (
+            DeviceLimits(alloc.uuid, alloc.memory_mib * 1024 * 1024, alloc.cores),
+        )
 
         # A GPU that stops answering NVML is published unhealthy, and healthy once it answers.
         def healthy_flags() -> list[bool]:

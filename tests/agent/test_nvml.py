@@ -12,7 +12,7 @@ from agent.discovery import discover
 from agent.health import HealthMonitor
 from agent.metrics import AgentCollector, build_registry
 from agent.nvml_backend import NvmlError, PynvmlBackend
-from agent.shim_abi_adapter import LimitsSummary
+from fracgpu.shim_abi import DeviceLimits, Limits
 from tests.agent.nvml_double import NvmlDouble, ensure_shim_built, load_into_this_process
 
 UUID0 = "GPU-11111111-2222-4333-8444-555555555500"
@@ -176,7 +176,7 @@ def test_gpu_metrics_come_from_nvml_and_the_live_containers(
             "train",
             "main",
             ("k1",),
-            LimitsSummary("team-a", "train", "main", ((UUID0, 4 * GIB, 30),)),
+            Limits((DeviceLimits(UUID0, 4 * GIB, 30),), namespace="team-a", pod="train"),
             None,
         ),
         LiveContainer(
@@ -184,7 +184,7 @@ def test_gpu_metrics_come_from_nvml_and_the_live_containers(
             "serve",
             "app",
             ("k2",),
-            LimitsSummary("team-b", "serve", "app", ((UUID0, 2 * GIB, 25),)),
+            Limits((DeviceLimits(UUID0, 2 * GIB, 25),), namespace="team-b", pod="serve"),
             None,
         ),
     ]
