@@ -1,4 +1,4 @@
-"""Run fracgpu-agent as a real process (against the NVML double) and watch its logs."""
+"""Run fracgpu-agent as a real process (on the NVML double or a real GPU) and watch its logs."""
 
 import contextlib
 import json
@@ -20,7 +20,7 @@ class AgentProcess:
         *,
         node: str,
         directory: Path,
-        double: NvmlDouble,
+        double: NvmlDouble | None,
         kubeconfig: Path,
         publish_inventory: bool,
         extra: tuple[str, ...] = (),
@@ -50,7 +50,9 @@ class AgentProcess:
         ]
         if not publish_inventory:
             args.append("--no-publish-inventory")
-        env = {**os.environ, **double.env(), "PYTHONPATH": str(REPO)}
+        # Without a double the agent uses whatever libnvidia-ml.so.1 the machine has.
+        nvml_env = double.env() if double is not None else {}
+        env = {**os.environ, **nvml_env, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
             args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
