@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fracgpu import shim_abi
 from fracgpu.errors import CodecError
-from tests.shim.sandbox import BUILD, GiB, MiB, UUIDS, Sandbox, step, steps
+from tests.shim.sandbox import BUILD, UUIDS, GiB, MiB, Sandbox, step, steps
 
 NOT_PERMITTED = "800"
 
@@ -243,8 +243,8 @@ def test_c_and_python_parsers_agree_on_mutated_files(
     tmp_path: Path, shim_build: Path, edits: list[tuple[int, int, str]]
 ) -> None:
     text = VALID
-    for pos, cut, insert in edits:
-        pos = min(pos, len(text))
+    for at, cut, insert in edits:
+        pos = min(at, len(text))
         text = text[:pos] + insert + text[pos + cut :]
     path = tmp_path / "fuzzed"
     path.write_text(text)
