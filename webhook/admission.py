@@ -138,21 +138,10 @@ class Admission:
                     continue
                 return self._quota_denial(quota_block or over)
             if not request.dry_run:
-                claim = Claim(
-                    Reservation(
-                        id=assignment.reservation_id,
-                        node=assignment.node,
-                        namespace=namespace,
-                        pod=podlib.display_name(pod, namespace).split("/", 1)[1],
-                        allocations=assignment.allocations(),
-                        expires_at=0,
-                    ),
-                    demand.cpu_milli,
-                    demand.memory_mib,
-                    models,
-                )
                 try:
-                    await self._state.reserve(claim)
+                    await self._state.reserve(
+                        _claim(assignment, namespace, podlib.pod_name(pod), demand, models)
+                    )
                 except ReserveRejected as rejected:
                     if rejected.kind is RejectKind.QUOTA:
                         self._metrics.placement_failure("quota")
@@ -272,6 +261,25 @@ class Admission:
         """A pod whose fracgpu fields fracgpu did not write: name them all, and why."""
         findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
         return f"{validate.tamper_message(findings, 'this pod')} (not fracgpu's because {why})"
+
+
+def _claim(
+    assignment: Assignment,
+    namespace: str,
+    pod_name: str,
+    demand: PodDemand,
+    models: Mapping[str, str],
+) -> Claim:
+    """What to reserve for a placement; the back end sets the expiry."""
+    reservation = Reservation(
+        id=assignment.reservation_id,
+        node=assignment.node,
+        namespace=namespace,
+        pod=pod_name,
+        allocations=assignment.allocations(),
+        expires_at=0,
+    )
+    return Claim(reservation, demand.cpu_milli, demand.memory_mib, models)
 
 
 def _namespace(request: AdmissionRequest) -> str:

@@ -116,7 +116,11 @@ def reserved_metadata(pod: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     }
 
 
-def display_name(pod: Mapping[str, Any], namespace: str) -> str:
+def pod_name(pod: Mapping[str, Any]) -> str:
+    """The pod's name, or ``<generateName>*`` before the API server has chosen one."""
     meta = metadata(pod)
-    name = meta.get("name") or (str(meta.get("generateName") or "") + "*")
-    return f"{namespace}/{name}"
+    name = meta.get("name")
+    if isinstance(name, str) and name:
+        return name
+    prefix = meta.get("generateName")
+    return (prefix if isinstance(prefix, str) else "") + "*"
