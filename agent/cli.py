@@ -37,11 +37,22 @@ log = logging.getLogger("agent")
 _HOUSEKEEPING_SECONDS = 60.0
 
 
+class KubeConfigError(Exception):
+    """No usable credentials for the Kubernetes API."""
+
+
 def _kube_api_client(settings: AgentSettings) -> Any:
     config: Any = kube_config  # the loaders are untyped
-    if settings.kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(settings.kubeconfig))
-    config.load_incluster_config()
+    try:
+        if settings.kubeconfig is not None:
+            return config.new_client_from_config(config_file=str(settings.kubeconfig))
+        config.load_incluster_config()
+    except (config.ConfigException, OSError) as error:
+        where = settings.kubeconfig or "the in-cluster service account"
+        raise KubeConfigError(
+            f"cannot load Kubernetes credentials from {where}: {error}; "
+            "run in a pod with a service account or pass --kubeconfig"
+        ) from None
     return client.ApiClient()
 
 
@@ -176,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         Agent(settings).run(stop)
-    except (NvmlError, ShimInstallError) as error:
+    except (NvmlError, ShimInstallError, KubeConfigError) as error:
         log.error("agent cannot start", extra={"error": str(error)})
         return 1
     return 0

@@ -141,3 +141,18 @@ def test_discover_command_prints_what_nvml_reports(double: NvmlDouble) -> None:
     assert report["devices"][1]["memoryMiB"] == 8192
     assert report["devices"][0]["usage"]["utilization_percent"] == 12
     assert report["driverVersion"] and report["cudaDriverVersion"]
+
+
+def test_agent_without_credentials_says_so(short_dir: Path, double: NvmlDouble) -> None:
+    process = AgentProcess(
+        node="node-a",
+        directory=short_dir,
+        double=double,
+        kubeconfig=short_dir / "missing-kubeconfig",
+        publish_inventory=False,
+    )
+    assert process.proc.wait(60) == 1
+    process.stop()
+    entry = next(e for e in process.logs if e.get("msg") == "agent cannot start")
+    assert "cannot load Kubernetes credentials" in entry["error"]
+    assert "--kubeconfig" in entry["error"]
