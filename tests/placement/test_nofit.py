@@ -1,0 +1,70 @@
+"""NoFit: NEVER when no empty node could hold the pod, NOT_NOW otherwise, with a message
+that says what was asked and which GPUs came closest."""
+
+from fracgpu.model import WHOLE_CARD, GPUAllocation, MemoryRequest
+from fracgpu.placement import ClusterView, Constraints, NoFit, NoFitReason, PodDemand, Policy
+from tests.placement.helpers import container, node, share
+
+
+def no_fit(view: ClusterView, demand: PodDemand, policy: Policy = Policy.BINPACK) -> NoFit:
+    result = view.place(demand, policy)
+    assert isinstance(result, NoFit), result
+    return result
+
+
+def test_never_when_no_node_has_enough_gpus() -> None:
+    view = ClusterView([node("a", 2), node("b", 4)])
+    result = no_fit(view, PodDemand((container("train", 100, WHOLE_CARD, gpus=8),)))
+    assert result.reason is NoFitReason.NEVER
+    assert 'container "train": 8 GPU x 100 cores' in result.message
+    assert "could ever hold" in result.message
+
+
+def test_never_when_the_card_is_too_small() -> None:
+    view = ClusterView([node("a", 1)])
+    result = no_fit(view, share(10, memory_mib=20000))
+    assert result.reason is NoFitReason.NEVER
+    assert "20000 MiB" in result.message
+
+
+def test_never_when_the_model_is_missing() -> None:
+    view = ClusterView([node("a", 1)])
+    result = no_fit(view, share(10, constraints=Constraints(include_models=("H100",))))
+    assert result.reason is NoFitReason.NEVER
+    assert "GPU model" in result.message
+
+
+def test_never_when_node_cpu_is_too_small() -> None:
+    view = ClusterView([node("a", 1, cpu_milli=4000)])
+    result = no_fit(view, share(10, cpu_milli=8000))
+    assert result.reason is NoFitReason.NEVER
+    assert "8000m CPU" in result.message
+
+
+def test_not_now_names_the_best_candidates() -> None:
+    view = ClusterView([node("a", 2), node("b", 1)])
+    view.allocate("a", [GPUAllocation("a-gpu0", 80, 1024), GPUAllocation("a-gpu1", 90, 1024)])
+    view.allocate("b", [GPUAllocation("b-gpu0", 70, 2048)])
+    for policy in Policy:
+        result = no_fit(view, share(50), policy)
+        assert result.reason is NoFitReason.NOT_NOW
+        assert 'container "main": 1 GPU x 50 cores + 1024 MiB' in result.message
+        # Most free compute first: b-gpu0 (30), a-gpu0 (20), a-gpu1 (10).
+        first = result.message.index("b/gpu0")
+        second = result.message.index("a/gpu0")
+        third = result.message.index("a/gpu1")
+        assert first < second < third
+        assert "has 30 cores and 14336 MiB free" in result.message
+
+
+def test_not_now_for_a_percentage_request() -> None:
+    view = ClusterView([node("a", 1)])
+    view.allocate("a", [GPUAllocation("a-gpu0", 10, 10000)])
+    result = no_fit(view, PodDemand((container("main", 10, MemoryRequest(percent=50)),)))
+    assert result.reason is NoFitReason.NOT_NOW
+    assert "50% of the card's memory" in result.message
+
+
+def test_empty_cluster_is_never() -> None:
+    result = no_fit(ClusterView(), share(10))
+    assert result.reason is NoFitReason.NEVER

@@ -1,0 +1,130 @@
+"""Each policy's choice on small clusters whose right answer can be worked out by hand."""
+
+import pytest
+
+from fracgpu.model import WHOLE_CARD, GPUAllocation, MemoryRequest
+from fracgpu.placement import ClusterView, NoFit, Placement, PodDemand, Policy
+from tests.placement.helpers import container, node, share, uuids
+
+
+def placed(view: ClusterView, demand: PodDemand, policy: Policy) -> Placement:
+    result = view.place(demand, policy)
+    assert isinstance(result, Placement), result
+    return result
+
+
+def take(view: ClusterView, node_name: str, uuid: str, cores: int, memory_mib: int = 0) -> None:
+    view.allocate(node_name, [GPUAllocation(uuid, cores, memory_mib)])
+
+
+def test_binpack_fills_the_fullest_node_and_gpu() -> None:
+    view = ClusterView([node("a", 2), node("b", 4)])
+    assert uuids(placed(view, share(30), Policy.BINPACK)) == ["a-gpu0"]
+    take(view, "a", "a-gpu1", 50)
+    # a-gpu1 has 50 left: after a 30 share it keeps 20, the least of all GPUs.
+    assert uuids(placed(view, share(30), Policy.BINPACK)) == ["a-gpu1"]
+
+
+def test_spread_picks_the_emptiest_node_and_gpu() -> None:
+    view = ClusterView([node("a", 2), node("b", 4)])
+    take(view, "b", "b-gpu0", 10)
+    result = placed(view, share(30), Policy.SPREAD)
+    assert result.node == "b"  # 390 free cores on b against 200 on a
+    assert uuids(result) == ["b-gpu1"]  # an untouched GPU, lowest index
+
+
+def test_best_fit_counts_cpu_and_memory_left() -> None:
+    # Same GPUs; b has far less CPU free, so b is the tighter fit.
+    view = ClusterView([node("a", 1, cpu_milli=64000), node("b", 1, cpu_milli=8000)])
+    assert placed(view, share(50, cpu_milli=4000), Policy.BEST_FIT).node == "b"
+    assert placed(view, share(50, cpu_milli=4000), Policy.BINPACK).node == "a"  # ties: first
+
+
+def test_fragmentation_keeps_room_for_the_usual_shape() -> None:
+    """Pods of 50 cores are common. A 40-core pod on the GPU with 60 free would strand 20
+    cores no 50-core pod can use (binpack does that); on the free GPU 60 remain usable."""
+    view = ClusterView([node("a", 2)])
+    for _ in range(10):
+        view.observe(share(50))
+    take(view, "a", "a-gpu0", 40)
+    assert uuids(placed(view, share(40), Policy.BINPACK)) == ["a-gpu0"]
+    assert uuids(placed(view, share(40), Policy.FRAGMENTATION)) == ["a-gpu1"]
+
+
+def test_fragmentation_avoids_stranding_gpus_without_cpu() -> None:
+    """Whole-GPU pods with 4 CPUs are the usual shape. Node a has one free GPU and exactly
+    4 CPUs: a CPU-only pod there would strand its GPU; on b it strands nothing."""
+    view = ClusterView([node("a", 1, cpu_milli=4000), node("b", 1, cpu_milli=64000)])
+    whole = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=4000)
+    for _ in range(5):
+        view.observe(whole)
+    cpu_only = PodDemand((), cpu_milli=2000)
+    assert placed(view, cpu_only, Policy.FRAGMENTATION).node == "b"
+    assert placed(view, cpu_only, Policy.BEST_FIT).node == "a"
+
+
+def test_fragmentation_without_observations_still_places() -> None:
+    view = ClusterView([node("a", 2)])
+    take(view, "a", "a-gpu1", 50)
+    # No workload known: it falls back to packing the GPU that is left fullest.
+    assert uuids(placed(view, share(30), Policy.FRAGMENTATION)) == ["a-gpu1"]
+
+
+def test_fragmentation_keeps_whole_nodes_for_multi_gpu_shapes() -> None:
+    """With 2-GPU pods common, a 1-GPU pod goes to the node already broken up."""
+    view = ClusterView([node("a", 2), node("b", 2)])
+    for _ in range(5):
+        view.observe(PodDemand((container("main", 100, WHOLE_CARD, gpus=2),)))
+    take(view, "b", "b-gpu0", 30)
+    result = placed(view, PodDemand((container("main", 100, WHOLE_CARD),)), Policy.FRAGMENTATION)
+    assert uuids(result) == ["b-gpu1"]
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_exclusive_needs_a_completely_free_gpu(policy: Policy) -> None:
+    view = ClusterView([node("a", 2)])
+    take(view, "a", "a-gpu0", 1, 256)  # 99 cores free, but one container is there
+    result = placed(view, PodDemand((container("main", 100, WHOLE_CARD),)), policy)
+    assert result.containers[0].devices == (GPUAllocation("a-gpu1", 100, 16384),)
+    take(view, "a", "a-gpu1", 100, 16384)
+    assert isinstance(view.place(PodDemand((container("main", 100, WHOLE_CARD),)), policy), NoFit)
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_multi_gpu_container_gets_distinct_gpus_on_one_node(policy: Policy) -> None:
+    view = ClusterView([node("a", 2), node("b", 4)])
+    result = placed(view, PodDemand((container("main", 100, WHOLE_CARD, gpus=3),)), policy)
+    assert result.node == "b"
+    assert len(set(uuids(result))) == 3
+    # A share on each of two GPUs (HAMi nvidia.com/gpu: 2 with gpucores 40).
+    result = placed(view, share(40, gpus=2), policy)
+    assert len(set(uuids(result))) == 2
+    assert {u.split("-")[0] for u in uuids(result)} == {result.node}
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_multi_container_pod_lands_on_one_node(policy: Policy) -> None:
+    """x (60) fits only on b-gpu1 or a-gpu0; y (50) then fits only on b-gpu0, so the pod goes
+    to b, split over its two GPUs; a's single GPU cannot hold 60 + 50."""
+    view = ClusterView([node("a", 1), node("b", 2)])
+    take(view, "b", "b-gpu0", 50)
+    memory = MemoryRequest(mib=1024)
+    demand = PodDemand((container("x", 60, memory), container("y", 50, memory)))
+    result = placed(view, demand, policy)
+    assert result.node == "b"
+    assert [(c.container, [a.uuid for a in c.devices]) for c in result.containers] == [
+        ("x", ["b-gpu1"]),
+        ("y", ["b-gpu0"]),
+    ]
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_two_containers_may_share_one_gpu(policy: Policy) -> None:
+    view = ClusterView([node("a", 1)])
+    memory = MemoryRequest(mib=1024)
+    result = placed(
+        view, PodDemand((container("x", 60, memory), container("y", 40, memory))), policy
+    )
+    assert uuids(result) == ["a-gpu0", "a-gpu0"]
+    too_big = PodDemand((container("x", 60, memory), container("y", 41, memory)))
+    assert isinstance(view.place(too_big, policy), NoFit)

@@ -1,0 +1,64 @@
+"""The online workload model: decayed shape frequencies and the typical set."""
+
+import pytest
+
+from fracgpu.model import WHOLE_CARD, MemoryRequest
+from fracgpu.placement import Constraints, PodDemand
+from fracgpu.placement.workload import WorkloadModel, shape_of
+from tests.placement.helpers import container, share
+
+
+def test_shape_of_takes_the_biggest_container_and_constraints() -> None:
+    demand = PodDemand(
+        (container("small", 10, MemoryRequest(mib=1)), container("big", 100, WHOLE_CARD, gpus=2)),
+        cpu_milli=3000,
+        memory_mib=512,
+        constraints=Constraints(include_models=("T4",)),
+    )
+    shape = shape_of(demand)
+    assert shape is not None
+    assert (shape.units, shape.gpus, shape.cpu_milli, shape.memory_mib) == (100, 2, 3000, 512)
+    assert shape.allows_model("Tesla T4") and not shape.allows_model("A100")
+    assert shape_of(PodDemand(())) is None
+
+
+def test_recent_arrivals_weigh_more() -> None:
+    model = WorkloadModel(half_life=10)
+    old, new = shape_of(share(10)), shape_of(share(20))
+    assert old is not None and new is not None
+    for _ in range(10):
+        model.observe(old)
+    for _ in range(10):
+        model.observe(new)
+    # The ten newer arrivals count twice as much as the ten older ones.
+    assert model.frequency(new) / model.frequency(old) == pytest.approx(2.0, rel=1e-9)
+    typical = dict(model.typical())
+    assert typical[new] == pytest.approx(2 / 3)
+
+
+def test_typical_covers_the_requested_share_and_rescales() -> None:
+    model = WorkloadModel(half_life=1, coverage=0.7)
+    a, b, c = (shape_of(share(n)) for n in (10, 20, 30))
+    assert a is not None and b is not None and c is not None
+    for _ in range(400):  # the increment doubles per arrival: forces rescaling
+        model.observe(a)
+    for shape in (c, b, c):
+        model.observe(shape)
+    # Relative weights a : c : b = 1 : (1 + 4) : 2; c alone covers 5/8 < 0.7, c and b 7/8.
+    typical = model.typical()
+    assert [s for s, _ in typical] == [c, b]
+    assert [w for _, w in typical] == pytest.approx([5 / 7, 2 / 7])
+    assert model.observations == 403
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"half_life": 0}, "half_life=0"),
+        ({"coverage": 0}, "coverage=0"),
+        ({"max_shapes": 0}, "max_shapes=0"),
+    ],
+)
+def test_bad_settings(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        WorkloadModel(**kwargs)  # type: ignore[arg-type]
