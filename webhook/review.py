@@ -11,7 +11,7 @@ Two error channels, never mixed up:
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
 API_VERSION: Final = "admission.k8s.io/v1"
@@ -83,7 +83,6 @@ class AdmissionRequest:
     sub_resource: str
     obj: dict[str, Any] | None
     old_obj: dict[str, Any] | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def is_pod(self) -> bool:
@@ -158,7 +157,6 @@ def _parse_request(request: dict[str, Any]) -> AdmissionRequest:
         sub_resource=_string(request, "subResource"),
         obj=obj,
         old_obj=old_obj,
-        raw=request,
     )
 
 
