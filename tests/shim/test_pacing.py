@@ -1,0 +1,89 @@
+"""Compute slice: the container's GPU time tracks its core limit.
+
+Kernels run on the test double's device timeline (CLOCK_MONOTONIC), taking the
+time encoded in their name; launch_ops reports the share of wall time its
+kernels kept the device busy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from fracgpu import shim_abi
+from tests.shim.sandbox import UUIDS, GiB, Sandbox, step
+
+KERNEL_US = "2000"
+TOLERANCE = 0.05
+
+
+def busy(out: str) -> float:
+    return float(step(out, "launch")[3])
+
+
+def run_launches(node: Sandbox, kind: str = "launch", seconds: str = "2", **kw: object) -> float:
+    out = node.run("launch_ops", KERNEL_US, seconds, kind, timeout=60, **kw)  # type: ignore[arg-type]
+    assert out.returncode == 0, out.stdout + out.stderr
+    return busy(out.stdout)
+
+
+def test_thirty_percent_slice_runs_at_thirty_percent(node: Sandbox) -> None:
+    node.write_limits(core=30)
+    share = run_launches(node)
+    assert abs(share - 0.30) <= TOLERANCE, share
+    device = node.region().devices[0]
+    assert device.kernel_launches > 100
+    assert device.throttle_ns > 0
+    assert device.kernel_time_ns == pytest.approx(device.kernel_launches * 2_000_000, rel=0.05)
+
+
+def test_full_core_limit_is_not_paced(node: Sandbox) -> None:
+    node.write_limits(core=100)
+    assert run_launches(node, seconds="1") >= 0.95
+
+
+def test_compute_limit_can_be_disabled(node: Sandbox) -> None:
+    node.write_limits(core=30, compute_limit_enabled=False)
+    assert run_launches(node, seconds="1") >= 0.95
+
+
+@pytest.mark.parametrize(
+    ("kind", "lookup"),
+    [("ex", "direct"), ("coop", "dlsym"), ("graph", "procaddr"), ("launch", "procaddr_ptds")],
+)
+def test_every_launch_path_is_paced(node: Sandbox, kind: str, lookup: str) -> None:
+    node.write_limits(core=50)
+    share = run_launches(node, kind=kind, seconds="1.5", lookup=lookup)
+    assert abs(share - 0.50) <= TOLERANCE, share
+
+
+def start_launches(node: Sandbox, seconds: str, **kw: object) -> subprocess.Popen[str]:
+    return node.start("launch_ops", KERNEL_US, seconds, "launch", **kw)
+
+
+def test_processes_of_one_container_share_its_slice(node: Sandbox) -> None:
+    node.write_limits(core=40)
+    procs = [start_launches(node, "2.5") for _ in range(2)]
+    shares = [busy(p.communicate(timeout=60)[0]) for p in procs]
+    assert abs(sum(shares) - 0.40) <= TOLERANCE, shares
+
+
+def test_two_containers_split_the_gpu_by_their_slices(node: Sandbox) -> None:
+    other = node.root / "other"
+    other.mkdir()
+    (other / "limits").write_bytes(
+        shim_abi.encode_limits(shim_abi.Limits(devices=(shim_abi.DeviceLimits(UUIDS[0], GiB, 75),)))
+    )
+    node.write_limits(core=25)
+    small = start_launches(node, "3")
+    big = start_launches(
+        node,
+        "3",
+        region=other / "region",
+        extra={"FRACGPU_TEST_LIMITS_PATH": str(other / "limits")},
+    )
+    small_share = busy(small.communicate(timeout=60)[0])
+    big_share = busy(big.communicate(timeout=60)[0])
+    assert abs(small_share - 0.25) <= TOLERANCE, (small_share, big_share)
+    assert abs(big_share - 0.75) <= TOLERANCE, (small_share, big_share)
