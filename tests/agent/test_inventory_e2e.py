@@ -1,5 +1,6 @@
 """The GPUNode publisher against a real kube-apiserver + etcd."""
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -9,7 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agent.discovery import NodeGPUs
-from agent.inventory import InventoryPublisher
+from agent.inventory import InventoryLoop, InventoryPublisher
 from fracgpu.names import CRD_VERSION, GPUNODE_PLURAL, GROUP
 from tests.agent.conftest import GPU_A, GPU_B
 
@@ -95,3 +96,41 @@ def test_recreates_a_deleted_gpunode(custom: Any, node_name: str) -> None:
     custom.delete_cluster_custom_object(GROUP, CRD_VERSION, GPUNODE_PLURAL, node_name)
     assert publisher.publish(GPUS, {})
     assert len(_get(custom, node_name)["status"]["devices"]) == 2
+
+
+def test_loop_publishes_health_changes_and_recreates_after_deletion(
+    custom: Any, node_name: str
+) -> None:
+    health = {GPU_A.uuid: True, GPU_B.uuid: True}
+    loop = InventoryLoop(
+        InventoryPublisher(custom, node_name), GPUS, lambda: dict(health), resync_seconds=0.3
+    )
+    loop.start()
+    try:
+        _until(lambda: _devices(custom, node_name), "the first publish")
+        health[GPU_A.uuid] = False
+        loop.health_changed(dict(health))
+        _until(
+            lambda: [d["healthy"] for d in _devices(custom, node_name)] == [False, True],
+            "the health change",
+        )
+        custom.delete_cluster_custom_object(GROUP, CRD_VERSION, GPUNODE_PLURAL, node_name)
+        _until(lambda: len(_devices(custom, node_name)) == 2, "the GPUNode to come back")
+    finally:
+        loop.stop()
+
+
+def _devices(custom: Any, name: str) -> list[dict[str, Any]]:
+    try:
+        return list((_get(custom, name).get("status") or {}).get("devices") or [])
+    except ApiException:
+        return []
+
+
+def _until(predicate: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
