@@ -104,6 +104,7 @@ def _task(args: tuple[list[TraceNode], list[TracePod], Policy, int, float]) -> S
 def run(
     nodes: list[TraceNode],
     pods: list[TracePod],
+    *,
     policies: Sequence[Policy],
     seeds: Sequence[int],
     tune: float,
@@ -142,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     started = time.perf_counter()
-    grouped = run(nodes, pods, args.policy, args.seeds, args.tune, args.jobs)
+    grouped = run(
+        nodes, pods, policies=args.policy, seeds=args.seeds, tune=args.tune, jobs=args.jobs
+    )
     summaries = [summarize(p, grouped[p]) for p in args.policy]
     print(table(summaries))
     for line in ratios(summaries):

@@ -60,18 +60,17 @@ def _rows(path: Path, columns: Sequence[str]) -> Iterable[tuple[int, dict[str, s
                 f"{path}: missing column(s) {', '.join(missing)}; "
                 f"the openb format needs {', '.join(columns)}"
             )
-        for line, row in enumerate(reader, start=2):
-            yield line, row
+        yield from enumerate(reader, start=2)
 
 
-def _int(path: Path, line: int, row: dict[str, str], column: str, low: int, high: int) -> int:
+def _int(where: str, row: dict[str, str], column: str, low: int, high: int) -> int:
     text = (row.get(column) or "").strip()
     try:
         value = int(text)
     except ValueError:
-        raise TraceError(f"{path}:{line}: {column}={text!r} is not an integer") from None
+        raise TraceError(f"{where}: {column}={text!r} is not an integer") from None
     if not low <= value <= high:
-        raise TraceError(f"{path}:{line}: {column}={value} is out of range {low}..{high}")
+        raise TraceError(f"{where}: {column}={value} is out of range {low}..{high}")
     return value
 
 
@@ -86,9 +85,9 @@ def read_nodes(path: Path) -> list[TraceNode]:
         nodes.append(
             TraceNode(
                 name,
-                _int(path, line, row, "cpu_milli", 0, 10**9),
-                _int(path, line, row, "memory_mib", 0, 10**12),
-                _int(path, line, row, "gpu", 0, 1024),
+                _int(f"{path}:{line}", row, "cpu_milli", 0, 10**9),
+                _int(f"{path}:{line}", row, "memory_mib", 0, 10**12),
+                _int(f"{path}:{line}", row, "gpu", 0, 1024),
                 row["model"].strip(),
             )
         )
@@ -100,19 +99,19 @@ def read_nodes(path: Path) -> list[TraceNode]:
 def read_pods(path: Path) -> list[TracePod]:
     pods: list[TracePod] = []
     for line, row in _rows(path, POD_COLUMNS):
-        num_gpu = _int(path, line, row, "num_gpu", 0, 1024)
-        gpu_milli = _int(path, line, row, "gpu_milli", 0, MILLI_PER_GPU)
+        num_gpu = _int(f"{path}:{line}", row, "num_gpu", 0, 1024)
+        gpu_milli = _int(f"{path}:{line}", row, "gpu_milli", 0, MILLI_PER_GPU)
         if num_gpu > 0 and gpu_milli == 0:
             raise TraceError(f"{path}:{line}: num_gpu={num_gpu} needs gpu_milli 1..1000, got 0")
         if num_gpu == 0 and gpu_milli != 0:
             raise TraceError(f"{path}:{line}: gpu_milli={gpu_milli} with num_gpu=0")
-        cpu = _int(path, line, row, "cpu_milli", 0, 10**9)
+        cpu = _int(f"{path}:{line}", row, "cpu_milli", 0, 10**9)
         spec = tuple(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
         pods.append(
             TracePod(
                 row["name"].strip(),
                 cpu if cpu > 0 else CPU_ZERO_READS_AS,
-                _int(path, line, row, "memory_mib", 0, 10**12),
+                _int(f"{path}:{line}", row, "memory_mib", 0, 10**12),
                 num_gpu,
                 gpu_milli,
                 spec,
@@ -152,7 +151,7 @@ def to_inventory(node: TraceNode) -> NodeInventory:
 
 def to_demand(pod: TracePod) -> PodDemand:
     """One container: a share of one GPU, or whole GPUs (compute in thousandths, exactly)."""
-    containers = ()
+    containers: tuple[ContainerRequest, ...] = ()
     if pod.num_gpu > 0:
         containers = (ContainerRequest("main", pod.num_gpu, pod.gpu_milli, MemoryRequest(mib=0)),)
     return PodDemand(

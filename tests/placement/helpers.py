@@ -4,6 +4,7 @@ from fracgpu.model import ContainerRequest, GPUAllocation, GPUDevice, MemoryRequ
 from fracgpu.placement import Constraints, Placement, PodDemand
 
 CARD_MIB = 16384
+ANYWHERE = Constraints()
 
 
 def node(
@@ -41,7 +42,7 @@ def share(
     name: str = "main",
     cpu_milli: int = 0,
     host_memory_mib: int = 0,
-    constraints: Constraints = Constraints(),
+    constraints: Constraints = ANYWHERE,
 ) -> PodDemand:
     request = ContainerRequest(name, gpus, cores, MemoryRequest(mib=memory_mib))
     return PodDemand((request,), cpu_milli, host_memory_mib, constraints)

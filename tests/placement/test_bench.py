@@ -1,0 +1,182 @@
+"""The trace replay of bench/placement on tiny traces whose numbers can be worked out by hand."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main as bench_main
+from bench.placement.replay import arrival_order, bin_x, replay
+from bench.placement.synth import synthesize
+from bench.placement.trace import (
+    TraceError,
+    TraceNode,
+    TracePod,
+    read_nodes,
+    read_pods,
+    write_nodes,
+    write_pods,
+)
+from fracgpu.placement import Policy
+
+NODES = [TraceNode("n0", 8000, 32768, 1, "T4"), TraceNode("n1", 8000, 32768, 1, "V100")]
+
+
+def pod(
+    name: str, gpu_milli: int, num_gpu: int = 1, cpu: int = 1000, spec: tuple[str, ...] = ()
+) -> TracePod:
+    return TracePod(name, cpu, 1024, num_gpu if gpu_milli else 0, gpu_milli, spec)
+
+
+def test_bin_x_rounds_halves_up() -> None:
+    assert [bin_x(a, 1000) for a in (0, 4, 5, 994, 995, 1000, 1304)] == [0, 0, 1, 99, 100, 100, 130]
+
+
+def test_arrival_order_is_a_shuffle_then_clones_up_to_tune() -> None:
+    pods = [pod(f"p{i}", 100 * (i + 1)) for i in range(5)] + [pod("cpu", 0)]
+    capacity = 2000
+    order = arrival_order(pods, seed=7, tune=1.3, capacity=capacity)
+    assert sorted(order[:6]) == list(range(6))
+    total = sum(pods[i].gpu_request for i in order)
+    assert total <= 1.3 * capacity
+    assert order == arrival_order(pods, seed=7, tune=1.3, capacity=capacity)
+    assert order != arrival_order(pods, seed=8, tune=1.3, capacity=capacity)
+
+
+def test_arrival_order_needs_gpu_pods() -> None:
+    with pytest.raises(TraceError, match="no GPU pods"):
+        arrival_order([pod("cpu", 0)], seed=1, tune=1.3, capacity=1000)
+
+
+@pytest.mark.parametrize("policy", [Policy.BINPACK, Policy.BEST_FIT, Policy.FRAGMENTATION])
+def test_replay_of_a_tiny_trace(policy: Policy) -> None:
+    """Two GPUs (capacity 2000): 600 + 400 fill one GPU, 1000 takes the other; tune 1.0 adds
+    no clone. In every order a packing policy ends at x=100 with all 2000 used."""
+    pods = [pod("a", 600), pod("b", 400), pod("c", 1000)]
+    result = replay(NODES, pods, policy, seed=3, tune=1.0)
+    assert result.pods == 3
+    assert result.placed == 3
+    assert result.alloc_at(100) == pytest.approx(100.0)
+    assert result.first_failure_arrived is None
+    assert math.isnan(result.alloc_at(130))
+    assert len(result.latencies_ns) == 3 and (result.latencies_ns > 0).all()
+
+
+def test_replay_counts_failures_and_gpu_spec() -> None:
+    """The pod that may only use an A100 can never be placed: arrived grows, used does not."""
+    pods = [pod("a", 1000, spec=("T4",)), pod("x", 500, spec=("A100",))]
+    result = replay(NODES, pods, Policy.BEST_FIT, seed=1, tune=0.75)
+    assert result.pods == 2 and result.placed == 1
+    assert result.first_failure_arrived is not None
+    # Arrived ends at 1500 of 2000 (x = 75) with 1000 used: 50 %.
+    assert result.alloc_at(75) == pytest.approx(50.0)
+
+
+def test_spread_and_binpack_differ_on_sharing() -> None:
+    """Two 500-milli pods then a whole-GPU pod: binpack keeps one GPU free for it, spread
+    puts one share on each GPU and the whole-GPU pod fails."""
+    nodes = [TraceNode("n0", 8000, 32768, 2, "T4")]
+    pods = [pod("s1", 500), pod("s2", 500), pod("w", 1000)]
+    seed = next(s for s in range(100) if arrival_order(pods, s, 1.0, 2000)[-1] == 2)
+    packed = replay(nodes, pods, Policy.BINPACK, seed=seed, tune=1.0)
+    spread = replay(nodes, pods, Policy.SPREAD, seed=seed, tune=1.0)
+    assert packed.alloc_at(100) == pytest.approx(100.0)
+    assert spread.alloc_at(100) == pytest.approx(50.0)
+    assert spread.first_failure_arrived == pytest.approx(100.0)
+
+
+def test_trace_files_round_trip_and_bad_files_say_why(tmp_path: Path) -> None:
+    nodes_csv, pods_csv = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    write_nodes(nodes_csv, NODES)
+    pods = [pod("a", 500, spec=("T4", "V100")), pod("b", 0)]
+    write_pods(pods_csv, pods)
+    assert read_nodes(nodes_csv) == NODES
+    assert read_pods(pods_csv) == pods
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli\nx,1\n")
+    with pytest.raises(TraceError, match="missing column"):
+        read_pods(bad)
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nx,1,1,1,1500,\n")
+    with pytest.raises(TraceError, match=r"bad.csv:2: gpu_milli=1500 is out of range"):
+        read_pods(bad)
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nx,lots,1,1,100,\n")
+    with pytest.raises(TraceError, match="'lots' is not an integer"):
+        read_pods(bad)
+    with pytest.raises(TraceError, match="cannot read"):
+        read_pods(tmp_path / "missing.csv")
+
+
+def test_cpu_zero_reads_as_100(tmp_path: Path) -> None:
+    path = tmp_path / "pods.csv"
+    path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nx,0,1,1,100,\n")
+    assert read_pods(path)[0].cpu_milli == 100
+
+
+def test_cli_prints_one_row_per_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes_csv, pods_csv = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    write_nodes(nodes_csv, [TraceNode(f"n{i}", 16000, 65536, 2, "T4") for i in range(4)])
+    write_pods(pods_csv, [pod(f"p{i}", (300, 500, 1000, 0)[i % 4]) for i in range(20)])
+    code = bench_main(
+        [
+            "placement",
+            "--nodes",
+            str(nodes_csv),
+            "--pods",
+            str(pods_csv),
+            "--seeds",
+            "1-2",
+            "--policy",
+            "fragmentation,best-fit",
+            "--json",
+            str(tmp_path / "out.json"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "(4 nodes, 8 GPUs)" in out and "seeds 1,2" in out
+    rows = [line for line in out.splitlines() if line.startswith(("fragmentation", "best-fit"))]
+    assert len(rows) == 3  # two table rows plus the ratio line
+    assert (tmp_path / "out.json").read_text().count('"policy"') == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["placement", "--seeds", "9-1"], "seeds '9-1'"),
+        (["placement", "--policy", "magic"], "choose from"),
+        (["placement", "--tune", "0"], "tune '0'"),
+        (["nope"], "unknown command 'nope'"),
+    ],
+)
+def test_cli_rejects_bad_arguments(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = bench_main(args)
+    except SystemExit as e:
+        code = int(e.code or 0)
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_reports_unreadable_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench_main(["placement", "--nodes", str(tmp_path / "none.csv"), "--seeds", "1"])
+    assert code == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_synthetic_traces_change_what_they_say() -> None:
+    pods = [pod(f"w{i}", 1000) for i in range(80)] + [pod(f"s{i}", 300) for i in range(20)]
+    pods += [pod(f"c{i}", 0) for i in range(10)]
+    sharing = synthesize("sharing", pods, NODES, 0.6, seed=1)
+    assert sum(0 < p.gpu_milli < 1000 for p in sharing) == 60
+    multi = synthesize("multi-gpu", pods, NODES, 0.3, seed=1)
+    assert sum(p.num_gpu > 1 for p in multi) == 30
+    models = synthesize("gpu-models", pods, NODES, 0.5, seed=1)
+    assert sum(bool(p.gpu_spec) for p in models) == 50
+    assert all(set(p.gpu_spec) <= {"T4", "V100"} for p in models)
+    heavy = synthesize("cpu-heavy", pods, NODES, 2.0, seed=1)
+    extra_cpu = sum(p.cpu_milli for p in heavy if p.num_gpu == 0)
+    assert extra_cpu >= 3 * sum(p.cpu_milli for p in pods if p.num_gpu == 0)
+    with pytest.raises(TraceError, match="unknown kind"):
+        synthesize("other", pods, NODES, 0.5, seed=1)
