@@ -1,0 +1,294 @@
+"""The chart rendered with Helm's template engine (tests/chart/render), then checked: every
+profile renders, the objects are what the design requires, the rendered settings are accepted
+by each component's own settings loader, and the shared files are used as they are.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.settings import parse_settings
+from certs.settings import parse_command_line
+from tests.chart import chartfiles
+from tests.chart.render import (
+    Rendered,
+    RenderError,
+    RendererUnavailableError,
+    build_renderer,
+    render,
+)
+from webhook import settings as webhook_settings
+
+HAMI = chartfiles.CHART_DIR / "values-hami.yaml"
+MONITORING = {
+    "monitoring": {
+        "serviceMonitor": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+        "grafanaDashboard": {"enabled": True},
+    }
+}
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "hami": {"value_files": [HAMI]},
+    "cert-manager": {"values": {"certs": {"mode": "certManager"}}},
+    "cert-manager-issuer": {
+        "values": {
+            "certs": {
+                "mode": "certManager",
+                "certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}},
+            }
+        }
+    },
+    "external-certs": {"values": {"certs": {"mode": "external"}}},
+    "monitoring": {"values": MONITORING},
+    "match-conditions": {
+        "values": {"webhooks": {"matchConditions": {"enabled": True}}},
+        "kube_version": "v1.29.0",
+    },
+    "privileged-agent": {"values": {"agent": {"privileged": True}}},
+    "other-release": {"name": "gpu", "namespace": "gpu-platform"},
+}
+
+
+@pytest.fixture(scope="session")
+def renderer() -> Path:
+    try:
+        return build_renderer()
+    except RendererUnavailableError as error:
+        if os.environ.get("CI", "").lower() == "true":
+            raise
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
+def rendered(renderer: Path) -> dict[str, Rendered]:
+    return {name: render(renderer=renderer, **options) for name, options in PROFILES.items()}
+
+
+def _container(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    containers = obj["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == name)
+
+
+def _env(container: dict[str, Any], downward: dict[str, str]) -> dict[str, str]:
+    env = {}
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = str(entry["value"])
+        else:
+            env[entry["name"]] = downward[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+@pytest.mark.parametrize("profile", list(PROFILES))
+def test_profile_renders_named_objects(rendered: dict[str, Rendered], profile: str) -> None:
+    objects = rendered[profile].objects()
+    assert objects
+    for obj in objects:
+        assert obj["apiVersion"] and obj["kind"] and obj["metadata"]["name"], obj
+    keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+    assert len(keys) == len(set(keys)), "two objects with the same kind and name"
+
+
+def test_match_conditions_refuse_old_clusters(renderer: Path) -> None:
+    with pytest.raises(RenderError, match=r"needs Kubernetes 1\.28"):
+        render(renderer=renderer, values={"webhooks": {"matchConditions": {"enabled": True}}})
+
+
+@pytest.mark.parametrize("profile", ["default", "other-release"])
+def test_webhook_configurations_are_the_shared_file(
+    rendered: dict[str, Rendered], profile: str
+) -> None:
+    options = PROFILES[profile]
+    result = rendered[profile]
+    prefix = "fracgpu" if profile == "default" else "gpu-fracgpu"
+    names = chartfiles.Names(
+        release_namespace=options.get("namespace", "fracgpu-system"), prefix=prefix
+    )
+    expected = chartfiles.webhook_configurations("https://unused", b"x", names=names)
+    for want in expected:
+        got = result.one(want["kind"], want["metadata"]["name"])
+        for hook_got, hook_want in zip(got["webhooks"], want["webhooks"], strict=True):
+            service = hook_got.pop("clientConfig")["service"]
+            hook_want.pop("clientConfig")
+            assert hook_got == hook_want
+            assert service["name"] == f"{prefix}-webhook"
+            assert service["namespace"] == names.release_namespace
+            assert service["port"] == 443
+            assert service["path"] in ("/mutate", "/validate")
+            assert "caBundle" not in service  # owned by fracgpu-certs / cert-manager
+
+
+def test_match_conditions_are_rendered(rendered: dict[str, Rendered]) -> None:
+    result = rendered["match-conditions"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (hook,) = result.one(kind)["webhooks"]
+        (condition,) = hook["matchConditions"]
+        assert "'tencent.com/vcuda-core'" in condition["expression"]
+        assert "'nvidia.com/gpu'" in condition["expression"]
+
+
+@pytest.mark.parametrize("component", chartfiles.COMPONENTS)
+def test_rendered_rbac_is_the_shared_file(rendered: dict[str, Rendered], component: str) -> None:
+    result = rendered["default"]
+    name = f"fracgpu-{component}"
+    assert result.one("ClusterRole", name)["rules"] == chartfiles.cluster_rules(component)
+    namespaced = chartfiles.namespace_rules(component)
+    if namespaced:
+        assert result.one("Role", name)["rules"] == namespaced
+    else:
+        assert result.find("Role", name) == []
+
+
+def test_webhook_deployment_is_hardened(rendered: dict[str, Rendered]) -> None:
+    deployment = rendered["default"].one("Deployment", "fracgpu-webhook")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "fracgpu-webhook"
+    assert pod["affinity"]["podAntiAffinity"]
+    container = _container(deployment, "webhook")
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}
+    assert container["resources"]["requests"]
+    (tls,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert tls["secret"]["secretName"] == "fracgpu-webhook-tls"
+    pdb = rendered["default"].one("PodDisruptionBudget", "fracgpu-webhook")
+    assert pdb["apiVersion"] == "policy/v1beta1"  # Kubernetes 1.20
+    assert pdb["spec"]["minAvailable"] == 1
+
+
+def test_agent_gets_host_access_it_needs_and_no_more(rendered: dict[str, Rendered]) -> None:
+    daemonset = rendered["default"].one("DaemonSet", "fracgpu-agent")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia-device-enable": "enable"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {
+        "device-plugins": "/var/lib/kubelet/device-plugins",
+        "pod-resources": "/var/lib/kubelet/pod-resources",
+        "fracgpu-host": "/var/lib/fracgpu",
+    }
+    container = _container(daemonset, "agent")
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["pod-resources"]["readOnly"] is True
+    security = container["securityContext"]
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["readOnlyRootFilesystem"] is True
+    privileged = rendered["privileged-agent"].one("DaemonSet")
+    assert _container(privileged, "agent")["securityContext"]["privileged"] is True
+
+
+def test_webhook_settings_are_accepted_by_the_webhook(rendered: dict[str, Rendered]) -> None:
+    for profile in ("default", "hami", "other-release"):
+        prefix = "gpu-fracgpu" if profile == "other-release" else "fracgpu"
+        deployment = rendered[profile].one("Deployment", f"{prefix}-webhook")
+        env = _env(_container(deployment, "webhook"), {"metadata.name": "webhook-0"})
+        settings = webhook_settings.load(None, env)
+        known = {option.env for option in webhook_settings.OPTIONS}
+        assert set(env) <= known, f"{profile}: unknown variables {set(env) - known}"
+        assert settings.in_cluster and settings.identity == "webhook-0"
+        namespace = PROFILES[profile].get("namespace", "fracgpu-system")
+        assert settings.lease_namespace == namespace
+        assert settings.service_accounts == {
+            f"system:serviceaccount:{namespace}:{prefix}-webhook",
+            f"system:serviceaccount:{namespace}:{prefix}-agent",
+        }
+        if profile == "hami":
+            assert settings.dialects.names.vcuda_core == "fracgpu.io/vcuda-core"
+
+
+def test_agent_settings_are_accepted_by_the_agent(rendered: dict[str, Rendered]) -> None:
+    for profile in ("default", "hami"):
+        env = _env(
+            _container(rendered[profile].one("DaemonSet"), "agent"), {"spec.nodeName": "gpu-1"}
+        )
+        settings = parse_settings([], env)
+        assert settings.node_name == "gpu-1"
+        webhook = _env(
+            _container(rendered[profile].one("Deployment", "fracgpu-webhook"), "webhook"),
+            {"metadata.name": "w"},
+        )
+        # The agent advertises the resources the webhook rewrites pods to.
+        assert settings.compute_resource == webhook["FRACGPU_RESOURCE_VCUDA_CORE"]
+        assert settings.memory_resource == webhook["FRACGPU_RESOURCE_VCUDA_MEMORY"]
+        assert str(settings.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
+        # Every FRACGPU_AGENT_* variable names a real flag (a typo would be ignored silently).
+        # The agent ignores unknown variables, but not unknown flags: try each as a flag.
+        for name, value in env.items():
+            if name.startswith("FRACGPU_AGENT_"):
+                flag = "--" + name.removeprefix("FRACGPU_AGENT_").lower().replace("_", "-")
+                parse_settings([f"{flag}={value}"], {"NODE_NAME": "n"})
+
+
+def test_certs_settings_are_accepted_by_fracgpu_certs(rendered: dict[str, Rendered]) -> None:
+    result = rendered["default"]
+    job = result.one("Job", "fracgpu-certs-hook")
+    container = _container(job, "certs")
+    assert container["command"] == ["fracgpu-certs"] and container["args"] == ["ensure"]
+    command = parse_command_line(container["args"], _env(container, {}))
+    settings = command.settings
+    assert settings.namespace == "fracgpu-system"
+    assert settings.service == "fracgpu-webhook"
+    assert settings.secret == "fracgpu-webhook-tls"
+    assert settings.mutating_webhook == "fracgpu-mutating"
+    assert settings.validating_webhook == "fracgpu-validating"
+    assert settings.in_cluster
+    controller = _container(result.one("Deployment", "fracgpu-certs"), "certs")
+    assert controller["args"] == ["run"]
+    assert parse_command_line(controller["args"], _env(controller, {})).settings == settings
+
+
+def test_cert_manager_mode_replaces_the_jobs(rendered: dict[str, Rendered]) -> None:
+    result = rendered["cert-manager"]
+    assert result.find("Job") == []
+    certificate = result.one("Certificate", "fracgpu-webhook")
+    assert certificate["spec"]["secretName"] == "fracgpu-webhook-tls"
+    assert "fracgpu-webhook.fracgpu-system.svc" in certificate["spec"]["dnsNames"]
+    mutating = result.one("MutatingWebhookConfiguration")
+    injected = mutating["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert injected == "fracgpu-system/fracgpu-webhook"
+    corp = rendered["cert-manager-issuer"]
+    assert corp.find("Issuer") == []
+    assert corp.one("Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+    }
+    external = rendered["external-certs"]
+    assert external.find("Job") == [] and external.find("Certificate") == []
+
+
+def test_monitoring_objects_use_the_shared_files(rendered: dict[str, Rendered]) -> None:
+    result = rendered["monitoring"]
+    rule = result.one("PrometheusRule")
+    groups = [g["name"] for g in rule["spec"]["groups"]]
+    assert groups == ["fracgpu.webhook", "fracgpu.gpus", "fracgpu.containers"]
+    dashboard = result.one("ConfigMap", "fracgpu-dashboard")
+    shipped = (chartfiles.FILES_DIR / "dashboards" / "fracgpu.json").read_text()
+    assert dashboard["data"]["fracgpu.json"] == shipped.rstrip("\n")
+    assert {m["metadata"]["name"] for m in result.find("PodMonitor")} == {
+        "fracgpu-webhook",
+        "fracgpu-agent",
+    }
+
+
+def test_notes_tell_how_to_check_the_install(rendered: dict[str, Rendered]) -> None:
+    notes = rendered["default"].notes
+    assert "kubectl get gpunodes" in notes
+    assert "fracgpu.io/ignore=true" in notes  # 1.20 has no kubernetes.io/metadata.name
+    assert "tencent.com/vcuda-core: 25" in notes
+    newer = render(kube_version="v1.29.0", renderer=build_renderer()).notes
+    assert "kubectl label namespace kube-system" not in newer
