@@ -1,0 +1,1 @@
+"""Benchmarks of the shim's per-call overhead (``python -m bench.shim``)."""

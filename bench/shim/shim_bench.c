@@ -1,0 +1,97 @@
+/*
+ * Per-call cost of the driver entry points the shim wraps, measured the same
+ * way with and without the shim preloaded (bench/shim/__main__.py runs both).
+ * Prints "<operation> <ns per call>" lines, best of several rounds.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "fracgpu_cuda.h"
+
+extern CUresult cuInit(unsigned int);
+extern CUresult cuDeviceGet(CUdevice *, int);
+extern CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+extern CUresult cuCtxSetCurrent(CUcontext);
+extern CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+extern CUresult cuMemFree_v2(CUdeviceptr);
+extern CUresult cuModuleLoadData(CUmodule *, const void *);
+extern CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+extern CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUstream, void **, void **);
+extern CUresult cuStreamCreate(CUstream *, unsigned int);
+extern CUresult cuStreamSynchronize(CUstream);
+extern CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult *);
+
+#define BATCH 1000
+#define ROUNDS 7
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void check(CUresult rc, const char *what)
+{
+    if (rc != CUDA_SUCCESS) {
+        fprintf(stderr, "%s failed: %d\n", what, rc);
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int batches = argc > 1 ? atoi(argv[1]) : 50;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction fn;
+    CUstream stream;
+    static CUdeviceptr ptrs[BATCH];
+    check(cuInit(0), "cuInit");
+    check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+    check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    check(cuModuleLoadData(&mod, "bench"), "cuModuleLoadData");
+    check(cuModuleGetFunction(&fn, mod, "empty_0us"), "cuModuleGetFunction");
+    check(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    double best_alloc = 1e18, best_free = 1e18, best_launch = 1e18, best_gpa = 1e18;
+    for (int r = 0; r < ROUNDS; r++) {
+        uint64_t alloc_ns = 0, free_ns = 0, t;
+        for (int b = 0; b < batches; b++) {
+            t = now_ns();
+            for (int i = 0; i < BATCH; i++)
+                check(cuMemAlloc_v2(&ptrs[i], 4096), "cuMemAlloc_v2");
+            alloc_ns += now_ns() - t;
+            t = now_ns();
+            for (int i = 0; i < BATCH; i++)
+                check(cuMemFree_v2(ptrs[i]), "cuMemFree_v2");
+            free_ns += now_ns() - t;
+        }
+        double n = (double)batches * BATCH;
+        if (alloc_ns / n < best_alloc) best_alloc = alloc_ns / n;
+        if (free_ns / n < best_free) best_free = free_ns / n;
+
+        t = now_ns();
+        for (int i = 0; i < batches * BATCH; i++)
+            check(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL), "cuLaunchKernel");
+        double launch = (now_ns() - t) / n;
+        cuStreamSynchronize(stream);
+        if (launch < best_launch) best_launch = launch;
+
+        t = now_ns();
+        for (int i = 0; i < batches * BATCH; i++) {
+            void *p;
+            CUdriverProcAddressQueryResult st;
+            check(cuGetProcAddress_v2("cuMemAlloc", &p, 12040, 0, &st), "cuGetProcAddress_v2");
+        }
+        double gpa = (now_ns() - t) / n;
+        if (gpa < best_gpa) best_gpa = gpa;
+    }
+    printf("alloc %.1f\nfree %.1f\nlaunch %.1f\ngetprocaddress %.1f\n", best_alloc, best_free,
+           best_launch, best_gpa);
+    return 0;
+}
