@@ -4,6 +4,7 @@ agent reads the accounting region the shim keeps and exports it."""
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,3 +127,49 @@ def test_container_usage_and_ooms_from_the_shim_region(
     assert rig.files.directory(key).exists()
     removed = remove_stale(rig.files, [], grace_seconds=0)
     assert key in removed and not rig.files.directory(key).exists()
+
+
+def test_container_utilization_follows_its_paced_kernels(
+    rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
+) -> None:
+    rig.pods.add(assigned_pod("infer", {"main": [GPUAllocation(GPU_A.uuid, 30, 2048)]}))
+    ref = ContainerRef("team-a", "infer", "main")
+    _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
+    mounts = {m.container_path: m.host_path for m in reply.mounts}
+    region = Path(mounts["/var/run/fracgpu"]) / "region"
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
+        "FRACGPU_TEST_LIMITS_PATH": mounts["/etc/fracgpu/limits"],
+        "FRACGPU_TEST_REGION_PATH": str(region),
+    }
+    # 1 ms kernels back to back on CUDA device 0 (GPU A) for 6 s; the shim paces them to 30 %.
+    workload = subprocess.Popen(
+        [str(SHIM_BUILD / "tests" / "launch_ops"), "1000", "6", "launch"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        pod_resources = PodResourcesClient(short_dir / "pr.sock")
+        collector = AgentCollector(
+            backend,
+            lambda: rig.state.gpus().values(),
+            lambda: {},
+            lambda: live_containers(
+                pod_resources, (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY), rig.files
+            ),
+        )
+        for _ in range(100):
+            if region.exists():
+                break
+            time.sleep(0.05)
+        labels = f'container="main",gpu="{GPU_A.uuid}",namespace="team-a",pod="infer"'
+        name = f"fracgpu_container_utilization_ratio{{{labels}}}"
+        assert name not in _samples(collector)  # one sample is not yet a rate
+        time.sleep(1.5)
+        utilization = _samples(collector)[name]
+        assert 0.05 <= utilization <= 0.45  # paced to its 30 % (unpaced would be near 1)
+    finally:
+        workload.kill()
+        workload.wait()
