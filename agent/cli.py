@@ -104,7 +104,8 @@ class Agent:
         api_client = _kube_api_client(s)
         files = AllocationFiles(s.host_state_dir)
         resources = (s.compute_resource, s.memory_resource)
-        pod_resources = PodResourcesClient(s.pod_resources_socket)
+        # kubelet gives PreStartContainer 30 s: 10 lookups of at most 2 s, 0.5 s apart, fit.
+        pod_resources = PodResourcesClient(s.pod_resources_socket, timeout_seconds=2.0)
         starter = ContainerStarter(
             node_name=s.node_name,
             resources=resources,
