@@ -110,12 +110,12 @@ rsync -a --delete --exclude '*_test.go' "$REFLECT2_SRC/" "$SRC/vendor/github.com
 log "vendored reflect2 replaced with $(dpkg-query -W -f='${Version}' golang-github-modern-go-reflect2-dev)"
 
 # --- build ----------------------------------------------------------------------------
-# Kubernetes 1.20 builds in GOPATH mode from vendor/: lay the tree out as k8s.io/kubernetes.
+# Kubernetes 1.20 builds in GOPATH mode from vendor/: lay the tree out as k8s.io/kubernetes
+# (what the fallback `go build` needs; the make wrapper makes its own under _output/).
 mkdir -p "$WORK/.go/src/k8s.io"
 ln -sfn "$SRC" "$WORK/.go/src/k8s.io/kubernetes"
 
 export GOPATH="$WORK/.go"
-export GOCACHE="$CACHE/go-build-cache"
 export GO111MODULE=off
 export GOFLAGS=""
 export GOMAXPROCS="$JOBS"
@@ -130,7 +130,9 @@ export KUBE_GIT_MINOR=20
 start=$(date +%s)
 cd "$WORK/.go/src/k8s.io/kubernetes"
 built=""
-if make WHAT=cmd/kube-apiserver GOFLAGS="-p=$JOBS" KUBE_BUILD_PLATFORMS=linux/amd64 >&2; then
+# hack/lib/golang.sh sets its own GOPATH/GOCACHE under _output and parses GOFLAGS for build
+# tags, so parallelism is bounded through GOMAXPROCS (go build's default -p) only.
+if make WHAT=cmd/kube-apiserver KUBE_BUILD_PLATFORMS=linux/amd64 >&2; then
   built=$(find _output -type f -name kube-apiserver -perm -u+x | head -n1)
 fi
 if [[ -z "$built" ]]; then

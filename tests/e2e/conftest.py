@@ -53,6 +53,16 @@ def control_plane(e2e_config: E2EConfig) -> Iterator[ControlPlane]:
     plane.close()
 
 
+@pytest.fixture(autouse=True)
+def _control_plane_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Fault tests stop and kill pieces; if one fails half-way the next test still gets a
+    # working control plane.
+    yield
+    if "control_plane" in request.fixturenames:
+        plane: ControlPlane = request.getfixturevalue("control_plane")
+        plane.ensure_running()
+
+
 @pytest.fixture(scope="session")
 def kube_client(control_plane: ControlPlane) -> kubernetes.client.ApiClient:
     """kubernetes.client.ApiClient authenticated as the admin (system:masters)."""

@@ -154,6 +154,15 @@ class ControlPlane:
         self.etcd.stop()
         self.start_etcd()
 
+    def ensure_running(self) -> None:
+        """Bring back whatever a test left stopped, so one failure does not cascade."""
+        if not self.etcd.process.running():
+            self.etcd.start()
+        if not self.apiserver.process.running():
+            self.apiserver.start()
+        else:
+            self.apiserver.wait_ready()
+
     # --- identities and clients ------------------------------------------------------
     def identity(self, key: str) -> Identity:
         try:
