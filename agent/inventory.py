@@ -23,6 +23,7 @@ from fracgpu.names import API_VERSION, CRD_VERSION, GPUNODE_KIND, GPUNODE_PLURAL
 log = logging.getLogger(__name__)
 
 _MAX_CONFLICT_RETRIES = 5
+_TIMEOUT_SECONDS = 10
 
 
 class InventoryError(Exception):
@@ -59,7 +60,7 @@ class InventoryPublisher:
     def _get(self) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = self._api.get_cluster_custom_object(
-                GROUP, CRD_VERSION, GPUNODE_PLURAL, self._node
+                GROUP, CRD_VERSION, GPUNODE_PLURAL, self._node, _request_timeout=_TIMEOUT_SECONDS
             )
         except ApiException as error:
             if error.status == 404:
@@ -78,7 +79,7 @@ class InventoryPublisher:
         }
         try:
             obj: dict[str, Any] = self._api.create_cluster_custom_object(
-                GROUP, CRD_VERSION, GPUNODE_PLURAL, body
+                GROUP, CRD_VERSION, GPUNODE_PLURAL, body, _request_timeout=_TIMEOUT_SECONDS
             )
         except ApiException as error:
             if error.status == 409:  # created meanwhile (e.g. by an operator); use it
@@ -105,7 +106,12 @@ class InventoryPublisher:
             }
             try:
                 self._api.patch_cluster_custom_object_status(
-                    GROUP, CRD_VERSION, GPUNODE_PLURAL, self._node, patch
+                    GROUP,
+                    CRD_VERSION,
+                    GPUNODE_PLURAL,
+                    self._node,
+                    patch,
+                    _request_timeout=_TIMEOUT_SECONDS,
                 )
             except ApiException as error:
                 if error.status in (404, 409):

@@ -7,6 +7,9 @@ from kubernetes.client.exceptions import ApiException
 
 from fracgpu.names import ANNOTATION_ASSIGNMENT
 
+# Part of kubelet's 30 s PreStartContainer budget.
+_TIMEOUT_SECONDS = 5
+
 
 class PodLookupError(Exception):
     """The pod could not be read from the API; says which pod and why."""
@@ -33,7 +36,7 @@ class KubernetesPodLookup:
 
     def get(self, namespace: str, name: str) -> PodInfo:
         try:
-            pod = self._api.read_namespaced_pod(name, namespace)
+            pod = self._api.read_namespaced_pod(name, namespace, _request_timeout=_TIMEOUT_SECONDS)
         except ApiException as error:
             raise PodLookupError(
                 f"cannot read pod {namespace}/{name}: {error.status} {error.reason}"
