@@ -19,16 +19,17 @@ from fracgpu import names
 from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
-from fracgpu.placement import NoFit, PodDemand
+from fracgpu.placement import NoFit, NoFitReason, PodDemand
 from webhook import pod as podlib
 from webhook import quota as quotalib
 from webhook import responses, validate
 from webhook.demand import PodAsk, gpu_container_names, read_ask
 from webhook.metrics import Metrics
 from webhook.mutate import canonical_resources, decide, make_patch
+from webhook.nodeaffinity import allowed_nodes
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
-from webhook.state import Claim, ClusterState, RejectKind, ReserveRejected
+from webhook.state import Claim, ClusterState, NodeLabels, RejectKind, ReserveRejected
 
 log = logging.getLogger(__name__)
 # Sub-resources whose object is the pod and may carry containers (kubectl debug).
@@ -117,6 +118,11 @@ class Admission:
             demand = dataclasses.replace(
                 demand, constraints=dataclasses.replace(demand.constraints, pools=pools)
             )
+        restricted = await self._restrict_to_allowed_nodes(pod, demand)
+        if isinstance(restricted, str):
+            self._metrics.placement_failure(NoFitReason.NEVER.value)
+            return responses.denied(restricted)
+        demand = restricted
         quota_block: quotalib.QuotaExceeded | None = None
         for _ in range(self._settings.placement_attempts):
             view = await self._state.view()
@@ -161,6 +167,32 @@ class Admission:
             code=409,
             reason="Conflict",
         )
+
+    async def _restrict_to_allowed_nodes(
+        self, pod: Mapping[str, Any], demand: PodDemand
+    ) -> PodDemand | str:
+        """Keep placement on nodes the pod's nodeSelector / required affinity allow (when the
+        back end knows node labels), by narrowing the GPUs it may use."""
+        if not isinstance(self._state, NodeLabels):
+            return demand
+        labels = await self._state.node_labels()
+        allowed = allowed_nodes(pod, labels)
+        if allowed is None:
+            return demand
+        view = await self._state.view()
+        uuids = [d.uuid for n in view.nodes() if n.name in allowed for d in n.devices]
+        wanted = demand.constraints.include_uuids
+        if wanted:
+            uuids = [u for u in uuids if u in wanted]
+        if not uuids:
+            return (
+                f"none of the {len(labels)} GPU nodes matches this pod's nodeSelector and "
+                "required node affinity"
+                + (" together with its GPU UUID annotation" if wanted else "")
+                + ": fix the selector, or label GPU nodes to match it"
+            )
+        constraints = dataclasses.replace(demand.constraints, include_uuids=tuple(uuids))
+        return dataclasses.replace(demand, constraints=constraints)
 
     def _quota_denial(self, over: quotalib.QuotaExceeded) -> responses.Verdict:
         self._metrics.placement_failure("quota")

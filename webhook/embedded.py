@@ -2,8 +2,8 @@
 
 File format (see examples/cluster.yaml)::
 
-    nodes:        [{name, cpu, memory, pool?, splitCount?, gpus: [{uuid, index, model,
-                    memoryMiB, healthy?, migEnabled?}]}]
+    nodes:        [{name, cpu, memory, pool?, splitCount?, labels?, gpus: [{uuid, index,
+                    model, memoryMiB, healthy?, migEnabled?}]}]
     pods:         [{namespace, name, node, cpu?, memory?, containers: [{name,
                     devices: [{uuid, cores, memoryMiB}]}]}]          # already assigned
     namespaces:   [{name, labels}]      # label fracgpu.io/ignore: "true" opts out
@@ -17,10 +17,10 @@ so an admitted pod is assumed to exist.
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -31,6 +31,10 @@ from fracgpu.placement import ClusterView
 from fracgpu.quantity import parse_quantity
 from webhook import quota as quotalib
 from webhook.state import Claim, RejectKind, ReserveRejected
+
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+_NODE_REQUIRED: Final = frozenset({"name", "cpu", "memory", "gpus"})
+_NODE_KEYS: Final = _NODE_REQUIRED | {"pool", "splitCount", "labels"}
 
 
 class ClusterFileError(FracgpuError):
@@ -50,6 +54,8 @@ class AssignedPod:
 @dataclass(frozen=True)
 class ClusterFile:
     nodes: tuple[NodeInventory, ...]
+    # Node labels; kubernetes.io/hostname is set to the node name as kubelet does.
+    node_labels: Mapping[str, Mapping[str, str]]
     pods: tuple[AssignedPod, ...]
     namespace_labels: Mapping[str, Mapping[str, str]]
     quotas: tuple[Quota, ...]
@@ -77,9 +83,12 @@ def parse_cluster(text: str, source: str = "cluster file") -> ClusterFile:
             "use nodes, pods, namespaces, quotas"
         )
     try:
-        nodes = tuple(
-            _node(f"{source} nodes[{i}]", n) for i, n in enumerate(_list(raw, "nodes", source))
-        )
+        raw_nodes = _list(raw, "nodes", source)
+        nodes = tuple(_node(f"{source} nodes[{i}]", n) for i, n in enumerate(raw_nodes))
+        node_labels = {
+            node.name: {HOSTNAME_LABEL: node.name, **_labels(f"{source} nodes[{i}]", n, _NODE_KEYS)}
+            for i, (node, n) in enumerate(zip(nodes, raw_nodes, strict=True))
+        }
         by_name = {n.name: n for n in nodes}
         if len(by_name) != len(nodes):
             raise ClusterFileError(f"{source}: a node name appears twice")
@@ -91,7 +100,9 @@ def parse_cluster(text: str, source: str = "cluster file") -> ClusterFile:
             for i, p in enumerate(_list(raw, "pods", source))
         )
         namespaces = {
-            _str(f"{source} namespaces[{i}]", ns, "name"): _labels(f"{source} namespaces[{i}]", ns)
+            _str(f"{source} namespaces[{i}]", ns, "name"): _labels(
+                f"{source} namespaces[{i}]", ns, {"name", "labels"}
+            )
             for i, ns in enumerate(_list(raw, "namespaces", source))
         }
         quotas = tuple(codec.decode_quota(q) for q in _list(raw, "quotas", source))
@@ -99,7 +110,7 @@ def parse_cluster(text: str, source: str = "cluster file") -> ClusterFile:
         if isinstance(error, ClusterFileError):
             raise
         raise ClusterFileError(f"{source}: {error}") from None
-    return ClusterFile(nodes, pods, namespaces, quotas)
+    return ClusterFile(nodes, node_labels, pods, namespaces, quotas)
 
 
 class EmbeddedState:
@@ -121,6 +132,7 @@ class EmbeddedState:
         self._models = {d.uuid: d.model for n in cluster.nodes for d in n.devices}
         self._free_host = {n.name: [n.cpu_milli, n.memory_mib] for n in cluster.nodes}
         self._namespaces = cluster.namespace_labels
+        self._node_labels = cluster.node_labels
         self._reservations: dict[str, Claim] = {}
         quotas = [replace(q, used=ResourceAmounts(), used_by_model={}) for q in cluster.quotas]
         for pod in cluster.pods:
@@ -144,6 +156,9 @@ class EmbeddedState:
 
     async def view(self) -> ClusterView:
         return self._view
+
+    async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
+        return self._node_labels
 
     async def namespace_managed(self, namespace: str) -> bool:
         labels = self._namespaces.get(namespace, {})
@@ -240,7 +255,7 @@ class EmbeddedState:
 
 # -- file readers --------------------------------------------------------------------------------
 def _node(what: str, raw: object) -> NodeInventory:
-    obj = _mapping(what, raw, {"name", "cpu", "memory", "gpus"}, {"pool", "splitCount"})
+    obj = _mapping(what, raw, set(_NODE_REQUIRED), set(_NODE_KEYS - _NODE_REQUIRED))
     gpus = obj["gpus"]
     if not isinstance(gpus, list):
         raise ClusterFileError(f"{what}.gpus: must be a list of GPUs")
@@ -286,8 +301,8 @@ def _pod(what: str, raw: object, nodes: Mapping[str, NodeInventory]) -> Assigned
     )
 
 
-def _labels(what: str, raw: object) -> Mapping[str, str]:
-    obj = _mapping(what, raw, {"name"}, {"labels"})
+def _labels(what: str, raw: object, keys: Set[str]) -> Mapping[str, str]:
+    obj = _mapping(what, raw, {"name"}, set(keys - {"name"}))
     labels = obj.get("labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise ClusterFileError(f"{what}.labels: must map label names to string values")

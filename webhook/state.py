@@ -12,7 +12,7 @@ a race; admission re-plans a bounded number of times.
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from fracgpu.model import Quota, Reservation
 from fracgpu.placement import ClusterView
@@ -76,4 +76,14 @@ class ClusterState(Protocol):
 
     async def release(self, reservation_id: str) -> None:
         """Give a reservation back (unknown IDs are ignored)."""
+        ...
+
+
+@runtime_checkable
+class NodeLabels(Protocol):
+    """Optional: a back end that knows node labels lets placement honour the pod's own
+    nodeSelector and required node affinity (admission checks ``isinstance``)."""
+
+    async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
+        """Labels of every GPU node, by node name."""
         ...

@@ -27,6 +27,7 @@ CLUSTER: Final[dict[str, Any]] = {
             "name": "node-a",
             "cpu": "32",
             "memory": "128Gi",
+            "labels": {"kubernetes.io/os": "linux", "topology.kubernetes.io/zone": "a"},
             "gpus": [
                 {"uuid": A100_0, "index": 0, "model": A100, "memoryMiB": 40960},
                 {"uuid": A100_1, "index": 1, "model": A100, "memoryMiB": 40960},
@@ -36,6 +37,7 @@ CLUSTER: Final[dict[str, Any]] = {
             "name": "node-t",
             "cpu": "8",
             "memory": "32Gi",
+            "labels": {"kubernetes.io/os": "linux", "topology.kubernetes.io/zone": "b"},
             "gpus": [{"uuid": T4_0, "index": 0, "model": T4, "memoryMiB": 15360}],
         },
     ],
