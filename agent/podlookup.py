@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from fracgpu.names import ANNOTATION_ASSIGNMENT
 
@@ -40,6 +41,10 @@ class KubernetesPodLookup:
         except ApiException as error:
             raise PodLookupError(
                 f"cannot read pod {namespace}/{name}: {error.status} {error.reason}"
+            ) from None
+        except (HTTPError, OSError) as error:  # API unreachable or too slow
+            raise PodLookupError(
+                f"cannot read pod {namespace}/{name}: the API did not answer ({error})"
             ) from None
         annotations = pod.metadata.annotations or {}
         return PodInfo(
