@@ -24,6 +24,8 @@ static int slow_mode(void)
     int m = MODE_FAIL_NOLIB;
     if (fracgpu_ensure_cuda() == 0)
         m = G.limits.whole ? MODE_PASS : MODE_ACCOUNT;
+    if (m == MODE_ACCOUNT)
+        fracgpu_ensure_slot(); /* a process using CUDA holds a slot from its first call */
     __atomic_store_n(&cu_mode, m, __ATOMIC_RELEASE);
     return m;
 }

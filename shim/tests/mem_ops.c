@@ -219,6 +219,13 @@ int main(int argc, char **argv)
                 return 0;
         } else if (strcmp(c, "sleep") == 0) {
             usleep((useconds_t)atoi(ARG()) * 1000);
+        } else if (strcmp(c, "exec") == 0) {
+            /* run the rest of the script in a fresh image with the same pid */
+            fflush(stdout);
+            argv[i] = argv[0];
+            execv(argv[0], argv + i);
+            perror("execv");
+            return 94;
         } else if (strcmp(c, "kill") == 0) {
             raise(SIGKILL);
         } else {

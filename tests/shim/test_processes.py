@@ -101,3 +101,10 @@ def test_concurrent_processes_never_pass_the_slice(node: Sandbox) -> None:
     finally:
         for p in procs:
             finish(p)
+
+
+def test_exec_drops_the_old_images_usage(node: Sandbox) -> None:
+    out = node.run("mem_ops", "ctx", "0", "alloc", "600Mi", "exec", "ctx", "0", "info")
+    assert step(out.stdout, "alloc")[1] == "0"
+    assert step(out.stdout, "info")[2] == str(GiB)
+    assert [p.used[0] for p in node.region().processes] == []
