@@ -1,0 +1,1 @@
+"""``kubectl fracgpu``: views of fracgpu's allocation state for people (see kubectl_plugin)."""
