@@ -29,11 +29,20 @@ from webhook.mutate import canonical_resources, decide, make_patch
 from webhook.nodeaffinity import allowed_nodes
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
-from webhook.state import Claim, ClusterState, NodeLabels, RejectKind, ReserveRejected
+from webhook.state import (
+    Claim,
+    ClusterState,
+    NodeLabels,
+    NodeTaints,
+    RejectKind,
+    ReserveRejected,
+)
+from webhook.tolerations import tolerated_nodes
 
 log = logging.getLogger(__name__)
 # Sub-resources whose object is the pod and may carry containers (kubectl debug).
 CHECKED_SUB_RESOURCES: Final = ("", "ephemeralcontainers")
+MAX_NODES_NAMED: Final = 5
 
 
 def new_reservation_id() -> str:
@@ -122,7 +131,7 @@ class Admission:
         if isinstance(restricted, str):
             self._metrics.placement_failure(NoFitReason.NEVER.value)
             return responses.denied(restricted)
-        demand = restricted
+        demand, node_note = restricted
         quota_block: quotalib.QuotaExceeded | None = None
         for _ in range(self._settings.placement_attempts):
             view = await self._state.view()
@@ -132,7 +141,7 @@ class Admission:
                 if quota_block is not None:  # the models left after quota exclusions are full
                     return self._quota_denial(quota_block)
                 self._metrics.placement_failure(placed.reason.value)
-                return responses.denied(placed.message)
+                return responses.denied(placed.message + node_note)
             assignment = Assignment(placed.node, self._new_id(), placed.containers)
             models = {d.uuid: d.model for n in view.nodes() for d in n.devices}
             over = quotalib.check(quotas, assignment.allocations(), models)
@@ -170,29 +179,38 @@ class Admission:
 
     async def _restrict_to_allowed_nodes(
         self, pod: Mapping[str, Any], demand: PodDemand
-    ) -> PodDemand | str:
-        """Keep placement on nodes the pod's nodeSelector / required affinity allow (when the
-        back end knows node labels), by narrowing the GPUs it may use."""
-        if not isinstance(self._state, NodeLabels):
-            return demand
-        labels = await self._state.node_labels()
-        allowed = allowed_nodes(pod, labels)
-        if allowed is None:
-            return demand
+    ) -> tuple[PodDemand, str] | str:
+        """Keep placement on nodes the pod's nodeSelector / required affinity allow and whose
+        taints it tolerates (when the back end knows labels / taints), by narrowing the GPUs
+        it may use."""
         view = await self._state.view()
+        allowed: set[str] | None = None
+        if isinstance(self._state, NodeLabels):
+            allowed = allowed_nodes(pod, await self._state.node_labels())
+        if isinstance(self._state, NodeTaints):
+            tolerated = tolerated_nodes(pod, await self._state.node_taints())
+            allowed = tolerated if allowed is None else allowed & tolerated
+        if allowed is None:
+            return demand, ""
         uuids = [d.uuid for n in view.nodes() if n.name in allowed for d in n.devices]
         wanted = demand.constraints.include_uuids
         if wanted:
             uuids = [u for u in uuids if u in wanted]
         if not uuids:
             return (
-                f"none of the {len(labels)} GPU nodes matches this pod's nodeSelector and "
-                "required node affinity"
+                f"none of the {len(view.nodes())} GPU nodes matches this pod's nodeSelector, "
+                "required node affinity and tolerations"
                 + (" together with its GPU UUID annotation" if wanted else "")
-                + ": fix the selector, or label GPU nodes to match it"
+                + ": fix the selector, add a toleration for the GPU nodes' taints, "
+                "or label GPU nodes to match"
             )
         constraints = dataclasses.replace(demand.constraints, include_uuids=tuple(uuids))
-        return dataclasses.replace(demand, constraints=constraints)
+        shown = sorted(allowed)[:MAX_NODES_NAMED]
+        note = (
+            " (its nodeSelector, required node affinity and tolerations allow only "
+            f"{', '.join(shown)}{' and more' if len(allowed) > len(shown) else ''})"
+        )
+        return dataclasses.replace(demand, constraints=constraints), note
 
     def _quota_denial(self, over: quotalib.QuotaExceeded) -> responses.Verdict:
         self._metrics.placement_failure("quota")

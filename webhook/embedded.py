@@ -2,8 +2,8 @@
 
 File format (see examples/cluster.yaml)::
 
-    nodes:        [{name, cpu, memory, pool?, splitCount?, labels?, gpus: [{uuid, index,
-                    model, memoryMiB, healthy?, migEnabled?}]}]
+    nodes:        [{name, cpu, memory, pool?, splitCount?, labels?, taints?: [{key, value?,
+                    effect}], gpus: [{uuid, index, model, memoryMiB, healthy?, migEnabled?}]}]
     pods:         [{namespace, name, node, cpu?, memory?, containers: [{name,
                     devices: [{uuid, cores, memoryMiB}]}]}]          # already assigned
     namespaces:   [{name, labels}]      # label fracgpu.io/ignore: "true" opts out
@@ -31,10 +31,12 @@ from fracgpu.placement import ClusterView
 from fracgpu.quantity import parse_quantity
 from webhook import quota as quotalib
 from webhook.state import Claim, RejectKind, ReserveRejected
+from webhook.tolerations import Taint
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 _NODE_REQUIRED: Final = frozenset({"name", "cpu", "memory", "gpus"})
-_NODE_KEYS: Final = _NODE_REQUIRED | {"pool", "splitCount", "labels"}
+_NODE_KEYS: Final = _NODE_REQUIRED | {"pool", "splitCount", "labels", "taints"}
+_TAINT_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 class ClusterFileError(FracgpuError):
@@ -56,6 +58,7 @@ class ClusterFile:
     nodes: tuple[NodeInventory, ...]
     # Node labels; kubernetes.io/hostname is set to the node name as kubelet does.
     node_labels: Mapping[str, Mapping[str, str]]
+    node_taints: Mapping[str, tuple[Taint, ...]]
     pods: tuple[AssignedPod, ...]
     namespace_labels: Mapping[str, Mapping[str, str]]
     quotas: tuple[Quota, ...]
@@ -95,6 +98,10 @@ def parse_cluster(text: str, source: str = "cluster file") -> ClusterFile:
         uuids = [d.uuid for n in nodes for d in n.devices]
         if len(set(uuids)) != len(uuids):
             raise ClusterFileError(f"{source}: a GPU UUID appears twice")
+        node_taints = {
+            node.name: _taints(f"{source} nodes[{i}].taints", n.get("taints"))
+            for i, (node, n) in enumerate(zip(nodes, raw_nodes, strict=True))
+        }
         pods = tuple(
             _pod(f"{source} pods[{i}]", p, by_name)
             for i, p in enumerate(_list(raw, "pods", source))
@@ -110,7 +117,7 @@ def parse_cluster(text: str, source: str = "cluster file") -> ClusterFile:
         if isinstance(error, ClusterFileError):
             raise
         raise ClusterFileError(f"{source}: {error}") from None
-    return ClusterFile(nodes, node_labels, pods, namespaces, quotas)
+    return ClusterFile(nodes, node_labels, node_taints, pods, namespaces, quotas)
 
 
 class EmbeddedState:
@@ -133,6 +140,7 @@ class EmbeddedState:
         self._free_host = {n.name: [n.cpu_milli, n.memory_mib] for n in cluster.nodes}
         self._namespaces = cluster.namespace_labels
         self._node_labels = cluster.node_labels
+        self._node_taints = cluster.node_taints
         self._reservations: dict[str, Claim] = {}
         quotas = [replace(q, used=ResourceAmounts(), used_by_model={}) for q in cluster.quotas]
         for pod in cluster.pods:
@@ -159,6 +167,9 @@ class EmbeddedState:
 
     async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
         return self._node_labels
+
+    async def node_taints(self) -> Mapping[str, tuple[Taint, ...]]:
+        return self._node_taints
 
     async def namespace_managed(self, namespace: str) -> bool:
         labels = self._namespaces.get(namespace, {})
@@ -299,6 +310,22 @@ def _pod(what: str, raw: object, nodes: Mapping[str, NodeInventory]) -> Assigned
         cpu_milli=_cpu(what, obj.get("cpu", 0)),
         memory_mib=_memory(what, obj.get("memory", 0)),
     )
+
+
+def _taints(what: str, raw: object) -> tuple[Taint, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ClusterFileError(f"{what}: must be a list of {{key, value, effect}}")
+    taints = []
+    for i, item in enumerate(raw):
+        obj = _mapping(f"{what}[{i}]", item, {"key", "effect"}, {"value"})
+        if obj["effect"] not in _TAINT_EFFECTS:
+            raise ClusterFileError(f"{what}[{i}].effect: use {', '.join(_TAINT_EFFECTS)}")
+        taints.append(
+            Taint(_str(f"{what}[{i}]", obj, "key"), obj["effect"], str(obj.get("value", "")))
+        )
+    return tuple(taints)
 
 
 def _labels(what: str, raw: object, keys: Set[str]) -> Mapping[str, str]:

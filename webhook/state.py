@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 
 from fracgpu.model import Quota, Reservation
 from fracgpu.placement import ClusterView
+from webhook.tolerations import Taint
 
 
 class RejectKind(StrEnum):
@@ -86,4 +87,14 @@ class NodeLabels(Protocol):
 
     async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
         """Labels of every GPU node, by node name."""
+        ...
+
+
+@runtime_checkable
+class NodeTaints(Protocol):
+    """Optional: a back end that knows node taints keeps placement off nodes whose
+    NoSchedule/NoExecute taints the pod does not tolerate."""
+
+    async def node_taints(self) -> Mapping[str, tuple[Taint, ...]]:
+        """Taints of every GPU node, by node name."""
         ...

@@ -141,8 +141,9 @@ async def test_no_matching_node_is_denied_with_a_clear_message(webhook: Webhook)
     result = await webhook.admit(pod)
     assert not result.allowed
     assert result.message == (
-        "none of the 2 GPU nodes matches this pod's nodeSelector and required node affinity: "
-        "fix the selector, or label GPU nodes to match it"
+        "none of the 2 GPU nodes matches this pod's nodeSelector, required node affinity and "
+        "tolerations: fix the selector, add a toleration for the GPU nodes' taints, or label "
+        "GPU nodes to match"
     )
     pinned_elsewhere = gpu_pod(SHARE, annotations={"nvidia.com/use-gpuuuid": "GPU-tttt-0000"})
     pinned_elsewhere["spec"]["nodeSelector"] = {"topology.kubernetes.io/zone": "a"}
