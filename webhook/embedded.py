@@ -137,7 +137,6 @@ class EmbeddedState:
         self._lock = asyncio.Lock()
         self._nodes = {n.name: n for n in cluster.nodes}
         self._models = {d.uuid: d.model for n in cluster.nodes for d in n.devices}
-        self._free_host = {n.name: [n.cpu_milli, n.memory_mib] for n in cluster.nodes}
         self._namespaces = cluster.namespace_labels
         self._node_labels = cluster.node_labels
         self._node_taints = cluster.node_taints
@@ -214,10 +213,6 @@ class EmbeddedState:
                 return
             held = claim.reservation
             self._view.release(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
-            host = self._free_host.get(held.node)
-            if host is not None:
-                host[0] += claim.cpu_milli
-                host[1] += claim.memory_mib
             self._charge(held.namespace, held.allocations, sign=-1)
 
     # -- internals ---------------------------------------------------------------------------
@@ -225,10 +220,6 @@ class EmbeddedState:
         self, node: str, allocations: tuple[GPUAllocation, ...], cpu: int, memory: int
     ) -> None:
         self._view.allocate(node, allocations, cpu, memory)
-        host = self._free_host.get(node)
-        if host is not None:
-            host[0] -= cpu
-            host[1] -= memory
 
     def _charge(self, namespace: str, allocations: tuple[GPUAllocation, ...], sign: int) -> None:
         self._quotas = [
@@ -242,7 +233,7 @@ class EmbeddedState:
         inventory = self._nodes.get(node)
         if inventory is None:
             return f"node {node} is not in the cluster"
-        cpu, memory = self._free_host[node]
+        cpu, memory = self._view.node_free(node)
         if claim.cpu_milli > cpu or claim.memory_mib > memory:
             return f"node {node} has {cpu}m CPU and {memory} MiB memory free"
         split = inventory.split_count or self._split_count

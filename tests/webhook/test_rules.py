@@ -584,3 +584,16 @@ async def test_update_without_old_object_is_invalid(webhook: Webhook) -> None:
     reply = await webhook.client.review("/validate", build_review(plain_pod(), "UPDATE"))
     assert not reply.allowed
     assert "an UPDATE review must carry oldObject" in reply.message
+
+
+async def test_node_cpu_and_memory_count_for_fit(webhook: Webhook) -> None:
+    big_cpu = gpu_pod(SHARE | {"cpu": "10"}, name="cpu")
+    result = await webhook.admit(big_cpu)
+    assert result.allowed, result.message
+    assert result.pod["metadata"]["labels"][names.LABEL_ASSIGNED_NODE] == "node-a"  # node-t: 8 CPUs
+    on_t4 = {"nvidia.com/use-gputype": "T4"}
+    fits = await webhook.admit(gpu_pod(SHARE | {"memory": "30Gi"}, name="m1", annotations=on_t4))
+    assert fits.allowed, fits.message
+    full = await webhook.admit(gpu_pod(SHARE | {"memory": "4Gi"}, name="m2", annotations=on_t4))
+    assert not full.allowed
+    assert full.message.startswith("no GPU has room for this pod now")
