@@ -101,6 +101,19 @@ SLOT_OFF_USED: Final = 16
 SLOT_STATE_FREE: Final = 0
 SLOT_STATE_ACTIVE: Final = 1
 
+# ---- node priority board (one file per GPU in NODE_DIR) ----
+NODE_DIR: Final = "/var/run/fracgpu-node"
+BOARD_MAGIC: Final = 0x45444F4E43415246  # "FRACNODE" little-endian
+BOARD_VERSION: Final = 1
+BOARD_SIZE: Final = 4096
+BOARD_OFF_MAGIC: Final = 0
+BOARD_OFF_VERSION: Final = 8
+BOARD_OFF_SIZE: Final = 12
+BOARD_OFF_HIGH_ACTIVE_UNTIL_NS: Final = 16
+BOARD_OFF_HIGH_LAUNCHES: Final = 24
+BOARD_OFF_LOW_WAIT_NS: Final = 32
+BOARD_HIGH_HOLD_NS: Final = 50_000_000
+
 _UUID_RE: Final = re.compile(r"[A-Za-z0-9-]{1,63}")
 _UINT_RE: Final = re.compile(r"[0-9]{1,20}")
 _DEVICE_KEY_RE: Final = re.compile(r"device\.(0|[1-9][0-9]?)\.([a-z_]+)")
@@ -393,6 +406,28 @@ class Region:
     reclaimed_procs: int
     devices: tuple[RegionDevice, ...]
     processes: tuple[RegionProcess, ...]
+
+
+@dataclass(frozen=True)
+class Board:
+    """A GPU's priority board: how busy high-priority work keeps it."""
+
+    high_active_until_ns: int
+    high_launches: int
+    low_wait_ns: int
+
+
+def decode_board(data: bytes) -> Board:
+    """Decode a priority board file; refuses other magics, versions and sizes."""
+    if len(data) != BOARD_SIZE:
+        raise CodecError("shim priority board", f"{len(data)} bytes, exactly {BOARD_SIZE} expected")
+    if _u64(data, BOARD_OFF_MAGIC) != BOARD_MAGIC or _u32(data, BOARD_OFF_VERSION) != BOARD_VERSION:
+        raise CodecError("shim priority board", f"not a version {BOARD_VERSION} board")
+    return Board(
+        high_active_until_ns=_u64(data, BOARD_OFF_HIGH_ACTIVE_UNTIL_NS),
+        high_launches=_u64(data, BOARD_OFF_HIGH_LAUNCHES),
+        low_wait_ns=_u64(data, BOARD_OFF_LOW_WAIT_NS),
+    )
 
 
 def _u32(data: bytes, off: int) -> int:

@@ -93,6 +93,21 @@
 #define FRACGPU_SLOT_STATE_FREE 0
 #define FRACGPU_SLOT_STATE_ACTIVE 1
 
+/* ---- node priority board: one small file per GPU, shared by every container on
+ * it (a read-write directory the device plugin mounts into each container).
+ * A high-priority container marks the GPU busy; low-priority ones wait. ---- */
+#define FRACGPU_NODE_DIR "/var/run/fracgpu-node"
+#define FRACGPU_BOARD_MAGIC 0x45444f4e43415246ULL /* "FRACNODE" */
+#define FRACGPU_BOARD_VERSION 1
+#define FRACGPU_BOARD_SIZE 4096
+#define FRACGPU_BOARD_OFF_MAGIC 0
+#define FRACGPU_BOARD_OFF_VERSION 8
+#define FRACGPU_BOARD_OFF_SIZE 12
+#define FRACGPU_BOARD_OFF_HIGH_ACTIVE_UNTIL_NS 16
+#define FRACGPU_BOARD_OFF_HIGH_LAUNCHES 24
+#define FRACGPU_BOARD_OFF_LOW_WAIT_NS 32
+#define FRACGPU_BOARD_HIGH_HOLD_NS 50000000
+
 #ifndef FRACGPU_ABI_NO_STRUCTS
 #include <stdint.h>
 
@@ -139,6 +154,15 @@ struct fracgpu_region {
     struct fracgpu_region_device dev[FRACGPU_MAX_DEVICES];
     struct fracgpu_region_slot slot[FRACGPU_MAX_PROCS];
     uint8_t pad[FRACGPU_REGION_SIZE - FRACGPU_SLOTS_OFF - FRACGPU_MAX_PROCS * FRACGPU_SLOT_SIZE];
+};
+struct fracgpu_board {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t size;
+    uint64_t high_active_until_ns; /* CLOCK_MONOTONIC, node-wide */
+    uint64_t high_launches;
+    uint64_t low_wait_ns;
+    uint8_t reserved[FRACGPU_BOARD_SIZE - 40];
 };
 #endif /* FRACGPU_ABI_NO_STRUCTS */
 

@@ -604,10 +604,11 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
 
 #define LAUNCH(name, stream, ptsz, callargs)                                                     \
     ENTER(name);                                                                                 \
-    if (LIKELY(!G.pacing_any) || mode_ != MODE_ACCOUNT)                                          \
+    if (LIKELY(!G.launch_hooks) || mode_ != MODE_ACCOUNT)                                        \
         return real_##name callargs;                                                             \
     void *tok_;                                                                                  \
     int di_ = fracgpu_current_dev_index();                                                       \
+    fracgpu_priority_before(di_);                                                                \
     fracgpu_pace_before(di_, (stream), (ptsz), &tok_);                                           \
     CUresult rc_ = real_##name callargs;                                                         \
     fracgpu_pace_after(di_, (stream), (ptsz), tok_, rc_);                                        \

@@ -78,11 +78,11 @@ static void fail(const char *msg)
 
 static void core_init(void)
 {
-    const char *limits_path, *region_path;
+    const char *limits_path, *region_path, *node_dir;
     char err[480];
     in_init = 1;
     fracgpu_log_init(getenv(FRACGPU_ENV_LOG_LEVEL));
-    fracgpu_paths(&limits_path, &region_path);
+    fracgpu_paths(&limits_path, &region_path, &node_dir);
     if (fracgpu_limits_load(limits_path, &G.limits, err, sizeof err) != 0) {
         fail(err);
         in_init = 0;
@@ -102,12 +102,16 @@ static void core_init(void)
         in_init = 0;
         return;
     }
-    for (unsigned i = 0; i < G.limits.device_count; i++)
+    for (unsigned i = 0; i < G.limits.device_count; i++) {
         if (G.limits.compute_limit_enabled && G.limits.dev[i].core_limit < 100)
-            G.pacing_any = 1;
+            G.launch_hooks = 1;
+        G.board[i] = fracgpu_board_open(node_dir, G.limits.dev[i].uuid);
+        if (G.board[i] != NULL)
+            G.launch_hooks = 1;
+    }
     pthread_atfork(NULL, NULL, after_fork_child);
-    LOGI("limits loaded: %u device(s), pacing %s", G.limits.device_count,
-         G.pacing_any ? "on" : "off");
+    LOGI("limits loaded: %u device(s), launch hooks %s, priority %s", G.limits.device_count,
+         G.launch_hooks ? "on" : "off", G.limits.priority == 0 ? "high" : "low");
     __atomic_store_n(&G.state, ST_READY, __ATOMIC_RELEASE);
     in_init = 0;
 }

@@ -44,6 +44,10 @@ static void charge(int di, uint64_t launch_ns, uint64_t busy_ns)
 {
     struct fracgpu_region_device *d = &G.region->dev[di];
     unsigned core = G.limits.dev[di].core_limit;
+    if (!G.limits.compute_limit_enabled || core >= 100) {
+        __atomic_fetch_add(&d->kernel_time_ns, busy_ns, __ATOMIC_RELAXED);
+        return; /* measured for the priority bound only, not paced */
+    }
     uint64_t cost = busy_ns * 100 / core;
     uint64_t tat = __atomic_load_n(&d->pace_tat_ns, __ATOMIC_ACQUIRE), next;
     do {
@@ -96,8 +100,14 @@ static void drain(int di, struct dev_pace *p)
 void fracgpu_pace_before(int di, CUstream stream, int per_thread, void **token)
 {
     *token = NULL;
-    if (di < 0 || !G.limits.compute_limit_enabled || G.limits.dev[di].core_limit >= 100 ||
-        real_cuEventRecord == NULL || real_cuEventQuery == NULL)
+    if (di < 0 || real_cuEventRecord == NULL || real_cuEventQuery == NULL)
+        return;
+    int paced = G.limits.compute_limit_enabled && G.limits.dev[di].core_limit < 100;
+    /* A low-priority container on a priority board keeps at most RING launches
+     * in flight even unpaced, so little of its work queues ahead of a
+     * high-priority container's. */
+    int bounded = G.board[di] != NULL && G.limits.priority != FRACGPU_PRIORITY_HIGH;
+    if (!paced && !bounded)
         return;
     struct dev_pace *p = &pace[di];
     CUcontext ctx = NULL;

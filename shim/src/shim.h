@@ -22,7 +22,7 @@ HIDDEN extern int fracgpu_log_level;
 #define LOGD(...) do { if (fracgpu_log_level >= LOG_DEBUG) fracgpu_log(LOG_DEBUG, __VA_ARGS__); } while (0)
 
 /* ---- paths: the one place where the test build differs ---- */
-HIDDEN void fracgpu_paths(const char **limits_path, const char **region_path);
+HIDDEN void fracgpu_paths(const char **limits_path, const char **region_path, const char **node_dir);
 
 /* ---- limits ---- */
 struct fracgpu_device_limits {
@@ -80,7 +80,8 @@ struct fracgpu_globals {
     struct fracgpu_limits limits;
     struct fracgpu_region *region;
     int slot;              /* -1 until registered (again after fork) */
-    int pacing_any;        /* some device has a compute limit below 100 */
+    int launch_hooks;      /* some device is paced or on a priority board */
+    struct fracgpu_board *board[FRACGPU_MAX_DEVICES]; /* NULL: no priority board */
     char failure[512];
 };
 HIDDEN extern struct fracgpu_globals G;
@@ -104,6 +105,10 @@ HIDDEN void *fracgpu_hook_by_name(const char *name);
 /* Limits index of a CUDA ordinal, or -1 (no limits: fail closed). */
 HIDDEN int fracgpu_cuda_dev_index(CUdevice dev);
 HIDDEN int fracgpu_current_dev_index(void);
+
+/* ---- priority board ---- */
+HIDDEN struct fracgpu_board *fracgpu_board_open(const char *dir, const char *uuid);
+HIDDEN void fracgpu_priority_before(int di);
 
 /* ---- pacing ---- */
 HIDDEN void fracgpu_pace_before(int di, CUstream stream, int per_thread, void **token);

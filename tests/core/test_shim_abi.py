@@ -63,6 +63,16 @@ def test_region_layout_is_consistent() -> None:
 
 def test_magic_spells_the_format_name() -> None:
     assert struct.pack("<Q", shim_abi.REGION_MAGIC) == b"FRACGPU1"
+    assert struct.pack("<Q", shim_abi.BOARD_MAGIC) == b"FRACNODE"
+
+
+def test_decode_board() -> None:
+    buf = bytearray(shim_abi.BOARD_SIZE)
+    struct.pack_into("<QI", buf, 0, shim_abi.BOARD_MAGIC, shim_abi.BOARD_VERSION)
+    struct.pack_into("<QQQ", buf, shim_abi.BOARD_OFF_HIGH_ACTIVE_UNTIL_NS, 5, 6, 7)
+    assert shim_abi.decode_board(bytes(buf)) == shim_abi.Board(5, 6, 7)
+    with pytest.raises(CodecError, match="version 1 board"):
+        shim_abi.decode_board(bytes(shim_abi.BOARD_SIZE))
 
 
 SAMPLE = shim_abi.Limits(

@@ -59,6 +59,11 @@ class Sandbox:
         return self.root / "region"
 
     @property
+    def node_dir(self) -> Path:
+        """Priority boards; tests that want priority create this directory."""
+        return self.root / "node"
+
+    @property
     def fake_config(self) -> Path:
         return self.root / "fake-gpu.conf"
 
@@ -110,6 +115,7 @@ class Sandbox:
             FRACGPU_FAKE_GPU_CONFIG=str(self.fake_config),
             FRACGPU_TEST_LIMITS_PATH=str(self.limits_path),
             FRACGPU_TEST_REGION_PATH=str(region or self.region_path),
+            FRACGPU_TEST_NODE_DIR=str(self.node_dir),
             FRACGPU_T_LOOKUP=lookup,
         )
         env.pop("LD_PRELOAD", None)

@@ -1,0 +1,98 @@
+/*
+ * Priority between containers sharing a GPU. Each GPU has a small board file
+ * in a node-wide directory. A high-priority container stamps "busy until
+ * now + hold" on every launch; a low-priority container waits before
+ * launching while that stamp is in the future, so its work does not slow the
+ * high-priority one. Best effort: without the directory there is no priority.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "shim.h"
+
+_Static_assert(sizeof(struct fracgpu_board) == FRACGPU_BOARD_SIZE, "board size");
+_Static_assert(offsetof(struct fracgpu_board, high_active_until_ns) ==
+               FRACGPU_BOARD_OFF_HIGH_ACTIVE_UNTIL_NS, "");
+_Static_assert(offsetof(struct fracgpu_board, high_launches) == FRACGPU_BOARD_OFF_HIGH_LAUNCHES, "");
+_Static_assert(offsetof(struct fracgpu_board, low_wait_ns) == FRACGPU_BOARD_OFF_LOW_WAIT_NS, "");
+
+static struct fracgpu_board *map_board(int fd)
+{
+    void *p = mmap(NULL, FRACGPU_BOARD_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+struct fracgpu_board *fracgpu_board_open(const char *dir, const char *uuid)
+{
+    char path[4200], tmp[4300];
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return NULL;
+    snprintf(path, sizeof path, "%s/%s", dir, uuid);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT) {
+        /* build it privately, then publish it whole */
+        snprintf(tmp, sizeof tmp, "%s.init.%d", path, (int)getpid());
+        int t = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (t >= 0) {
+            fchmod(t, 0666);
+            struct fracgpu_board *b = ftruncate(t, FRACGPU_BOARD_SIZE) == 0 ? map_board(t) : NULL;
+            if (b != NULL) {
+                b->version = FRACGPU_BOARD_VERSION;
+                b->size = FRACGPU_BOARD_SIZE;
+                __atomic_store_n(&b->magic, FRACGPU_BOARD_MAGIC, __ATOMIC_RELEASE);
+                munmap(b, FRACGPU_BOARD_SIZE);
+                if (link(tmp, path) != 0 && errno != EEXIST)
+                    LOGW("cannot publish priority board %s: %s", path, strerror(errno));
+            }
+            close(t);
+            unlink(tmp);
+        }
+        fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    }
+    if (fd < 0) {
+        LOGW("no priority board %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct fracgpu_board *b = NULL;
+    if (fstat(fd, &st) == 0 && st.st_size == FRACGPU_BOARD_SIZE)
+        b = map_board(fd);
+    close(fd);
+    if (b != NULL && (__atomic_load_n(&b->magic, __ATOMIC_ACQUIRE) != FRACGPU_BOARD_MAGIC ||
+                      b->version != FRACGPU_BOARD_VERSION)) {
+        LOGE("priority board %s has another format; priority is off for this GPU", path);
+        munmap(b, FRACGPU_BOARD_SIZE);
+        b = NULL;
+    }
+    return b;
+}
+
+void fracgpu_priority_before(int di)
+{
+    struct fracgpu_board *b = di >= 0 ? G.board[di] : NULL;
+    if (b == NULL)
+        return;
+    uint64_t now = fracgpu_now_ns();
+    if (G.limits.priority == FRACGPU_PRIORITY_HIGH) {
+        uint64_t until = now + FRACGPU_BOARD_HIGH_HOLD_NS;
+        /* write only when it moves by a millisecond: keeps the line quiet */
+        if (until > __atomic_load_n(&b->high_active_until_ns, __ATOMIC_RELAXED) + 1000000)
+            __atomic_store_n(&b->high_active_until_ns, until, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&b->high_launches, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    uint64_t start = now, until;
+    while ((until = __atomic_load_n(&b->high_active_until_ns, __ATOMIC_ACQUIRE)) > now) {
+        uint64_t wait = until - now;
+        struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
+        nanosleep(&ts, NULL);
+        now = fracgpu_now_ns();
+    }
+    if (now > start)
+        __atomic_fetch_add(&b->low_wait_ns, now - start, __ATOMIC_RELAXED);
+}

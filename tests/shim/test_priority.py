@@ -1,0 +1,64 @@
+"""Priority: a low-priority container does not slow a high-priority one.
+
+Both containers share one simulated GPU (the driver double's device timeline)
+and the node's priority board directory; neither has a compute limit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from fracgpu import shim_abi
+from tests.shim.sandbox import UUIDS, GiB, Sandbox, step
+
+
+def container(node: Sandbox, name: str, priority: int) -> tuple[Path, Path]:
+    root = node.root / name
+    root.mkdir()
+    limits = shim_abi.Limits(
+        devices=(shim_abi.DeviceLimits(UUIDS[0], GiB, 100),), priority=priority
+    )
+    (root / "limits").write_bytes(shim_abi.encode_limits(limits))
+    return root / "limits", root / "region"
+
+
+def launches(node: Sandbox, limits: Path, region: Path, seconds: str) -> subprocess.Popen[str]:
+    return node.start(
+        "launch_ops",
+        "2000",
+        seconds,
+        "launch",
+        region=region,
+        extra={"FRACGPU_TEST_LIMITS_PATH": str(limits)},
+    )
+
+
+def busy(proc: subprocess.Popen[str]) -> float:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    return float(step(out, "launch")[3])
+
+
+def contend(node: Sandbox) -> tuple[float, float, float]:
+    high = container(node, "high", shim_abi.PRIORITY_HIGH)
+    low = container(node, "low", shim_abi.PRIORITY_LOW)
+    alone = busy(launches(node, *high, "1"))
+    both = [launches(node, *high, "1.5"), launches(node, *low, "1.5")]
+    return alone, busy(both[0]), busy(both[1])
+
+
+def test_high_priority_keeps_its_throughput_next_to_low_priority(node: Sandbox) -> None:
+    node.node_dir.mkdir()
+    alone, high, low = contend(node)
+    assert high >= 0.9 * alone, (alone, high, low)
+    assert low < 0.2, (alone, high, low)
+    board = shim_abi.decode_board((node.node_dir / UUIDS[0]).read_bytes())
+    assert board.high_launches > 0
+    assert board.low_wait_ns > 0
+
+
+def test_without_a_priority_board_they_share(node: Sandbox) -> None:
+    alone, high, low = contend(node)  # no node directory: no priority
+    assert high < 0.75 * alone, (alone, high, low)
+    assert low > 0.25, (alone, high, low)
