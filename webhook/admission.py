@@ -257,8 +257,10 @@ class Admission:
             if drift:
                 return responses.denied(
                     "this pod differs from what fracgpu wrote for its assignment at "
-                    f"{', '.join(drift[: validate.MAX_FINDINGS_SHOWN])}: a later change "
-                    "touched fracgpu's fields; create the pod again without changing them"
+                    f"{', '.join(drift[: validate.MAX_FINDINGS_SHOWN])}: something changed "
+                    "fracgpu's fields after it placed the pod, or added containers it did not "
+                    "see (fracgpu's MutatingWebhookConfiguration needs reinvocationPolicy: "
+                    "IfNeeded when other webhooks inject containers)"
                 )
             return responses.allowed()
         except FracgpuError as error:

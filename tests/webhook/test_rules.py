@@ -597,3 +597,13 @@ async def test_node_cpu_and_memory_count_for_fit(webhook: Webhook) -> None:
     full = await webhook.admit(gpu_pod(SHARE | {"memory": "4Gi"}, name="m2", annotations=on_t4))
     assert not full.allowed
     assert full.message.startswith("no GPU has room for this pod now")
+
+
+async def test_validate_denies_a_container_injected_after_placement(webhook: Webhook) -> None:
+    admitted = await webhook.admit(gpu_pod(SHARE))
+    injected = copy.deepcopy(admitted.pod)
+    injected["spec"]["containers"].append({"name": "istio-proxy", "image": "proxyv2"})
+    reply = await webhook.client.review("/validate", build_review(injected))
+    assert not reply.allowed
+    assert "add /spec/containers/1/env" in reply.message
+    assert "reinvocationPolicy: IfNeeded" in reply.message
