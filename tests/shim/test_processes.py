@@ -108,3 +108,12 @@ def test_exec_drops_the_old_images_usage(node: Sandbox) -> None:
     assert step(out.stdout, "alloc")[1] == "0"
     assert step(out.stdout, "info")[2] == str(GiB)
     assert [p.used[0] for p in node.region().processes] == []
+
+
+def test_first_calls_from_a_constructor_and_racing_threads(node: Sandbox) -> None:
+    out = node.run("first_call", "8")
+    assert out.returncode == 0, out.stderr
+    assert step(out.stdout, "ctor")[1] == "0"
+    # 600 MiB from the constructor leave room for exactly 4 of the 8 racing 100 MiB
+    assert step(out.stdout, "threads")[1:] == ["4", "4", "0"]
+    assert step(out.stdout, "info")[2] == str(GiB - 1000 * MiB)
