@@ -247,6 +247,16 @@ def test_certs_settings_are_accepted_by_fracgpu_certs(rendered: dict[str, Render
     assert settings.mutating_webhook == "fracgpu-mutating"
     assert settings.validating_webhook == "fracgpu-validating"
     assert settings.in_cluster
+    hooks = job["metadata"]["annotations"]["helm.sh/hook"]
+    assert hooks == "pre-upgrade,post-install,post-upgrade"
+    # Before install the webhook configurations do not exist yet: that Job makes the
+    # Secrets only, so the webhook pods can start (helm install --wait).
+    early = result.one("Job", "fracgpu-certs-hook-secrets")
+    assert early["metadata"]["annotations"]["helm.sh/hook"] == "pre-install"
+    early_container = _container(early, "certs")
+    early_settings = parse_command_line(["ensure"], _env(early_container, {})).settings
+    assert early_settings.webhook_configurations == ()
+    assert early_settings.secret == settings.secret
     controller = _container(result.one("Deployment", "fracgpu-certs"), "certs")
     assert controller["args"] == ["run"]
     assert parse_command_line(controller["args"], _env(controller, {})).settings == settings

@@ -92,8 +92,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $text | replace "__VALIDATING__" (include "fracgpu.validatingName" $root) -}}
 {{- end -}}
 
-{{/* Settings of fracgpu-certs as FRACGPU_CERTS_* variables (Job and controller alike). */}}
+{{/* Settings of fracgpu-certs as FRACGPU_CERTS_* variables:
+include "fracgpu.certsEnv" (list . true). With false, the webhook configurations are left
+alone (the pre-install Job runs before they exist and only makes the Secrets). */}}
 {{- define "fracgpu.certsEnv" -}}
+{{- $root := index . 0 -}}
+{{- $webhooks := index . 1 -}}
+{{- with $root -}}
 - name: FRACGPU_CERTS_NAMESPACE
   value: {{ .Release.Namespace | quote }}
 - name: FRACGPU_CERTS_SERVICE
@@ -103,9 +108,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: FRACGPU_CERTS_CA_SECRET
   value: {{ include "fracgpu.caSecretName" . | quote }}
 - name: FRACGPU_CERTS_MUTATING_WEBHOOK
-  value: {{ include "fracgpu.mutatingName" . | quote }}
+  value: {{ ternary (include "fracgpu.mutatingName" .) "" $webhooks | quote }}
 - name: FRACGPU_CERTS_VALIDATING_WEBHOOK
-  value: {{ include "fracgpu.validatingName" . | quote }}
+  value: {{ ternary (include "fracgpu.validatingName" .) "" $webhooks | quote }}
 - name: FRACGPU_CERTS_CLUSTER_DOMAIN
   value: {{ .Values.certs.clusterDomain | quote }}
 - name: FRACGPU_CERTS_EXTRA_DNS_NAMES
@@ -126,6 +131,7 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ .Values.certs.interval | quote }}
 - name: FRACGPU_CERTS_IN_CLUSTER
   value: "true"
+{{- end -}}
 {{- end -}}
 
 {{/* Hardened container security context shared by the webhook and certs containers. */}}
