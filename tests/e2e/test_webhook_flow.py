@@ -1,0 +1,404 @@
+"""The whole admission path on a real control plane: pods created through the API server,
+mutated and validated by two real webhook replicas in cluster mode."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from fracgpu import codec, names
+
+from .conftest import NodeFactory
+from .harness import ControlPlane
+from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION
+from .webhook_harness import (
+    TcpBalancer,
+    WebhookReplica,
+    WebhookTLS,
+    install_webhook_rbac,
+    register_webhooks,
+    unregister_webhooks,
+)
+
+pytestmark = pytest.mark.e2e
+A100 = 40960
+RESERVATION_TTL_S = 15
+
+
+class Webhooks:
+    def __init__(self, replicas: list[WebhookReplica], balancer: TcpBalancer) -> None:
+        self.replicas = replicas
+        self.balancer = balancer
+
+
+@pytest.fixture(scope="module")
+def webhooks(
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    fracgpu_crds: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Webhooks]:
+    work = tmp_path_factory.mktemp("webhooks")
+    tls = WebhookTLS.create(work / "tls")
+    # the webhook's own service account, with exactly the chart's RBAC: proves it suffices
+    install_webhook_rbac(kube_client)
+    kubeconfig = control_plane.kubeconfig("webhook")
+    # a short TTL lets orphaned reservations (creates lost to a fault) expire within a test
+    extra = ["--reservation-ttl-seconds", str(RESERVATION_TTL_S)]
+    replicas = [
+        WebhookReplica(f"replica-{i}", kubeconfig, tls, work, extra).start() for i in range(2)
+    ]
+    try:
+        for replica in replicas:
+            replica.wait_ready()
+        with TcpBalancer([r.port for r in replicas]) as balancer:
+            url = f"https://127.0.0.1:{balancer.port}"
+            register_webhooks(kube_client, url, tls.ca.cert_pem())
+            try:
+                yield Webhooks(replicas, balancer)
+            finally:
+                unregister_webhooks(kube_client, url, tls.ca.cert_pem())
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def pod(name: str, limits: dict[str, str], **extra: Any) -> dict[str, Any]:
+    container = {"name": "main", "image": "cuda:12", "resources": {"limits": limits}}
+    container.update(extra.pop("container", {}))
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **extra.pop("metadata", {})},
+        "spec": {"containers": [container], **extra.pop("spec", {})},
+    }
+    return body
+
+
+def create(
+    client: kubernetes.client.ApiClient, namespace: str, body: dict[str, Any], dry_run: bool = False
+) -> dict[str, Any]:
+    core = kubernetes.client.CoreV1Api(client)
+    created = core.create_namespaced_pod(namespace, body, dry_run="All" if dry_run else None)
+    return dict(client.sanitize_for_serialization(created))
+
+
+def env_of(pod_obj: dict[str, Any], container: str = "main") -> dict[str, str]:
+    for c in pod_obj["spec"]["containers"]:
+        if c["name"] == container:
+            return {e["name"]: e.get("value", "") for e in c.get("env", [])}
+    raise AssertionError(f"no container {container}")
+
+
+def live_sums(client: kubernetes.client.ApiClient) -> dict[str, tuple[int, int]]:
+    """Per GPU: (cores, memory MiB) summed over every live pod's assignment."""
+    pods = kubernetes.client.CoreV1Api(client).list_pod_for_all_namespaces().items
+    sums: dict[str, tuple[int, int]] = {}
+    for item in pods:
+        raw = (item.metadata.annotations or {}).get(names.ANNOTATION_ASSIGNMENT)
+        if raw is None or item.metadata.deletion_timestamp is not None:
+            continue
+        for alloc in codec.decode_assignment(raw).allocations():
+            cores, memory = sums.get(alloc.uuid, (0, 0))
+            sums[alloc.uuid] = (cores + alloc.cores, memory + alloc.memory_mib)
+    return sums
+
+
+def gpunode(client: kubernetes.client.ApiClient, name: str) -> dict[str, Any]:
+    return dict(
+        kubernetes.client.CustomObjectsApi(client).get_cluster_custom_object(
+            FRACGPU_GROUP, FRACGPU_VERSION, "gpunodes", name
+        )
+    )
+
+
+def wait_until(predicate: Any, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_tkestack_and_hami_pods_are_placed_pinned_and_annotated(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    node = nodes.gpu_node(f"flow-{uuid.uuid4().hex[:6]}", gpus=2, memory_mib=A100)
+    uuids = {d["uuid"] for d in node.devices}
+    time.sleep(1.0)  # the replicas' GPUNode caches see the new node
+    tke = create(
+        kube_client,
+        namespace,
+        pod("tke", {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "16"}),
+    )
+    hami = create(
+        kube_client,
+        namespace,
+        pod(
+            "hami",
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "20"},
+        ),
+    )
+    for obj, cores, memory in ((tke, 30, 4096), (hami, 20, 3072)):
+        read_back = dict(
+            kube_client.sanitize_for_serialization(
+                kubernetes.client.CoreV1Api(kube_client).read_namespaced_pod(
+                    obj["metadata"]["name"], namespace
+                )
+            )
+        )
+        annotations = read_back["metadata"]["annotations"]
+        assignment = codec.decode_assignment(annotations[names.ANNOTATION_ASSIGNMENT])
+        assert assignment.node == node.name
+        (alloc,) = assignment.allocations()
+        assert alloc.uuid in uuids and (alloc.cores, alloc.memory_mib) == (cores, memory)
+        assert env_of(read_back)[names.ENV_VISIBLE_DEVICES] == alloc.uuid
+        limits = read_back["spec"]["containers"][0]["resources"]["limits"]
+        assert limits[names.RESOURCE_VCUDA_CORE] == str(cores)
+        assert limits[names.RESOURCE_VCUDA_MEMORY] == str(memory // 256)
+        terms = read_back["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        # pinned by the Node object's name, in every (ORed) term
+        assert terms and all(
+            {"key": "metadata.name", "operator": "In", "values": [node.name]}
+            in t.get("matchFields", [])
+            for t in terms
+        )
+
+
+def test_tampering_and_forged_variables_are_denied(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    nodes.gpu_node(f"tamper-{uuid.uuid4().hex[:6]}", gpus=1, memory_mib=A100)
+    time.sleep(1.0)
+    admitted = create(
+        kube_client,
+        namespace,
+        pod("victim", {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "4"}),
+    )
+    core = kubernetes.client.CoreV1Api(kube_client)
+    forged = json.loads(admitted["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT])
+    forged["containers"][0]["devices"][0]["cores"] = 100
+    with pytest.raises(ApiException) as denied:
+        core.patch_namespaced_pod(
+            "victim",
+            namespace,
+            {"metadata": {"annotations": {names.ANNOTATION_ASSIGNMENT: json.dumps(forged)}}},
+        )
+    assert denied.value.status in (400, 403) and names.ANNOTATION_ASSIGNMENT in denied.value.body
+    with pytest.raises(ApiException) as denied:
+        create(
+            kube_client,
+            namespace,
+            pod(
+                "forger",
+                {"tencent.com/vcuda-core": "10"},
+                container={"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
+            ),
+        )
+    assert "NVIDIA_VISIBLE_DEVICES" in denied.value.body
+
+
+def test_dry_run_reserves_nothing(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    node = nodes.gpu_node(f"dry-{uuid.uuid4().hex[:6]}", gpus=1, memory_mib=A100)
+    time.sleep(1.0)
+    mutated = create(
+        kube_client,
+        namespace,
+        pod("dry", {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "8"}),
+        dry_run=True,
+    )
+    assert names.ANNOTATION_ASSIGNMENT in mutated["metadata"]["annotations"]
+    assert not (gpunode(kube_client, node.name).get("status") or {}).get("reservations")
+    assert live_sums(kube_client).keys().isdisjoint({d["uuid"] for d in node.devices})
+
+
+def test_burst_of_300_pods_from_many_threads_never_overcommits(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    prefix = f"burst-{uuid.uuid4().hex[:4]}"
+    infos = [nodes.gpu_node(f"{prefix}-{i:02d}", gpus=1, memory_mib=16384) for i in range(20)]
+    capacity = {d["uuid"]: (100, d["memoryMiB"]) for info in infos for d in info.devices}
+    time.sleep(1.5)
+    shapes = [
+        ({"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "16"}),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "6000", "nvidia.com/gpucores": "25"}),
+        ({"tencent.com/vcuda-core": "100"}),
+    ]
+    outcomes: dict[str, list[str]] = {"admitted": [], "rejected": []}
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        body = pod(f"{prefix}-p{i:03d}", shapes[i % len(shapes)])
+        try:
+            create(kube_client, namespace, body)
+            verdict, detail = "admitted", body["metadata"]["name"]
+        except ApiException as error:
+            verdict, detail = "rejected", error.body or ""
+        with lock:
+            outcomes[verdict].append(detail)
+
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        list(pool.map(one, range(300)))
+    assert outcomes["admitted"], outcomes["rejected"][:3]
+    for body in outcomes["rejected"]:
+        assert "no GPU has room for this pod now" in body, body[:500]
+    sums = live_sums(kube_client)
+    for gpu, (cores, memory) in sums.items():
+        if gpu in capacity:
+            assert cores <= capacity[gpu][0] and memory <= capacity[gpu][1], (gpu, cores, memory)
+    assert all(count > 0 for count in webhooks.balancer.connections.values()), (
+        "both replicas must have served the burst"
+    )
+    core = kubernetes.client.CoreV1Api(kube_client)
+    for name in outcomes["admitted"]:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+    def clean() -> bool:
+        return all(
+            not (gpunode(kube_client, i.name).get("status") or {}).get("reservations")
+            for i in infos
+        )
+
+    wait_until(clean, "every reservation pruned after the burst", timeout_s=60)
+    wait_until(
+        lambda: all(
+            gpunode(kube_client, i.name)["status"]["summary"]["compute"] == "0/100" for i in infos
+        ),
+        "allocation summaries back to zero",
+        timeout_s=30,
+    )
+
+
+def quota_used(client: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, int]:
+    obj = kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(
+        FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas", name
+    )
+    return dict((obj.get("status") or {}).get("used") or {})
+
+
+def recount(client: kubernetes.client.ApiClient, namespace: str) -> dict[str, int]:
+    pods = kubernetes.client.CoreV1Api(client).list_namespaced_pod(namespace).items
+    cores = memory = gpus = 0
+    for item in pods:
+        raw = (item.metadata.annotations or {}).get(names.ANNOTATION_ASSIGNMENT)
+        if raw is None:
+            continue
+        for alloc in codec.decode_assignment(raw).allocations():
+            cores += alloc.cores
+            memory += alloc.memory_mib
+            gpus += alloc.cores >= 100
+    return {"cores": cores, "memoryMiB": memory, "gpus": gpus}
+
+
+def test_replica_kill_and_apiserver_restart_lose_no_accounting(
+    webhooks: Webhooks,
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    """Runs last in this module: it kills and restarts a replica and the API server."""
+    prefix = f"fault-{uuid.uuid4().hex[:4]}"
+    infos = [nodes.gpu_node(f"{prefix}-{i}", gpus=2, memory_mib=A100) for i in range(5)]
+    kubernetes.client.CustomObjectsApi(kube_client).create_namespaced_custom_object(
+        FRACGPU_GROUP,
+        FRACGPU_VERSION,
+        namespace,
+        "gpuquotas",
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.GPUQUOTA_KIND,
+            "metadata": {"name": "gpu", "namespace": namespace},
+            "spec": {"hard": {"cores": 2000}},
+        },
+    )
+    time.sleep(1.5)
+    errors: list[str] = []
+
+    def one(i: int) -> None:
+        body = pod(
+            f"{prefix}-p{i:03d}", {"tencent.com/vcuda-core": "20", "tencent.com/vcuda-memory": "8"}
+        )
+        for _ in range(20):  # a controller would retry until the control plane is back
+            try:
+                create(kube_client, namespace, body)
+                return
+            except ApiException as error:
+                if error.status == 409 and "AlreadyExists" in (error.body or ""):
+                    return
+                errors.append(str(error.status))
+            except Exception as error:
+                errors.append(type(error).__name__)
+            time.sleep(0.5)
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        futures = [pool.submit(one, i) for i in range(60)]
+        time.sleep(1.0)
+        webhooks.replicas[0].kill()  # SIGKILL, mid-burst
+        control_plane.restart_apiserver()
+        for future in futures:
+            future.result()
+    webhooks.replicas[0].start().wait_ready()
+    assert errors, "the faults should have been felt by some creates"
+    sums = live_sums(kube_client)
+    for info in infos:
+        for device in info.devices:
+            cores, memory = sums.get(device["uuid"], (0, 0))
+            assert cores <= 100 and memory <= A100
+
+    differences: list[str] = []
+
+    def settled() -> bool:
+        differences.clear()
+        used, counted = quota_used(kube_client, namespace, "gpu"), recount(kube_client, namespace)
+        if used != counted:
+            differences.append(f"quota used {used} != recount {counted}")
+        for info in infos:
+            status = gpunode(kube_client, info.name).get("status") or {}
+            if status.get("reservations"):
+                differences.append(f"{info.name} still holds {status['reservations']}")
+            published = {
+                a["uuid"]: (a["cores"], a["memoryMiB"]) for a in status.get("allocated", [])
+            }
+            for device in info.devices:
+                live = sums.get(device["uuid"], (0, 0))
+                if published.get(device["uuid"]) != live:
+                    differences.append(
+                        f"{device['uuid']}: {published.get(device['uuid'])} != {live}"
+                    )
+        return not differences
+
+    try:
+        wait_until(
+            settled,
+            "GPUNode and GPUQuota status equal to a recount from live pods",
+            timeout_s=RESERVATION_TTL_S + 45,
+        )
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {differences}") from None

@@ -1,0 +1,242 @@
+"""Real webhook replicas behind a loopback TCP balancer, registered with the API server.
+
+The API server calls one URL per webhook; a round-robin TCP balancer in front of the
+replicas (TLS passes through untouched) spreads its connections over both, and a killed
+replica simply stops answering there, as behind a Service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import kubernetes.client
+from kubernetes.client.exceptions import ApiException
+
+from certs.authority import CertKeyPair, issue_serving, new_ca
+from tests.chart.chartfiles import rbac_objects, webhook_configurations
+
+ROOT = Path(__file__).resolve().parents[2]
+FRACGPU = Path(sys.executable).with_name("fracgpu")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class WebhookTLS:
+    ca: CertKeyPair
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+    @classmethod
+    def create(cls, directory: Path) -> WebhookTLS:
+        now = datetime.now(UTC)
+        ca = new_ca(now, timedelta(days=1))
+        serving = issue_serving(ca, ["localhost"], now, timedelta(days=1), ["127.0.0.1"])
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = {name: directory / name for name in ("tls.crt", "tls.key", "ca.crt")}
+        paths["tls.crt"].write_bytes(serving.cert_pem())
+        paths["tls.key"].write_bytes(serving.key_pem())
+        paths["ca.crt"].write_bytes(ca.cert_pem())
+        return cls(ca, paths["tls.crt"], paths["tls.key"], paths["ca.crt"])
+
+
+class TcpBalancer:
+    """Round-robin TCP proxy on 127.0.0.1, in its own thread; skips backends that refuse."""
+
+    def __init__(self, backends: list[int]) -> None:
+        self.backends = list(backends)
+        self.port = free_port()
+        self.connections = dict.fromkeys(backends, 0)
+        self._cycle = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    def __enter__(self) -> TcpBalancer:
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        def close() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+            self._loop.call_later(0.2, self._loop.stop)
+
+        self._loop.call_soon_threadsafe(close)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        )
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream = None
+        for _ in range(len(self.backends)):
+            port = self.backends[next(self._cycle) % len(self.backends)]
+            with contextlib.suppress(OSError):
+                upstream = await asyncio.open_connection("127.0.0.1", port)
+                self.connections[port] += 1
+                break
+        if upstream is None:
+            writer.close()
+            return
+        up_reader, up_writer = upstream
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(OSError, RuntimeError):
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+@dataclass
+class WebhookReplica:
+    """One `fracgpu serve` process in cluster mode."""
+
+    name: str
+    kubeconfig: Path
+    tls: WebhookTLS
+    log_dir: Path
+    extra_args: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WebhookReplica:
+        args = [
+            str(FRACGPU), "serve",
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--tls-cert-file", str(self.tls.cert_file),
+            "--tls-key-file", str(self.tls.key_file),
+            "--kubeconfig", str(self.kubeconfig),
+            "--identity", self.name,
+            "--lease-namespace", FRACGPU_NAMESPACE,
+            "--controller-interval-seconds", "1",
+            "--settle-seconds", "2",
+            *self.extra_args,
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with (self.log_dir / f"{self.name}.log").open("ab") as log:
+            # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def wait_ready(self, timeout_s: float = 30) -> None:
+        context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.name} exited: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(
+                    f"https://127.0.0.1:{self.port}/readyz", context=context, timeout=2
+                ) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name} never became ready: {self.log_tail()}")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 30) -> str:
+        path = self.log_dir / f"{self.name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+MUTATING = "fracgpu-mutate"
+VALIDATING = "fracgpu-validate"
+
+
+FRACGPU_NAMESPACE = "fracgpu-system"
+
+
+def install_webhook_rbac(client: kubernetes.client.ApiClient) -> None:
+    """fracgpu's namespace plus the chart's own RBAC objects for the webhook."""
+    core = kubernetes.client.CoreV1Api(client)
+    with contextlib.suppress(ApiException):
+        # 1.20 has no kubernetes.io/metadata.name label: exempt by fracgpu's own label
+        core.create_namespace(
+            {"metadata": {"name": FRACGPU_NAMESPACE, "labels": {"fracgpu.io/ignore": "true"}}}
+        )
+    rbac = kubernetes.client.RbacAuthorizationV1Api(client)
+    create = {
+        "ClusterRole": rbac.create_cluster_role,
+        "ClusterRoleBinding": rbac.create_cluster_role_binding,
+        "Role": lambda o: rbac.create_namespaced_role(FRACGPU_NAMESPACE, o),
+        "RoleBinding": lambda o: rbac.create_namespaced_role_binding(FRACGPU_NAMESPACE, o),
+    }
+    for obj in rbac_objects("webhook", FRACGPU_NAMESPACE):
+        try:
+            create[obj["kind"]](obj)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+
+def register_webhooks(client: kubernetes.client.ApiClient, url: str, ca_pem: bytes) -> None:
+    api = kubernetes.client.AdmissionregistrationV1Api(client)
+    mutating, validating = webhook_configurations(url=url, ca_bundle=ca_pem)
+    for create, delete, body in (
+        (api.create_mutating_webhook_configuration,
+         api.delete_mutating_webhook_configuration, mutating),
+        (api.create_validating_webhook_configuration,
+         api.delete_validating_webhook_configuration, validating),
+    ):  # fmt: skip
+        with contextlib.suppress(ApiException):
+            delete(body["metadata"]["name"])
+        create(body)
+
+
+def unregister_webhooks(client: kubernetes.client.ApiClient, url: str, ca_pem: bytes) -> None:
+    api = kubernetes.client.AdmissionregistrationV1Api(client)
+    mutating, validating = webhook_configurations(url=url, ca_bundle=ca_pem)
+    with contextlib.suppress(ApiException):
+        api.delete_mutating_webhook_configuration(mutating["metadata"]["name"])
+    with contextlib.suppress(ApiException):
+        api.delete_validating_webhook_configuration(validating["metadata"]["name"])
