@@ -6,7 +6,6 @@
  * processes that actually call CUDA or NVML read limits or map the region.
  */
 #include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,33 +233,30 @@ void *fracgpu_hook_for_real(const void *real_fn)
     return NULL;
 }
 
-/* RTLD_NEXT must mean "after the caller", not "after the shim": find the
- * first object after the caller's that defines the symbol itself. */
-static void *dlsym_next_after(const void *caller, const char *name)
+/*
+ * RTLD_NEXT must mean "after the caller", not "after the shim". glibc takes
+ * the caller from dlsym's return address, so for RTLD_NEXT the real dlsym is
+ * entered by a tail call (a jump: our frame is gone and the return address is
+ * the caller's). tests/shim/test_lookup.py::test_rtld_next_is_relative_to_the_caller
+ * fails if the compiler ever stops emitting the jump. Nothing else happens on
+ * that path: preloaded allocators and sanitizers call dlsym(RTLD_NEXT, ...)
+ * while they initialise, before malloc or our constructor work.
+ */
+EXPORT __attribute__((optimize("optimize-sibling-calls"))) void *dlsym(void *handle,
+                                                                       const char *name)
 {
-    Dl_info info;
-    struct link_map *self = NULL;
-    if (dladdr1(caller, &info, (void **)&self, RTLD_DL_LINKMAP) == 0 || self == NULL)
-        return fracgpu_real_dlsym(RTLD_NEXT, name);
-    for (struct link_map *l = self->l_next; l != NULL; l = l->l_next) {
-        if (l->l_name == NULL || l->l_name[0] == '\0')
-            continue;
-        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
-        if (h == NULL)
-            continue;
-        void *p = fracgpu_real_dlsym(h, name);
-        dlclose(h);
-        struct link_map *owner = NULL;
-        if (p != NULL && dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP) != 0 && owner == l)
-            return p;
+    if (handle == RTLD_NEXT) {
+        void *h = fracgpu_hook_by_name(name);
+        if (UNLIKELY(h != NULL))
+            return h;
+        dlsym_fn f = __atomic_load_n(&next_dlsym, __ATOMIC_ACQUIRE);
+        if (UNLIKELY(f == NULL)) {
+            resolve_next_dlsym();
+            f = next_dlsym;
+        }
+        return f(handle, name); /* tail call: keeps the caller's return address */
     }
-    return NULL;
-}
-
-EXPORT void *dlsym(void *handle, const char *name)
-{
-    void *p = handle == RTLD_NEXT ? dlsym_next_after(__builtin_return_address(0), name)
-                                  : fracgpu_real_dlsym(handle, name);
+    void *p = fracgpu_real_dlsym(handle, name);
     if (p != NULL) {
         void *h = fracgpu_hook_by_name(name);
         if (h != NULL)

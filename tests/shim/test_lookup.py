@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from tests.shim.sandbox import BUILD, SHIM_DIR, Sandbox
 
 HOOKS = re.findall(r"^(?:CU|NVML)HOOK\((\w+),", (SHIM_DIR / "src" / "hooks.def").read_text(), re.M)
@@ -59,3 +61,27 @@ def test_rtld_next_is_relative_to_the_caller(node: Sandbox) -> None:
     # libprobe_b's, not its own (which a naive dlsym hook would return).
     lines = lookup_lines(node, "libfracgpu-test.so")
     assert lines[("rtld_next", "b")] == []
+
+
+def test_works_next_to_an_interposer_that_calls_dlsym_while_starting(node: Sandbox) -> None:
+    # AddressSanitizer's runtime resolves its interceptors with dlsym(RTLD_NEXT, ...)
+    # during its own initialisation, before malloc works: our dlsym must not call
+    # anything on that path.
+    asan = subprocess.run(
+        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if not asan.startswith("/"):
+        pytest.skip("no libasan in this toolchain")
+    preload = f"{asan}:{BUILD / 'libfracgpu-test.so'}"
+    env = node.env(extra={"LD_PRELOAD": preload, "ASAN_OPTIONS": "detect_leaks=0"})
+    shell = subprocess.run(["/bin/sh", "-c", "true"], env=env, check=False, timeout=30)
+    assert shell.returncode == 0
+    out = subprocess.run(
+        [str(BUILD / "tests" / "mem_ops"), "ctx", "0", "alloc", "2Gi", "alloc", "512Mi"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert [line.split()[1] for line in out.stdout.splitlines()] == ["0", "2", "0"], out.stderr
