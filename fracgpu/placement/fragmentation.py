@@ -23,8 +23,8 @@ from fracgpu.placement.workload import Shape
 
 # Float noise below this (in units x frequency) is not a difference between candidates.
 TIE_TOLERANCE = 1e-7
-# For a shape that needs none of a host resource, any node hosts "plenty" of it.
-_TINY = 1e-12
+# For a shape that needs none of a host resource, any node hosts plenty of such pods.
+_PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
 _FLOOR_NUDGE = 1e-9
 
@@ -52,6 +52,8 @@ class FragmentationIndex:
         self.s_gpus_inv = np.ones(s)
         self.s_cpu_inv = np.zeros(s)
         self.s_mem_inv = np.zeros(s)
+        self.s_cpu_nudge = np.zeros(s)
+        self.s_mem_nudge = np.zeros(s)
         self.usable_now: BoolArray = np.zeros((0, s), np.bool_)
         self.pods_now: FloatArray = np.zeros((0, s))
         self.usable: FloatArray = np.zeros((0, s))
@@ -89,8 +91,10 @@ class FragmentationIndex:
         self.s_units_inv = 1.0 / self.s_units
         self.s_gpus_inv = 1.0 / np.maximum(self.s_gpus, 1)
         # A shape that needs no CPU (memory) is never limited by it.
-        self.s_cpu_inv = np.where(self.s_cpu > 0, 1.0 / np.maximum(self.s_cpu, 1), _TINY)
-        self.s_mem_inv = np.where(self.s_mem > 0, 1.0 / np.maximum(self.s_mem, 1), _TINY)
+        self.s_cpu_inv = np.where(self.s_cpu > 0, 1.0 / np.maximum(self.s_cpu, 1), 0.0)
+        self.s_mem_inv = np.where(self.s_mem > 0, 1.0 / np.maximum(self.s_mem, 1), 0.0)
+        self.s_cpu_nudge = np.where(self.s_cpu > 0, _FLOOR_NUDGE, _PLENTY)
+        self.s_mem_nudge = np.where(self.s_mem > 0, _FLOOR_NUDGE, _PLENTY)
         cards, card_of_slot = np.unique(state.g_mem_total, return_inverse=True)
         need_by_card = np.array(
             [[s.memory.resolve(int(c)) for s in self.shapes] for c in cards], dtype=np.int64
@@ -134,7 +138,11 @@ class FragmentationIndex:
         )[0]
 
     def usable_for(
-        self, slots: IntArray, free: IntArray, mem_free: IntArray, cont: IntArray
+        self,
+        slots: IntArray,
+        free: IntArray | FloatArray,
+        mem_free: IntArray,
+        cont: IntArray,
     ) -> tuple[BoolArray, FloatArray]:
         """[slot, shape]: could a pod of each shape take each GPU in this (hypothetical) state,
         and how many such pods the GPU could take (by compute and split count)."""
@@ -158,8 +166,8 @@ class FragmentationIndex:
         the share that the CPU or memory can feed (FGD only asks whether one pod fits)."""
         gpu_pods = np.floor(pods * self.s_gpus_inv + _FLOOR_NUDGE)
         host_pods = np.minimum(
-            np.floor(cpu[:, None] * self.s_cpu_inv + _FLOOR_NUDGE),
-            np.floor(mem[:, None] * self.s_mem_inv + _FLOOR_NUDGE),
+            np.floor(cpu[:, None] * self.s_cpu_inv + self.s_cpu_nudge),
+            np.floor(mem[:, None] * self.s_mem_inv + self.s_mem_nudge),
         )
         if not self.stranding:
             result: FloatArray = usable * ((gpu_pods >= 1) & (host_pods >= 1))

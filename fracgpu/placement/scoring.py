@@ -37,7 +37,9 @@ def choose(
         gpu_left = gpu_left_pairs
         taken = taken_pairs.astype(np.int64)
     else:
-        gpu_left = np.bincount(cands.pair_cand, weights=gpu_left_pairs, minlength=n)
+        gpu_left = np.bincount(cands.pair_cand, weights=gpu_left_pairs, minlength=n).astype(
+            np.float64
+        )
         taken = np.bincount(cands.pair_cand, weights=taken_pairs, minlength=n).astype(np.int64)
     node_free_after = state.n_free_units[rows] - taken
     if n == 1:
@@ -63,7 +65,9 @@ def choose(
             loss = frag.node_loss_cpu_only(state, rows, demand.cpu_milli, demand.memory_mib)
         else:
             loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib)
-        keys = [loss, gpu_left, node_left()]
+        # Ties (the same capacity lost) go to the node with the least GPU left, then the GPU
+        # left fullest: packing keeps whole nodes free for multi-GPU pods.
+        keys = [loss, node_free_after.astype(float), gpu_left]
     return lexmin(keys)
 
 

@@ -5,6 +5,7 @@ Instead of a fixed table, every arriving pod adds to an exponentially decayed hi
 shapes, so the model follows the workload as it drifts.
 """
 
+import math
 from dataclasses import dataclass
 
 from fracgpu.model import MemoryRequest
@@ -13,6 +14,9 @@ from fracgpu.placement.api import PodDemand
 DEFAULT_HALF_LIFE = 2000  # arrivals after which an observation counts half
 DEFAULT_COVERAGE = 0.95  # the typical shapes cover this share of the (decayed) arrivals
 DEFAULT_MAX_SHAPES = 32
+# CPU and memory of a shape are rounded down to 2 ** (k / 2): similar pods pool their
+# frequency (so less common big shapes still make the typical set) and fewer shapes are scored.
+BUCKETS_PER_DOUBLING = 2
 _RESCALE_AT = 1e100
 
 
@@ -41,6 +45,14 @@ class Shape:
         return not any(matches(m) for m in self.exclude_models)
 
 
+def bucket(amount: int) -> int:
+    """The largest 2 ** (k / BUCKETS_PER_DOUBLING) not above ``amount`` (0 stays 0)."""
+    if amount <= 0:
+        return 0
+    k = math.floor(math.log2(amount) * BUCKETS_PER_DOUBLING + 1e-9)
+    return min(amount, math.floor(2 ** (k / BUCKETS_PER_DOUBLING)))
+
+
 def shape_of(demand: PodDemand) -> Shape | None:
     """The demand's shape; multi-container pods are described by their biggest container."""
     if not demand.containers:
@@ -51,8 +63,8 @@ def shape_of(demand: PodDemand) -> Shape | None:
         units=biggest.cores,
         gpus=biggest.gpus,
         memory=biggest.memory,
-        cpu_milli=demand.cpu_milli,
-        memory_mib=demand.memory_mib,
+        cpu_milli=bucket(demand.cpu_milli),
+        memory_mib=bucket(demand.memory_mib),
         include_models=c.include_models,
         exclude_models=c.exclude_models,
         exact_models=c.exact_models,

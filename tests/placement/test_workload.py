@@ -4,7 +4,7 @@ import pytest
 
 from fracgpu.model import WHOLE_CARD, MemoryRequest
 from fracgpu.placement import Constraints, PodDemand
-from fracgpu.placement.workload import WorkloadModel, shape_of
+from fracgpu.placement.workload import WorkloadModel, bucket, shape_of
 from tests.placement.helpers import container, share
 
 
@@ -17,7 +17,8 @@ def test_shape_of_takes_the_biggest_container_and_constraints() -> None:
     )
     shape = shape_of(demand)
     assert shape is not None
-    assert (shape.units, shape.gpus, shape.cpu_milli, shape.memory_mib) == (100, 2, 3000, 512)
+    # CPU and memory are bucketed down to 2 ** (k / 2): 3000 -> 2896, 512 stays.
+    assert (shape.units, shape.gpus, shape.cpu_milli, shape.memory_mib) == (100, 2, 2896, 512)
     assert shape.allows_model("Tesla T4") and not shape.allows_model("A100")
     assert shape_of(PodDemand(())) is None
 
@@ -62,3 +63,16 @@ def test_typical_covers_the_requested_share_and_rescales() -> None:
 def test_bad_settings(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         WorkloadModel(**kwargs)  # type: ignore[arg-type]
+
+
+def test_buckets_round_down_on_a_half_doubling_scale() -> None:
+    assert [bucket(v) for v in (0, 1, 3, 4096, 5000, 5792, 5793, 64200)] == [
+        0,
+        1,
+        2,
+        4096,
+        4096,
+        4096,
+        5792,
+        46340,
+    ]
