@@ -164,24 +164,45 @@ def test_every_default_value_is_described_by_the_schema() -> None:
     assert walk(_defaults(), _schema(), "") == []
 
 
+# Keys whose meaning is plain once their parent is described (image.tag, resources.limits).
+SELF_EXPLAINING = frozenset(
+    {"repository", "tag", "requests", "limits", "enabled", "labels", "interval", "minAvailable"}
+)
+
+
 def test_every_value_is_documented_by_a_comment() -> None:
-    """values.yaml: every key is preceded by a comment, or belongs to a commented group."""
+    """values.yaml: every key has a comment right above it (or is a plain sub-key)."""
     lines = (CHART_DIR / "values.yaml").read_text().splitlines()
-    key_line = re.compile(r"^(\s*)([A-Za-z][A-Za-z0-9]*):")
+    key_line = re.compile(r"^(\s*)([A-Za-z][A-Za-z0-9-]*):")
     undocumented = []
-    # Indentation levels whose current group carries a comment (children inherit it).
-    commented_groups: dict[int, bool] = {}
+    parents: list[tuple[int, bool]] = []  # (indent, has its own comment) of enclosing keys
     for number, line in enumerate(lines):
         match = key_line.match(line)
         if not match:
             continue
         indent = len(match.group(1))
-        for level in [lv for lv in commented_groups if lv >= indent]:
-            del commented_groups[level]
-        previous = lines[number - 1].strip() if number else ""
-        own_comment = previous.startswith("#")
-        parent_commented = any(commented_groups.values())
-        if not (own_comment or parent_commented):
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        own_comment = number > 0 and lines[number - 1].strip().startswith("#")
+        parent_commented = bool(parents) and parents[-1][1]
+        plain = match.group(2) in SELF_EXPLAINING and parent_commented
+        # Entries of a documented map value (resourceNames.*, nodeSelector labels) count too.
+        in_documented_group = parent_commented and _group_is_uniform(lines, number, indent)
+        if not (own_comment or plain or in_documented_group):
             undocumented.append(f"line {number + 1}: {match.group(2)}")
-        commented_groups[indent] = own_comment
+        parents.append((indent, own_comment or plain or in_documented_group))
     assert undocumented == []
+
+
+def _group_is_uniform(lines: list[str], number: int, indent: int) -> bool:
+    """Whether the key at ``number`` is one of a block of scalar siblings with no comments
+    among them (e.g. a map of resource names under one comment)."""
+    start = number
+    while (
+        start > 0
+        and lines[start - 1].startswith(" " * indent)
+        and not lines[start - 1][indent:].startswith((" ", "#"))
+    ):
+        start -= 1
+    block = lines[start : number + 1]
+    return all(":" in line and line.split(":", 1)[1].strip() for line in block)
