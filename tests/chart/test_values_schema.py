@@ -185,24 +185,23 @@ def test_every_value_is_documented_by_a_comment() -> None:
             parents.pop()
         own_comment = number > 0 and lines[number - 1].strip().startswith("#")
         parent_commented = bool(parents) and parents[-1][1]
-        plain = match.group(2) in SELF_EXPLAINING and parent_commented
-        # Entries of a documented map value (resourceNames.*, nodeSelector labels) count too.
-        in_documented_group = parent_commented and _group_is_uniform(lines, number, indent)
+        # A documented map's entries: label keys (nvidia-device-enable) are data, not settings.
+        is_data_key = "-" in match.group(2) or "." in match.group(2)
+        plain = (match.group(2) in SELF_EXPLAINING or is_data_key) and parent_commented
+        # Fields of a list entry (a toleration's operator) are described with the list.
+        in_documented_group = parent_commented and _inside_list_entry(lines, number, indent)
         if not (own_comment or plain or in_documented_group):
             undocumented.append(f"line {number + 1}: {match.group(2)}")
         parents.append((indent, own_comment or plain or in_documented_group))
-    assert undocumented == []
+    assert not undocumented, "keys without a comment in values.yaml:\n" + "\n".join(undocumented)
 
 
-def _group_is_uniform(lines: list[str], number: int, indent: int) -> bool:
-    """Whether the key at ``number`` is one of a block of scalar siblings with no comments
-    among them (e.g. a map of resource names under one comment)."""
-    start = number
-    while (
-        start > 0
-        and lines[start - 1].startswith(" " * indent)
-        and not lines[start - 1][indent:].startswith((" ", "#"))
-    ):
-        start -= 1
-    block = lines[start : number + 1]
-    return all(":" in line and line.split(":", 1)[1].strip() for line in block)
+def _inside_list_entry(lines: list[str], number: int, indent: int) -> bool:
+    """Whether the key at ``number`` belongs to a ``- `` list entry above it."""
+    for previous in reversed(lines[:number]):
+        stripped = previous.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if len(previous) - len(stripped) < indent:
+            return stripped.startswith("- ")
+    return False
