@@ -72,21 +72,23 @@ struct fracgpu_board *fracgpu_board_open(const char *dir, const char *uuid)
     return b;
 }
 
-void fracgpu_priority_before(int di)
+int fracgpu_priority_before(int di)
 {
     struct fracgpu_board *b = di >= 0 ? G.board[di] : NULL;
     if (b == NULL)
-        return;
-    uint64_t now = fracgpu_now_ns();
+        return 0;
     if (G.limits.priority == FRACGPU_PRIORITY_HIGH) {
-        uint64_t until = now + FRACGPU_BOARD_HIGH_HOLD_NS;
+        uint64_t until = fracgpu_now_ns() + FRACGPU_BOARD_HIGH_HOLD_NS;
         /* write only when it moves by a millisecond: keeps the line quiet */
         if (until > __atomic_load_n(&b->high_active_until_ns, __ATOMIC_RELAXED) + 1000000)
             __atomic_store_n(&b->high_active_until_ns, until, __ATOMIC_RELEASE);
         __atomic_fetch_add(&b->high_launches, 1, __ATOMIC_RELAXED);
-        return;
+        return 0;
     }
-    uint64_t start = now, until;
+    uint64_t until = __atomic_load_n(&b->high_active_until_ns, __ATOMIC_ACQUIRE);
+    if (LIKELY(until == 0))
+        return 0; /* no high-priority work has ever run on this GPU */
+    uint64_t now = fracgpu_now_ns(), start = now;
     while ((until = __atomic_load_n(&b->high_active_until_ns, __ATOMIC_ACQUIRE)) > now) {
         uint64_t wait = until - now;
         struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
@@ -95,4 +97,6 @@ void fracgpu_priority_before(int di)
     }
     if (now > start)
         __atomic_fetch_add(&b->low_wait_ns, now - start, __ATOMIC_RELAXED);
+    /* Keep our in-flight work bounded while high priority was recently busy. */
+    return now < until + FRACGPU_PRIORITY_RECENT_NS;
 }

@@ -602,14 +602,21 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
 
 /* ---- launches: paced only when a compute limit applies ---- */
 
+/* With one GPU in the limits every usable context is on it (creating one
+ * elsewhere fails), so a launch needs no driver call to find its device. */
+static inline int launch_dev_index(void)
+{
+    return G.limits.device_count == 1 ? 0 : fracgpu_current_dev_index();
+}
+
 #define LAUNCH(name, stream, ptsz, callargs)                                                     \
     ENTER(name);                                                                                 \
     if (LIKELY(!G.launch_hooks) || mode_ != MODE_ACCOUNT)                                        \
         return real_##name callargs;                                                             \
     void *tok_;                                                                                  \
-    int di_ = fracgpu_current_dev_index();                                                       \
-    fracgpu_priority_before(di_);                                                                \
-    fracgpu_pace_before(di_, (stream), (ptsz), &tok_);                                           \
+    int di_ = launch_dev_index();                                                                \
+    int bounded_ = fracgpu_priority_before(di_);                                                 \
+    fracgpu_pace_before(di_, bounded_, (stream), (ptsz), &tok_);                                           \
     CUresult rc_ = real_##name callargs;                                                         \
     fracgpu_pace_after(di_, (stream), (ptsz), tok_, rc_);                                        \
     return rc_;

@@ -97,16 +97,15 @@ static void drain(int di, struct dev_pace *p)
     }
 }
 
-void fracgpu_pace_before(int di, CUstream stream, int per_thread, void **token)
+void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, void **token)
 {
     *token = NULL;
     if (di < 0 || real_cuEventRecord == NULL || real_cuEventQuery == NULL)
         return;
     int paced = G.limits.compute_limit_enabled && G.limits.dev[di].core_limit < 100;
-    /* A low-priority container on a priority board keeps at most RING launches
-     * in flight even unpaced, so little of its work queues ahead of a
-     * high-priority container's. */
-    int bounded = G.board[di] != NULL && G.limits.priority != FRACGPU_PRIORITY_HIGH;
+    /* bounded: a low-priority container next to recently active high-priority
+     * work keeps at most RING launches in flight even unpaced, so little of its
+     * work queues ahead of the high-priority container's. */
     if (!paced && !bounded)
         return;
     struct dev_pace *p = &pace[di];

@@ -108,10 +108,13 @@ HIDDEN int fracgpu_current_dev_index(void);
 
 /* ---- priority board ---- */
 HIDDEN struct fracgpu_board *fracgpu_board_open(const char *dir, const char *uuid);
-HIDDEN void fracgpu_priority_before(int di);
+/* Waits while high-priority work is active; returns 1 if this launch must be
+ * tracked to bound the low-priority container's in-flight work. */
+HIDDEN int fracgpu_priority_before(int di);
+#define FRACGPU_PRIORITY_RECENT_NS 10000000000ull
 
 /* ---- pacing ---- */
-HIDDEN void fracgpu_pace_before(int di, CUstream stream, int per_thread, void **token);
+HIDDEN void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, void **token);
 HIDDEN void fracgpu_pace_after(int di, CUstream stream, int per_thread, void *token, CUresult rc);
 HIDDEN void fracgpu_pace_reset_after_fork(void);
 HIDDEN uint64_t fracgpu_now_ns(void);
