@@ -19,7 +19,7 @@ from fracgpu import codec, names
 
 from .conftest import NodeFactory
 from .harness import ControlPlane
-from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION
+from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_resource_quota
 from .webhook_harness import (
     TcpBalancer,
     WebhookReplica,
@@ -293,6 +293,110 @@ def test_burst_of_300_pods_from_many_threads_never_overcommits(
         "allocation summaries back to zero",
         timeout_s=30,
     )
+
+
+def test_plain_resource_quota_on_canonical_resources_keeps_working(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    nodes.gpu_node(f"rq-{uuid.uuid4().hex[:6]}", gpus=2, memory_mib=A100)
+    create_resource_quota(kube_client, namespace, {"requests.tencent.com/vcuda-core": "50"})
+    time.sleep(1.0)
+    # A HAMi pod is rewritten to canonical resources, which ResourceQuota then counts.
+    create(
+        kube_client,
+        namespace,
+        pod(
+            "first",
+            {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/gpumem": "1024"},
+        ),
+    )
+    with pytest.raises(ApiException) as refused:
+        create(
+            kube_client,
+            namespace,
+            pod("second", {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "4"}),
+        )
+    assert refused.value.status == 403
+    assert "exceeded quota" in (refused.value.body or "")
+
+
+def test_node_selector_and_taints_steer_placement_in_cluster_mode(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    tainted = nodes.gpu_node(
+        f"tainted-{suffix}", gpus=1, memory_mib=A100, labels={"pool": f"train-{suffix}"}
+    )
+    plain = nodes.gpu_node(
+        f"plain-{suffix}", gpus=1, memory_mib=A100, labels={"pool": f"train-{suffix}"}
+    )
+    kubernetes.client.CoreV1Api(kube_client).patch_node(
+        tainted.name,
+        {"spec": {"taints": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}},
+    )
+    other = nodes.gpu_node(f"other-{suffix}", gpus=1, memory_mib=A100)
+    time.sleep(1.5)
+    limits = {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "4"}
+    for i in range(3):
+        placed = create(
+            kube_client,
+            namespace,
+            pod(f"sel-{i}", limits, spec={"nodeSelector": {"pool": f"train-{suffix}"}}),
+        )
+        node = codec.decode_assignment(
+            placed["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT]
+        ).node
+        assert node == plain.name, "untolerated taint or unselected node chosen"
+    tolerating = create(
+        kube_client,
+        namespace,
+        pod(
+            "tolerates",
+            {"tencent.com/vcuda-core": "100"},
+            spec={
+                "nodeSelector": {"pool": f"train-{suffix}"},
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            },
+        ),
+    )
+    node = codec.decode_assignment(
+        tolerating["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT]
+    ).node
+    assert node == tainted.name  # the plain node's GPU is shared, the tainted one is free
+    del other
+
+
+def test_an_assignment_copied_from_a_live_pod_is_denied(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    nodes.gpu_node(f"copy-{uuid.uuid4().hex[:6]}", gpus=1, memory_mib=A100)
+    time.sleep(1.0)
+    original = create(
+        kube_client,
+        namespace,
+        pod("original", {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "4"}),
+    )
+    annotations = {
+        k: v for k, v in original["metadata"]["annotations"].items() if k.startswith("fracgpu.io/")
+    }
+    time.sleep(1.0)  # the replicas' pod caches see the original
+    copy = pod(
+        "copy",
+        {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "4"},
+        metadata={"annotations": annotations},
+    )
+    with pytest.raises(ApiException) as denied:
+        create(kube_client, namespace, copy)
+    assert "only fracgpu may set" in (denied.value.body or "")
 
 
 def quota_used(client: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, int]:

@@ -13,6 +13,7 @@ from fracgpu import codec, names
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, GPUDevice, NodeInventory, Reservation
 from fracgpu.quantity import parse_quantity
+from webhook.tolerations import Taint
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ class NodeRecord:
     name: str
     cpu_milli: int
     memory_mib: int
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,10 +110,18 @@ def pod_cpu_memory(spec: Obj) -> tuple[int, int]:
 
 def node_record(obj: Obj) -> NodeRecord | None:
     allocatable = obj.get("status", {}).get("allocatable") or {}
+    labels = obj["metadata"].get("labels") or {}
+    taints = (obj.get("spec") or {}).get("taints") or []
     return NodeRecord(
         name=str(obj["metadata"]["name"]),
         cpu_milli=_ceil(_quantity(allocatable.get("cpu")) * 1000),
         memory_mib=int(_quantity(allocatable.get("memory")) // MIB),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        taints=tuple(
+            Taint(str(t.get("key", "")), str(t.get("effect", "")), str(t.get("value", "")))
+            for t in taints
+            if isinstance(t, dict)
+        ),
     )
 
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from fracgpu.codec import decode_quota
@@ -34,6 +34,7 @@ from webhook.cluster.records import (
 )
 from webhook.cluster.watchcache import WatchCache, WatchSettings
 from webhook.state import Claim, RejectKind, ReserveRejected
+from webhook.tolerations import Taint
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,24 @@ class KubeState:
     async def quotas(self, namespace: str) -> tuple[Quota, ...]:
         return tuple(q for _, q in self.gpuquotas.items() if q.namespace == namespace)
 
+    async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
+        return {
+            name: dict(node.labels)
+            for name, node in self.nodes.items()
+            if self.gpunodes.get(name) is not None
+        }
+
+    async def node_taints(self) -> Mapping[str, tuple[Taint, ...]]:
+        return {
+            name: node.taints
+            for name, node in self.nodes.items()
+            if self.gpunodes.get(name) is not None
+        }
+
     async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:
+        if reservation_id in self._live_reservations:
+            # Already carried by a live pod: a second pod presenting it copied it.
+            return None
         found = self._cached_reservation(reservation_id)
         if found is None and node:
             # Another replica may have written it a moment ago; our watch may not have it yet.

@@ -161,7 +161,10 @@ def create_node(
             ],
         }
     }
-    return api.patch_node_status(name, body(status))
+    api.patch_node_status(name, body(status))
+    # The TaintNodesByCondition admission plugin taints every new Node not-ready; the node
+    # lifecycle controller (not run here) lifts it once the node reports Ready.
+    return api.patch_node(name, body({"spec": {"taints": None}}))
 
 
 def create_gpunode(
