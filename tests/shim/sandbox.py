@@ -24,9 +24,15 @@ UUIDS = tuple(f"GPU-fa4e0000-0000-4000-8000-{i:012x}" for i in range(4))
 
 def build_shim() -> Path:
     """Build (or bring up to date) everything under shim/build."""
-    subprocess.run(
-        ["make", "-s", "-C", str(SHIM_DIR)], check=True, capture_output=True, timeout=300
+    made = subprocess.run(
+        ["make", "-s", "-C", str(SHIM_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
+    if made.returncode != 0:
+        raise RuntimeError(f"make -C shim failed:\n{made.stdout}\n{made.stderr}")
     return BUILD
 
 
