@@ -87,14 +87,17 @@ def agent_rbac(kube_client: kubernetes.client.ApiClient) -> Iterator[None]:
                 raise
 
 
-def _wait(predicate: Any, what: str, timeout: float = 30.0) -> Any:
+def _wait(
+    predicate: Any, what: str, timeout: float = 30.0, denials: list[str] | None = None
+) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    last = f" (last answer: {denials[-1]})" if denials else ""
+    raise AssertionError(f"timed out waiting for {what}{last}")
 
 
 def _published_devices(custom: Any, node: str) -> list[dict[str, Any]]:
@@ -160,15 +163,19 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
             },
         }
 
+        denials: list[str] = []
+
         def admitted() -> Any:
+            # Until the webhook's caches hold both the Node and the new GPUNode it denies.
             try:
                 return core.create_namespaced_pod(namespace, body)
             except ApiException as error:
-                if error.status in (400, 403, 500) and "no GPU" in (error.body or ""):
+                if error.status in (400, 403, 500):
+                    denials.append(error.body or "")
                     return None
                 raise
 
-        pod = _wait(admitted, "admission onto the agent's node")
+        pod = _wait(admitted, "admission onto the agent's node", denials=denials)
         assignment = codec.decode_assignment(pod.metadata.annotations[names.ANNOTATION_ASSIGNMENT])
         assert assignment.node == node
         (alloc,) = assignment.allocations()
