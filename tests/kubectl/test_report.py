@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -11,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from fracgpu import names
 from tests.kubectl.objects import assigned_pod, gpu_uuid, gpunode, gpuquota, reservation
+from webhook import kubectl_plugin
 from webhook.kubectl import fetch, report, tables
 
 
@@ -179,3 +181,17 @@ def test_usage_is_parsed_from_the_agents_metrics_text() -> None:
         )
     }
     assert fetch.parse_usage(text, "team-b", "absent") == {}
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kubectl_plugin.main([]) == 2  # a command is required
+    assert kubectl_plugin.main(["-o", "xml", "nodes"]) == 2
+    assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_missing_kubeconfig_is_explained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = kubectl_plugin.main(["--kubeconfig", str(tmp_path / "absent.yaml"), "nodes"])
+    assert code == 1
+    assert "cannot load the kubeconfig" in capsys.readouterr().err
