@@ -16,6 +16,14 @@ static pthread_mutex_t prim_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned prim_refs[FRACGPU_MAX_DEVICES];
 static uint64_t prim_ctx[FRACGPU_MAX_DEVICES];
 
+void fracgpu_cuda_reset_after_fork(void)
+{
+    /* The child holds no contexts, and a parent thread may have held the lock. */
+    pthread_mutex_init(&prim_mu, NULL);
+    memset(prim_refs, 0, sizeof prim_refs);
+    memset(prim_ctx, 0, sizeof prim_ctx);
+}
+
 static int slow_mode(void)
 {
     if (fracgpu_ensure_core() != 0)

@@ -105,6 +105,7 @@ HIDDEN void *fracgpu_hook_by_name(const char *name);
 /* Limits index of a CUDA ordinal, or -1 (no limits: fail closed). */
 HIDDEN int fracgpu_cuda_dev_index(CUdevice dev);
 HIDDEN int fracgpu_current_dev_index(void);
+HIDDEN void fracgpu_cuda_reset_after_fork(void);
 
 /* ---- priority board ---- */
 HIDDEN struct fracgpu_board *fracgpu_board_open(const char *dir, const char *uuid);
