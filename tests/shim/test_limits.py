@@ -256,3 +256,21 @@ def test_c_and_python_parsers_agree_on_mutated_files(
     else:
         assert ok, f"C refused what Python accepted:\n{text!r}\n{c_out}"
         assert c_out == expected_c_output(limits)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=2000))
+def test_c_parser_survives_arbitrary_bytes(tmp_path: Path, shim_build: Path, data: bytes) -> None:
+    path = tmp_path / "garbage"
+    path.write_bytes(b"version=1\n" + data)
+    out = subprocess.run(
+        [str(BUILD / "tests" / "limits_check"), str(path)],
+        capture_output=True,
+        check=False,
+        timeout=10,
+    )
+    assert out.returncode in (0, 1), out
+    if out.returncode == 1:
+        assert out.stdout.startswith(b"error malformed limits file")
