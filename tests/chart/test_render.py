@@ -302,3 +302,18 @@ def test_notes_tell_how_to_check_the_install(rendered: dict[str, Rendered]) -> N
     assert "tencent.com/vcuda-core: 25" in notes
     newer = render(kube_version="v1.29.0", renderer=build_renderer()).notes
     assert "kubectl label namespace kube-system" not in newer
+
+
+def test_user_roles(rendered: dict[str, Rendered], renderer: Path) -> None:
+    result = rendered["default"]
+    quota_view = result.one("ClusterRole", "fracgpu-quota-view")
+    labels = quota_view["metadata"]["labels"]
+    for role in ("view", "edit", "admin"):
+        assert labels[f"rbac.authorization.k8s.io/aggregate-to-{role}"] == "true"
+    assert quota_view["rules"] == [
+        {"apiGroups": ["fracgpu.io"], "resources": ["gpuquotas"], "verbs": ["get", "list", "watch"]}
+    ]
+    metrics = result.one("Role", "fracgpu-agent-metrics")
+    assert metrics["metadata"]["namespace"] == "fracgpu-system"
+    off = render(renderer=renderer, values={"userRoles": {"enabled": False}})
+    assert off.find("ClusterRole", "fracgpu-viewer") == []

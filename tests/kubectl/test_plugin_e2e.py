@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import yaml
 
 from fracgpu import names
+from tests.chart.render import RendererUnavailableError, render
 from tests.kubectl.objects import assigned_pod
 from webhook import kubectl_plugin
 
@@ -122,3 +125,46 @@ def test_a_user_without_rights_is_told_so(
     code, _ = _run(control_plane.kubeconfig("tenant2"), "nodes")
     assert code == 1
     assert "forbidden" in capsys.readouterr().err
+
+
+def test_the_charts_viewer_role_is_enough_for_the_plugin(
+    control_plane: Any, kube_client: kubernetes.client.ApiClient, cluster: dict[str, Any]
+) -> None:
+    """Bind the chart's own <fullname>-viewer ClusterRole to a user who had no rights."""
+    try:
+        rendered = render()
+    except RendererUnavailableError as error:
+        if os.environ.get("CI", "").lower() == "true":
+            raise
+        pytest.skip(str(error))
+    viewer = rendered.one("ClusterRole", "fracgpu-viewer")
+    viewer["metadata"]["name"] = f"fracgpu-viewer-{uuid.uuid4().hex[:6]}"
+    rbac = kubernetes.client.RbacAuthorizationV1Api(kube_client)
+    user = control_plane.identity("tenant2").user
+    binding = {
+        "metadata": {"name": viewer["metadata"]["name"]},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": viewer["metadata"]["name"],
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    rbac.create_cluster_role(viewer)
+    rbac.create_cluster_role_binding(binding)
+    try:
+        kubeconfig = control_plane.kubeconfig("tenant2")
+        deadline = time.monotonic() + 10
+        code, text = _run(kubeconfig, "nodes", cluster["big"])
+        while code != 0 and time.monotonic() < deadline:  # RBAC informer delay
+            time.sleep(0.1)
+            code, text = _run(kubeconfig, "nodes", cluster["big"])
+        assert code == 0
+        assert "75/100 (75%)" in text
+        code, _ = _run(kubeconfig, "quota")
+        assert code == 0
+        code, text = _run(kubeconfig, "pod", "pair", "-n", cluster["namespace"], "--no-usage")
+        assert code == 0 and cluster["big"] in text
+    finally:
+        rbac.delete_cluster_role_binding(viewer["metadata"]["name"])
+        rbac.delete_cluster_role(viewer["metadata"]["name"])
