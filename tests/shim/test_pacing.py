@@ -35,7 +35,10 @@ def test_thirty_percent_slice_runs_at_thirty_percent(node: Sandbox) -> None:
     device = node.region().devices[0]
     assert device.kernel_launches > 100
     assert device.throttle_ns > 0
-    assert device.kernel_time_ns == pytest.approx(device.kernel_launches * 2_000_000, rel=0.05)
+    # every launch is measured except those still in flight at exit (at most 16)
+    kernel_ns = 2_000_000
+    assert (device.kernel_launches - 16) * kernel_ns <= device.kernel_time_ns
+    assert device.kernel_time_ns <= device.kernel_launches * kernel_ns * 1.01
 
 
 def test_full_core_limit_is_not_paced(node: Sandbox) -> None:
