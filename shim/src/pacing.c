@@ -127,15 +127,17 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, v
     pthread_mutex_unlock(&p->mu);
 
     struct fracgpu_region_device *d = &G.region->dev[di];
-    uint64_t now = fracgpu_now_ns();
-    uint64_t tat = __atomic_load_n(&d->pace_tat_ns, __ATOMIC_ACQUIRE);
+    uint64_t now = fracgpu_now_ns(), launch_ns = now;
+    uint64_t tat = paced ? __atomic_load_n(&d->pace_tat_ns, __ATOMIC_ACQUIRE) : 0;
     if (tat > now) {
         uint64_t wait = tat - now;
         struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }
         __atomic_fetch_add(&d->throttle_ns, wait, __ATOMIC_RELAXED);
-        now = fracgpu_now_ns();
+        /* Charge from the time we were due, not from when the scheduler woke
+         * us: oversleeping on a busy host must not shrink the slice. */
+        launch_ns = tat;
     }
     if (!usable)
         return;
@@ -144,7 +146,7 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, v
     t->p.start = take_event(p);
     t->p.end = take_event(p);
     pthread_mutex_unlock(&p->mu);
-    t->p.launch_ns = now;
+    t->p.launch_ns = launch_ns;
     if (stream == NULL && per_thread)
         stream = CU_STREAM_PER_THREAD;
     if (t->p.start == NULL || t->p.end == NULL ||
