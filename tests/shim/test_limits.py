@@ -274,3 +274,16 @@ def test_c_parser_survives_arbitrary_bytes(tmp_path: Path, shim_build: Path, dat
     assert out.returncode in (0, 1), out
     if out.returncode == 1:
         assert out.stdout.startswith(b"error malformed limits file")
+
+
+def test_nvml_fails_closed_too(node: Sandbox) -> None:
+    node.limits_path.unlink()
+    out = node.run("nvml_ops")
+    assert step(out.stdout, "init")[1] == "4"  # NVML_ERROR_NO_PERMISSION
+    assert "fail closed" in out.stderr
+
+
+def test_nvml_in_whole_mode_shows_the_device(node: Sandbox) -> None:
+    node.limits_path.write_bytes(shim_abi.encode_limits(shim_abi.Limits(whole=True)))
+    out = node.run("nvml_ops")
+    assert step(out.stdout, "mem")[4] == str(4 * GiB)
