@@ -115,7 +115,8 @@ static CUresult reserve_on(int di, uint64_t bytes)
         return CUDA_ERROR_OUT_OF_MEMORY; /* cannot account: fail closed */
     if (di < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (fracgpu_region_reserve(G.region, G.slot, (unsigned)di, bytes) != 0) {
+    if (fracgpu_region_reserve(G.region, G.slot, (unsigned)di, bytes,
+                               G.limits.dev[di].memory_limit) != 0) {
         LOGI("allocation of %llu bytes refused: the slice of device %d is %llu bytes, %llu in use",
              (unsigned long long)bytes, di, (unsigned long long)G.limits.dev[di].memory_limit,
              (unsigned long long)__atomic_load_n(&G.region->dev[di].memory_used, __ATOMIC_RELAXED));

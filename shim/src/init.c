@@ -94,14 +94,16 @@ static void core_init(void)
         in_init = 0;
         return;
     }
-    fracgpu_limits_apply_env(&G.limits, getenv(FRACGPU_ENV_MEMORY_LIMIT),
-                             getenv(FRACGPU_ENV_CORE_LIMIT));
+    /* The region records the container's limits from the file; a lower limit
+     * from this process's environment applies to this process only. */
     G.region = fracgpu_region_open(region_path, &G.limits, err, sizeof err);
     if (G.region == NULL) {
         fail(err);
         in_init = 0;
         return;
     }
+    fracgpu_limits_apply_env(&G.limits, getenv(FRACGPU_ENV_MEMORY_LIMIT),
+                             getenv(FRACGPU_ENV_CORE_LIMIT));
     for (unsigned i = 0; i < G.limits.device_count; i++) {
         if (G.limits.compute_limit_enabled && G.limits.dev[i].core_limit < 100)
             G.launch_hooks = 1;

@@ -348,12 +348,13 @@ void fracgpu_region_unregister(struct fracgpu_region *r, int slot)
     unlock_region(r);
 }
 
-int fracgpu_region_reserve(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes)
+int fracgpu_region_reserve(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes,
+                           uint64_t limit)
 {
     struct fracgpu_region_device *d = &r->dev[dev];
     for (int pass = 0; pass < 2; pass++) {
         lock_region(r);
-        uint64_t used = LD(&d->memory_used), limit = LD(&d->memory_limit);
+        uint64_t used = LD(&d->memory_used);
         if (bytes <= limit && used <= limit - bytes) {
             /* Slot first: if we die between the two stores, the recount after
              * EOWNERDEAD derives the total from the slots. */

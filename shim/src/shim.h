@@ -59,8 +59,10 @@ HIDDEN struct fracgpu_region *fracgpu_region_open(const char *path, const struct
 HIDDEN int fracgpu_region_register(struct fracgpu_region *r, int *slot_out, char *err,
                                    size_t errlen);
 HIDDEN void fracgpu_region_unregister(struct fracgpu_region *r, int slot);
-/* 0 on success, -1 if the reservation would pass the limit. */
-HIDDEN int fracgpu_region_reserve(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes);
+/* 0 on success, -1 if the container's usage would pass limit (this process's
+ * limit: the file's, or lower from its environment). */
+HIDDEN int fracgpu_region_reserve(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes,
+                                  uint64_t limit);
 HIDDEN void fracgpu_region_release(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes);
 HIDDEN unsigned fracgpu_region_reclaim_dead(struct fracgpu_region *r);
 HIDDEN uint64_t fracgpu_proc_start_time(int pid);

@@ -287,3 +287,11 @@ def test_nvml_in_whole_mode_shows_the_device(node: Sandbox) -> None:
     node.limits_path.write_bytes(shim_abi.encode_limits(shim_abi.Limits(whole=True)))
     out = node.run("nvml_ops")
     assert step(out.stdout, "mem")[4] == str(4 * GiB)
+
+
+def test_lowering_by_environment_stays_in_that_process(node: Sandbox) -> None:
+    low = node.run("mem_ops", "ctx", "0", "alloc", "300Mi", extra={"FRACGPU_MEMORY_LIMIT": "256Mi"})
+    assert step(low.stdout, "alloc")[1] == "2"
+    assert node.region().devices[0].memory_limit == GiB  # the container's limit is unchanged
+    other = node.run("mem_ops", "ctx", "0", "alloc", "900Mi")
+    assert step(other.stdout, "alloc")[1] == "0"
