@@ -34,7 +34,8 @@ class SeedResult:
     placed: int
     alloc_by_x: dict[int, float]  # bin x -> mean allocation % of the events in it
     first_failure_arrived: float | None  # arrived % when the first pod failed
-    latencies_ns: npt.NDArray[np.int64]
+    latencies_ns: npt.NDArray[np.int64]  # wall clock per place() call
+    cpu_ns: npt.NDArray[np.int64]  # this thread's CPU time per call (immune to other load)
     wall_s: float
 
     def alloc_at(self, x: int) -> float:
@@ -84,6 +85,7 @@ def replay(
     demands = [to_demand(p) for p in pods]
     order = arrival_order(pods, seed, tune, capacity)
     latencies = np.zeros(len(order), np.int64)
+    cpu = np.zeros(len(order), np.int64)
     sums: dict[int, float] = {}
     counts: dict[int, int] = {}
     arrived = used = placed = 0
@@ -92,9 +94,11 @@ def replay(
         pod, demand = pods[index], demands[index]
         arrived += pod.gpu_request
         view.observe(demand)
+        c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         result = view.place(demand, policy)
         latencies[k] = time.perf_counter_ns() - t0
+        cpu[k] = time.thread_time_ns() - c0
         if isinstance(result, Placement):
             allocations = [a for c in result.containers for a in c.devices]
             view.allocate(result.node, allocations, demand.cpu_milli, demand.memory_mib)
@@ -113,5 +117,6 @@ def replay(
         alloc_by_x={x: sums[x] / counts[x] for x in sums},
         first_failure_arrived=first_failure,
         latencies_ns=latencies,
+        cpu_ns=cpu,
         wall_s=time.perf_counter() - started,
     )

@@ -32,6 +32,8 @@ class PolicySummary:
     latency_p50_ms: float
     latency_p99_ms: float
     latency_max_ms: float
+    cpu_p50_ms: float
+    cpu_p99_ms: float
     pods_per_seed: float
     placed_per_seed: float
     wall_s: float
@@ -47,6 +49,7 @@ def stat(values: Sequence[float]) -> Stat:
 
 def summarize(policy: Policy, results: Sequence[SeedResult]) -> PolicySummary:
     latencies = np.concatenate([r.latencies_ns for r in results]) / 1e6
+    cpu = np.concatenate([r.cpu_ns for r in results]) / 1e6
     return PolicySummary(
         policy=policy,
         seeds=len(results),
@@ -60,6 +63,8 @@ def summarize(policy: Policy, results: Sequence[SeedResult]) -> PolicySummary:
         latency_p50_ms=float(np.percentile(latencies, 50)),
         latency_p99_ms=float(np.percentile(latencies, 99)),
         latency_max_ms=float(latencies.max()),
+        cpu_p50_ms=float(np.percentile(cpu, 50)),
+        cpu_p99_ms=float(np.percentile(cpu, 99)),
         pods_per_seed=float(np.mean([r.pods for r in results])),
         placed_per_seed=float(np.mean([r.placed for r in results])),
         wall_s=sum(r.wall_s for r in results),
@@ -75,6 +80,7 @@ def table(summaries: Sequence[PolicySummary]) -> str:
         "p50 ms",
         "p99 ms",
         "max ms",
+        "CPU p50/p99 ms",
         "placed/pods",
         "wall s",
     )
@@ -87,6 +93,7 @@ def table(summaries: Sequence[PolicySummary]) -> str:
             f"{s.latency_p50_ms:.3f}",
             f"{s.latency_p99_ms:.3f}",
             f"{s.latency_max_ms:.1f}",
+            f"{s.cpu_p50_ms:.3f}/{s.cpu_p99_ms:.3f}",
             f"{s.placed_per_seed:.0f}/{s.pods_per_seed:.0f}",
             f"{s.wall_s:.1f}",
         )
