@@ -41,7 +41,7 @@ def webhook(
     kube_client: kubernetes.client.ApiClient,
     fracgpu_crds: list[str],
     tmp_path: Path,
-) -> Iterator[None]:
+) -> Iterator[WebhookReplica]:
     tls = WebhookTLS.create(tmp_path / "tls")
     replica = WebhookReplica("agent-e2e", control_plane.kubeconfig("admin"), tls, tmp_path).start()
     try:
@@ -50,7 +50,7 @@ def webhook(
             url = f"https://127.0.0.1:{balancer.port}"
             register_webhooks(kube_client, url, tls.ca.cert_pem())
             try:
-                yield
+                yield replica
             finally:
                 unregister_webhooks(kube_client, url, tls.ca.cert_pem())
     finally:
@@ -88,7 +88,11 @@ def agent_rbac(kube_client: kubernetes.client.ApiClient) -> Iterator[None]:
 
 
 def _wait(
-    predicate: Any, what: str, timeout: float = 30.0, denials: list[str] | None = None
+    predicate: Any,
+    what: str,
+    timeout: float = 30.0,
+    denials: list[str] | None = None,
+    explain: Any = None,
 ) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -97,7 +101,8 @@ def _wait(
             return value
         time.sleep(0.2)
     last = f" (last answer: {denials[-1]})" if denials else ""
-    raise AssertionError(f"timed out waiting for {what}{last}")
+    more = f"\n{explain()}" if explain is not None else ""
+    raise AssertionError(f"timed out waiting for {what}{last}{more}")
 
 
 def _published_devices(custom: Any, node: str) -> list[dict[str, Any]]:
@@ -110,10 +115,11 @@ def _published_devices(custom: Any, node: str) -> list[dict[str, Any]]:
     return list((obj.get("status") or {}).get("devices") or [])
 
 
-@pytest.mark.usefixtures("webhook", "agent_rbac")
+@pytest.mark.usefixtures("agent_rbac")
 def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
     control_plane: ControlPlane,
     kube_client: kubernetes.client.ApiClient,
+    webhook: WebhookReplica,
     namespace: str,
     short_dir: Path,
 ) -> None:
@@ -175,7 +181,12 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
                     return None
                 raise
 
-        pod = _wait(admitted, "admission onto the agent's node", denials=denials)
+        pod = _wait(
+            admitted,
+            "admission onto the agent's node",
+            denials=denials,
+            explain=lambda: "webhook log:\n" + webhook.log_tail(40),
+        )
         assignment = codec.decode_assignment(pod.metadata.annotations[names.ANNOTATION_ASSIGNMENT])
         assert assignment.node == node
         (alloc,) = assignment.allocations()
