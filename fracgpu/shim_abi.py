@@ -36,6 +36,7 @@ KEY_CONTAINER: Final = "container"
 KEY_POD_UID: Final = "pod_uid"
 KEY_DEVICE_COUNT: Final = "device_count"
 KEY_COMPUTE_LIMIT_ENABLED: Final = "compute_limit_enabled"
+KEY_BURST_WHEN_ALONE: Final = "burst_when_alone"
 KEY_PRIORITY: Final = "priority"
 KEY_CONTEXT_OVERHEAD_BYTES: Final = "context_overhead_bytes"
 DEVICE_KEY_PREFIX: Final = "device."
@@ -49,6 +50,7 @@ PRIORITY_HIGH: Final = 0
 PRIORITY_LOW: Final = 1
 DEFAULT_PRIORITY: Final = 1
 DEFAULT_COMPUTE_LIMIT_ENABLED: Final = 1
+DEFAULT_BURST_WHEN_ALONE: Final = 0
 DEFAULT_CONTEXT_OVERHEAD_BYTES: Final = 0
 MAX_STRING: Final = 253
 UUID_MAX: Final = 64
@@ -113,6 +115,10 @@ BOARD_OFF_HIGH_ACTIVE_UNTIL_NS: Final = 16
 BOARD_OFF_HIGH_LAUNCHES: Final = 24
 BOARD_OFF_LOW_WAIT_NS: Final = 32
 BOARD_HIGH_HOLD_NS: Final = 50_000_000
+BOARD_OFF_ENTRIES: Final = 64
+BOARD_ENTRY_SIZE: Final = 16
+BOARD_MAX_ENTRIES: Final = 64
+BOARD_ALONE_NS: Final = 1_000_000_000
 
 _UUID_RE: Final = re.compile(r"[A-Za-z0-9-]{1,63}")
 _UINT_RE: Final = re.compile(r"[0-9]{1,20}")
@@ -151,7 +157,8 @@ class Limits:
     pod: str | None = None
     container: str | None = None
     pod_uid: str | None = None
-    compute_limit_enabled: bool = DEFAULT_COMPUTE_LIMIT_ENABLED == 1
+    compute_limit_enabled: bool = bool(DEFAULT_COMPUTE_LIMIT_ENABLED)
+    burst_when_alone: bool = bool(DEFAULT_BURST_WHEN_ALONE)
     priority: int = DEFAULT_PRIORITY
     context_overhead_bytes: int = DEFAULT_CONTEXT_OVERHEAD_BYTES
 
@@ -214,6 +221,7 @@ def encode_limits(limits: Limits) -> bytes:
         if value is not None:
             lines.append(f"{key}={value}")
     lines.append(f"{KEY_COMPUTE_LIMIT_ENABLED}={int(limits.compute_limit_enabled)}")
+    lines.append(f"{KEY_BURST_WHEN_ALONE}={int(limits.burst_when_alone)}")
     lines.append(f"{KEY_PRIORITY}={limits.priority}")
     lines.append(f"{KEY_CONTEXT_OVERHEAD_BYTES}={limits.context_overhead_bytes}")
     lines.append(f"{KEY_DEVICE_COUNT}={len(limits.devices)}")
@@ -301,6 +309,7 @@ _TOP_KEYS: Final = frozenset(
         KEY_POD_UID,
         KEY_DEVICE_COUNT,
         KEY_COMPUTE_LIMIT_ENABLED,
+        KEY_BURST_WHEN_ALONE,
         KEY_PRIORITY,
         KEY_CONTEXT_OVERHEAD_BYTES,
     }
@@ -352,6 +361,13 @@ def _build_limits(top: dict[str, str], devices: dict[int, dict[str, str]]) -> Li
         compute_limit_enabled=_uint(
             KEY_COMPUTE_LIMIT_ENABLED,
             top.get(KEY_COMPUTE_LIMIT_ENABLED, str(DEFAULT_COMPUTE_LIMIT_ENABLED)),
+            0,
+            1,
+        )
+        == 1,
+        burst_when_alone=_uint(
+            KEY_BURST_WHEN_ALONE,
+            top.get(KEY_BURST_WHEN_ALONE, str(DEFAULT_BURST_WHEN_ALONE)),
             0,
             1,
         )

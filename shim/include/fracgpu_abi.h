@@ -24,6 +24,7 @@
 #define FRACGPU_KEY_POD_UID "pod_uid"
 #define FRACGPU_KEY_DEVICE_COUNT "device_count"
 #define FRACGPU_KEY_COMPUTE_LIMIT_ENABLED "compute_limit_enabled"
+#define FRACGPU_KEY_BURST_WHEN_ALONE "burst_when_alone"
 #define FRACGPU_KEY_PRIORITY "priority"
 #define FRACGPU_KEY_CONTEXT_OVERHEAD_BYTES "context_overhead_bytes"
 #define FRACGPU_DEVICE_KEY_PREFIX "device."
@@ -37,6 +38,7 @@
 #define FRACGPU_PRIORITY_LOW 1
 #define FRACGPU_DEFAULT_PRIORITY 1
 #define FRACGPU_DEFAULT_COMPUTE_LIMIT_ENABLED 1
+#define FRACGPU_DEFAULT_BURST_WHEN_ALONE 0
 #define FRACGPU_DEFAULT_CONTEXT_OVERHEAD_BYTES 0
 #define FRACGPU_MAX_STRING 253
 #define FRACGPU_UUID_MAX 64
@@ -107,6 +109,11 @@
 #define FRACGPU_BOARD_OFF_HIGH_LAUNCHES 24
 #define FRACGPU_BOARD_OFF_LOW_WAIT_NS 32
 #define FRACGPU_BOARD_HIGH_HOLD_NS 50000000
+/* paced containers announce themselves: entries of {container id, last launch ns} */
+#define FRACGPU_BOARD_OFF_ENTRIES 64
+#define FRACGPU_BOARD_ENTRY_SIZE 16
+#define FRACGPU_BOARD_MAX_ENTRIES 64
+#define FRACGPU_BOARD_ALONE_NS 1000000000
 
 #ifndef FRACGPU_ABI_NO_STRUCTS
 #include <stdint.h>
@@ -162,7 +169,13 @@ struct fracgpu_board {
     uint64_t high_active_until_ns; /* CLOCK_MONOTONIC, node-wide */
     uint64_t high_launches;
     uint64_t low_wait_ns;
-    uint8_t reserved[FRACGPU_BOARD_SIZE - 40];
+    uint8_t reserved0[FRACGPU_BOARD_OFF_ENTRIES - 40];
+    struct {
+        uint64_t id;             /* the container's region creation time */
+        uint64_t last_active_ns; /* CLOCK_MONOTONIC of its last paced launch */
+    } entry[FRACGPU_BOARD_MAX_ENTRIES];
+    uint8_t reserved1[FRACGPU_BOARD_SIZE - FRACGPU_BOARD_OFF_ENTRIES -
+                      FRACGPU_BOARD_MAX_ENTRIES * FRACGPU_BOARD_ENTRY_SIZE];
 };
 #endif /* FRACGPU_ABI_NO_STRUCTS */
 

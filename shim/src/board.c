@@ -100,3 +100,54 @@ int fracgpu_priority_before(int di)
     /* Keep our in-flight work bounded while high priority was recently busy. */
     return now < until + FRACGPU_PRIORITY_RECENT_NS;
 }
+
+_Static_assert(offsetof(struct fracgpu_board, entry) == FRACGPU_BOARD_OFF_ENTRIES, "");
+_Static_assert(sizeof(((struct fracgpu_board *)0)->entry[0]) == FRACGPU_BOARD_ENTRY_SIZE, "");
+
+#define HEARTBEAT_NS 10000000ull   /* refresh our entry at most every 10 ms */
+#define STALE_NS 60000000000ull    /* an entry silent for a minute may be reused */
+
+static int my_entry[FRACGPU_MAX_DEVICES] = {[0 ... FRACGPU_MAX_DEVICES - 1] = -1};
+
+static int claim_entry(struct fracgpu_board *b, uint64_t id, uint64_t now)
+{
+    for (int i = 0; i < FRACGPU_BOARD_MAX_ENTRIES; i++)
+        if (__atomic_load_n(&b->entry[i].id, __ATOMIC_ACQUIRE) == id)
+            return i;
+    for (int i = 0; i < FRACGPU_BOARD_MAX_ENTRIES; i++) {
+        uint64_t old = __atomic_load_n(&b->entry[i].id, __ATOMIC_ACQUIRE);
+        uint64_t seen = __atomic_load_n(&b->entry[i].last_active_ns, __ATOMIC_ACQUIRE);
+        if (old != 0 && seen + STALE_NS > now)
+            continue;
+        if (__atomic_compare_exchange_n(&b->entry[i].id, &old, id, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return i;
+    }
+    return -1; /* board full: we simply never count as alone */
+}
+
+int fracgpu_board_alone(int di, uint64_t now)
+{
+    struct fracgpu_board *b = G.board[di];
+    if (b == NULL)
+        return 0; /* without a board nobody can tell: never burst */
+    uint64_t id = G.region->hdr.created_ns;
+    int mine = my_entry[di];
+    if (mine < 0 || __atomic_load_n(&b->entry[mine].id, __ATOMIC_ACQUIRE) != id)
+        mine = my_entry[di] = claim_entry(b, id, now);
+    if (mine < 0)
+        return 0;
+    if (now > __atomic_load_n(&b->entry[mine].last_active_ns, __ATOMIC_RELAXED) + HEARTBEAT_NS)
+        __atomic_store_n(&b->entry[mine].last_active_ns, now, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&b->high_active_until_ns, __ATOMIC_ACQUIRE) + FRACGPU_BOARD_ALONE_NS > now &&
+        G.limits.priority != FRACGPU_PRIORITY_HIGH)
+        return 0;
+    for (int i = 0; i < FRACGPU_BOARD_MAX_ENTRIES; i++) {
+        if (i == mine || __atomic_load_n(&b->entry[i].id, __ATOMIC_ACQUIRE) == 0)
+            continue;
+        if (__atomic_load_n(&b->entry[i].last_active_ns, __ATOMIC_ACQUIRE) + FRACGPU_BOARD_ALONE_NS >
+            now)
+            return 0;
+    }
+    return 1;
+}

@@ -22,6 +22,7 @@
 #define SEEN_COMPUTE (1u << 7)
 #define SEEN_PRIORITY (1u << 8)
 #define SEEN_CTX (1u << 9)
+#define SEEN_BURST (1u << 10)
 #define DSEEN_UUID (1u << 0)
 #define DSEEN_MEM (1u << 1)
 #define DSEEN_CORE (1u << 2)
@@ -226,6 +227,10 @@ static int parse_line(char *key, char *val, struct fracgpu_limits *out, unsigned
         bit = SEEN_COMPUTE;
         if (parse_flag(key, val, &out->compute_limit_enabled, line, err, errlen) != 0)
             return -1;
+    } else if (strcmp(key, FRACGPU_KEY_BURST_WHEN_ALONE) == 0) {
+        bit = SEEN_BURST;
+        if (parse_flag(key, val, &out->burst_when_alone, line, err, errlen) != 0)
+            return -1;
     } else if (strcmp(key, FRACGPU_KEY_PRIORITY) == 0) {
         bit = SEEN_PRIORITY;
         if (parse_u64(val, &v) != 0 || v > 1)
@@ -281,6 +286,7 @@ int fracgpu_limits_parse(const char *text, size_t len, struct fracgpu_limits *ou
     memset(out, 0, sizeof *out);
     out->priority = FRACGPU_DEFAULT_PRIORITY;
     out->compute_limit_enabled = FRACGPU_DEFAULT_COMPUTE_LIMIT_ENABLED;
+    out->burst_when_alone = FRACGPU_DEFAULT_BURST_WHEN_ALONE;
     out->context_overhead = FRACGPU_DEFAULT_CONTEXT_OVERHEAD_BYTES;
     if (len > FRACGPU_LIMITS_MAX_BYTES)
         return set_error(err, errlen, 0, "file is larger than %s bytes", "65536");

@@ -129,6 +129,14 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, v
     struct fracgpu_region_device *d = &G.region->dev[di];
     uint64_t now = fracgpu_now_ns(), launch_ns = now;
     uint64_t tat = paced ? __atomic_load_n(&d->pace_tat_ns, __ATOMIC_ACQUIRE) : 0;
+    if (paced && fracgpu_board_alone(di, now) && G.limits.burst_when_alone) {
+        /* Alone on the GPU and allowed to burst: no wait, and no debt either,
+         * so a neighbour arriving later finds us at our slice at once. */
+        while (tat > now && !__atomic_compare_exchange_n(&d->pace_tat_ns, &tat, now, 1,
+                                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        }
+        tat = 0;
+    }
     if (tat > now) {
         uint64_t wait = tat - now;
         struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};

@@ -36,6 +36,7 @@ struct fracgpu_limits {
     int whole;
     unsigned device_count;
     int compute_limit_enabled;
+    int burst_when_alone;
     int priority;
     uint64_t context_overhead;
     char ns[FRACGPU_MAX_STRING + 1];
@@ -114,6 +115,9 @@ HIDDEN struct fracgpu_board *fracgpu_board_open(const char *dir, const char *uui
 /* Waits while high-priority work is active; returns 1 if this launch must be
  * tracked to bound the low-priority container's in-flight work. */
 HIDDEN int fracgpu_priority_before(int di);
+/* Announces this paced container on the GPU's board; 1 if no other paced or
+ * high-priority container was active there recently. */
+HIDDEN int fracgpu_board_alone(int di, uint64_t now);
 #define FRACGPU_PRIORITY_RECENT_NS 10000000000ull
 
 /* ---- pacing ---- */

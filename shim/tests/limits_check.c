@@ -20,8 +20,9 @@ int main(int argc, char **argv)
     printf("mode %s\n", lim.whole ? "whole" : "sliced");
     printf("namespace %s\npod %s\ncontainer %s\npod_uid %s\n", lim.ns, lim.pod, lim.container,
            lim.pod_uid);
-    printf("device_count %u\ncompute_limit_enabled %d\npriority %d\ncontext_overhead_bytes %llu\n",
-           lim.device_count, lim.compute_limit_enabled, lim.priority,
+    printf("device_count %u\ncompute_limit_enabled %d\nburst_when_alone %d\npriority %d\n"
+           "context_overhead_bytes %llu\n",
+           lim.device_count, lim.compute_limit_enabled, lim.burst_when_alone, lim.priority,
            (unsigned long long)lim.context_overhead);
     for (unsigned i = 0; i < lim.device_count; i++)
         printf("device %u %s %llu %u %u\n", i, lim.dev[i].uuid,

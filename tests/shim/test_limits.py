@@ -176,6 +176,7 @@ def expected_c_output(limits: shim_abi.Limits) -> str:
         f"pod_uid {limits.pod_uid or ''}",
         f"device_count {len(limits.devices)}",
         f"compute_limit_enabled {int(limits.compute_limit_enabled)}",
+        f"burst_when_alone {int(limits.burst_when_alone)}",
         f"priority {limits.priority}",
         f"context_overhead_bytes {limits.context_overhead_bytes}",
     ]
@@ -199,6 +200,7 @@ def test_c_parser_reads_what_python_writes(tmp_path: Path, shim_build: Path) -> 
         pod_uid="uid-1",
         priority=0,
         compute_limit_enabled=False,
+        burst_when_alone=True,
         context_overhead_bytes=123,
     )
     path = tmp_path / "limits"

@@ -90,3 +90,34 @@ def test_two_containers_split_the_gpu_by_their_slices(node: Sandbox) -> None:
     big_share = busy(big.communicate(timeout=60)[0])
     assert abs(small_share - 0.25) <= TOLERANCE, (small_share, big_share)
     assert abs(big_share - 0.75) <= TOLERANCE, (small_share, big_share)
+
+
+def test_burst_when_alone_only_if_configured_and_alone(node: Sandbox) -> None:
+    node.node_dir.mkdir()
+    node.write_limits(core=30, burst_when_alone=True)
+    assert run_launches(node, seconds="1") >= 0.9
+
+
+def test_burst_needs_the_board_to_know_it_is_alone(node: Sandbox) -> None:
+    node.write_limits(core=30, burst_when_alone=True)  # no node directory
+    share = run_launches(node, seconds="1.5")
+    assert abs(share - 0.30) <= TOLERANCE, share
+
+
+def test_a_bursting_container_returns_to_its_slice_next_to_another(node: Sandbox) -> None:
+    node.node_dir.mkdir()
+    other = node.root / "other"
+    other.mkdir()
+    (other / "limits").write_bytes(
+        shim_abi.encode_limits(shim_abi.Limits(devices=(shim_abi.DeviceLimits(UUIDS[0], GiB, 30),)))
+    )
+    node.write_limits(core=30, burst_when_alone=True)
+    burster = start_launches(node, "3")
+    neighbour = start_launches(
+        node,
+        "3",
+        region=other / "region",
+        extra={"FRACGPU_TEST_LIMITS_PATH": str(other / "limits")},
+    )
+    shares = [busy(p.communicate(timeout=60)[0]) for p in (burster, neighbour)]
+    assert all(abs(s - 0.30) <= TOLERANCE for s in shares), shares
