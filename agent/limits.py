@@ -9,14 +9,46 @@ from agent.podlookup import PodInfo
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import CodecError
 from fracgpu.model import GPUDevice
-from fracgpu.names import ANNOTATION_ASSIGNMENT, CORES_PER_GPU
-from fracgpu.shim_abi import DeviceLimits, Limits, encode_limits
+from fracgpu.names import (
+    ANNOTATION_ASSIGNMENT,
+    ANNOTATION_PRIORITY,
+    CORES_PER_GPU,
+    HAMI_ANNOTATION_PRIORITY,
+)
+from fracgpu.shim_abi import (
+    DEFAULT_PRIORITY,
+    PRIORITY_HIGH,
+    PRIORITY_LOW,
+    DeviceLimits,
+    Limits,
+    encode_limits,
+)
 
 MIB = 1024 * 1024
 
 
 class LimitsError(Exception):
     """The pod's assignment cannot be turned into limits; says what is wrong."""
+
+
+# Priority annotation values, fracgpu's words and HAMi's numbers; fracgpu's wins when both.
+_PRIORITY_WORDS = (
+    (ANNOTATION_PRIORITY, {"high": PRIORITY_HIGH, "low": PRIORITY_LOW}),
+    (HAMI_ANNOTATION_PRIORITY, {"0": PRIORITY_HIGH, "1": PRIORITY_LOW}),
+)
+
+
+def _priority(pod: PodInfo, where: str) -> int:
+    for key, values in _PRIORITY_WORDS:
+        raw = pod.priority.get(key)
+        if raw is None:
+            continue
+        if raw not in values:
+            raise LimitsError(
+                f"{where}: annotation {key}={raw!r} is not allowed: use {' or '.join(values)}"
+            )
+        return values[raw]
+    return DEFAULT_PRIORITY
 
 
 def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPUDevice]) -> Limits:
@@ -59,6 +91,7 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
                 core_limit=alloc.cores if alloc.cores > 0 else CORES_PER_GPU,
             )
         )
+    priority = _priority(pod, where)
     try:
         limits = Limits(
             devices=tuple(devices),
@@ -68,6 +101,7 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
             container=container,
             pod_uid=pod.uid or None,
             compute_limit_enabled=not whole and not best_effort,
+            priority=priority,
         )
         encode_limits(limits)  # the shim's own checks, so a bad file is never written
     except CodecError as error:

@@ -1,12 +1,16 @@
 """Read a pod's identity and fracgpu assignment from the Kubernetes API."""
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from fracgpu.names import ANNOTATION_ASSIGNMENT
+from fracgpu.names import ANNOTATION_ASSIGNMENT, ANNOTATION_PRIORITY, HAMI_ANNOTATION_PRIORITY
+
+# The pod annotations the node side reads besides the assignment.
+_READ_ANNOTATIONS = (ANNOTATION_PRIORITY, HAMI_ANNOTATION_PRIORITY)
 
 # Part of kubelet's 30 s PreStartContainer budget.
 _TIMEOUT_SECONDS = 5
@@ -23,6 +27,8 @@ class PodInfo:
     uid: str
     node_name: str
     assignment: str | None  # the raw annotation, decoded by the caller
+    # Compute priority annotations as written (fracgpu.io/priority, nvidia.com/priority).
+    priority: Mapping[str, str] = field(default_factory=dict)
 
 
 class PodLookup(Protocol):
@@ -53,4 +59,5 @@ class KubernetesPodLookup:
             uid=str(pod.metadata.uid or ""),
             node_name=str(pod.spec.node_name or ""),
             assignment=annotations.get(ANNOTATION_ASSIGNMENT),
+            priority={k: annotations[k] for k in _READ_ANNOTATIONS if k in annotations},
         )

@@ -119,3 +119,31 @@ def test_the_shim_reads_what_the_agent_writes(
     assert read["pod_uid"] == "uid-p"
     assert read["device_count"] == str(len(devices))
     assert [line for line in lines if line.startswith("device ")] == devices
+
+
+@pytest.mark.parametrize(
+    ("annotations", "priority"),
+    [
+        ({}, 1),
+        ({"fracgpu.io/priority": "high"}, 0),
+        ({"nvidia.com/priority": "0"}, 0),
+        ({"nvidia.com/priority": "1"}, 1),
+        ({"fracgpu.io/priority": "low", "nvidia.com/priority": "0"}, 1),  # fracgpu's wins
+    ],
+)
+def test_priority_comes_from_the_pod_annotations(
+    annotations: dict[str, str], priority: int
+) -> None:
+    pod = assigned_pod("p", {"main": [GPUAllocation(GPU_A.uuid, 10, 512)]})
+    limits = limits_for(dataclasses.replace(pod, priority=annotations), "main", NODE, GPUS)
+    assert limits.priority == priority
+    assert f"priority={priority}" in render_limits(limits)
+
+
+def test_an_unreadable_priority_is_refused() -> None:
+    pod = assigned_pod("p", {"main": [GPUAllocation(GPU_A.uuid, 10, 512)]})
+    pod = dataclasses.replace(pod, priority={"nvidia.com/priority": "urgent"})
+    with pytest.raises(
+        LimitsError, match=r"nvidia\.com/priority='urgent' is not allowed: use 0 or 1"
+    ):
+        limits_for(pod, "main", NODE, GPUS)

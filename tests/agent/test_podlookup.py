@@ -32,12 +32,16 @@ def test_reads_the_assignment_and_reports_missing_pods(
     annotated = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "plain", "annotations": {"example.com/note": "x"}},
+        "metadata": {
+            "name": "plain",
+            "annotations": {"example.com/note": "x", "nvidia.com/priority": "0"},
+        },
         "spec": {"containers": [{"name": "main", "image": "busybox"}]},
     }
     created = core.create_namespaced_pod(namespace, annotated)
     lookup = KubernetesPodLookup(core)
     pod = lookup.get(namespace, "plain")
     assert pod.uid == created.metadata.uid and pod.assignment is None
+    assert pod.priority == {"nvidia.com/priority": "0"}
     with pytest.raises(PodLookupError, match=f"cannot read pod {namespace}/gone: 404"):
         lookup.get(namespace, "gone")
