@@ -32,6 +32,7 @@ struct token { struct pending p; };
 static struct dev_pace pace[FRACGPU_MAX_DEVICES] = {
     [0 ... FRACGPU_MAX_DEVICES - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER}};
 static __thread struct token tls_token; /* one launch in flight per thread */
+static int alone[FRACGPU_MAX_DEVICES];   /* last seen alone on the GPU's board */
 
 uint64_t fracgpu_now_ns(void)
 {
@@ -44,7 +45,10 @@ static void charge(int di, uint64_t launch_ns, uint64_t busy_ns)
 {
     struct fracgpu_region_device *d = &G.region->dev[di];
     unsigned core = G.limits.dev[di].core_limit;
-    if (!G.limits.compute_limit_enabled || core >= 100) {
+    /* the elastic bound applies while no neighbour is active on the GPU */
+    if (__atomic_load_n(&alone[di], __ATOMIC_RELAXED) && G.limits.dev[di].core_limit_max > core)
+        core = G.limits.dev[di].core_limit_max;
+    if (!G.limits.compute_limit_enabled || G.limits.dev[di].core_limit >= 100) {
         __atomic_fetch_add(&d->kernel_time_ns, busy_ns, __ATOMIC_RELAXED);
         return; /* measured for the priority bound only, not paced */
     }
@@ -129,7 +133,9 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, v
     struct fracgpu_region_device *d = &G.region->dev[di];
     uint64_t now = fracgpu_now_ns(), launch_ns = now;
     uint64_t tat = paced ? __atomic_load_n(&d->pace_tat_ns, __ATOMIC_ACQUIRE) : 0;
-    if (paced && fracgpu_board_alone(di, now) && G.limits.burst_when_alone) {
+    int is_alone = paced && fracgpu_board_alone(di, now);
+    __atomic_store_n(&alone[di], is_alone, __ATOMIC_RELAXED);
+    if (is_alone && G.limits.burst_when_alone) {
         /* Alone on the GPU and allowed to burst: no wait, and no debt either,
          * so a neighbour arriving later finds us at our slice at once. */
         while (tat > now && !__atomic_compare_exchange_n(&d->pace_tat_ns, &tat, now, 1,
@@ -196,5 +202,6 @@ void fracgpu_pace_reset_after_fork(void)
         pthread_mutex_init(&pace[i].mu, NULL);
         pace[i].ctx = NULL;
         pace[i].n = pace[i].head = pace[i].npool = 0;
+        alone[i] = 0;
     }
 }

@@ -121,3 +121,13 @@ def test_a_bursting_container_returns_to_its_slice_next_to_another(node: Sandbox
     )
     shares = [busy(p.communicate(timeout=60)[0]) for p in (burster, neighbour)]
     assert all(abs(s - 0.30) <= TOLERANCE for s in shares), shares
+
+
+def test_elastic_bound_applies_only_when_alone(node: Sandbox) -> None:
+    limits = shim_abi.Limits(devices=(shim_abi.DeviceLimits(UUIDS[0], GiB, 30, 60),))
+    node.limits_path.write_bytes(shim_abi.encode_limits(limits))
+    share = run_launches(node, seconds="1.5")  # no board: nobody can tell it is alone
+    assert abs(share - 0.30) <= TOLERANCE, share
+    node.node_dir.mkdir()
+    share = run_launches(node, seconds="1.5")
+    assert abs(share - 0.60) <= TOLERANCE, share
