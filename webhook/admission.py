@@ -37,7 +37,7 @@ from webhook.state import (
     RejectKind,
     ReserveRejected,
 )
-from webhook.tolerations import tolerated_nodes
+from webhook.tolerations import untolerated_nodes
 
 log = logging.getLogger(__name__)
 # Sub-resources whose object is the pod and may carry containers (kubectl debug).
@@ -143,7 +143,8 @@ class Admission:
                 self._metrics.placement_failure(placed.reason.value)
                 return responses.denied(placed.message + node_note)
             assignment = Assignment(placed.node, self._new_id(), placed.containers)
-            models = {d.uuid: d.model for n in view.nodes() for d in n.devices}
+            chosen = view.inventory(placed.node)
+            models = {d.uuid: d.model for d in chosen.devices} if chosen else {}
             over = quotalib.check(quotas, assignment.allocations(), models)
             if over is not None:
                 if over.model and over.model not in demand.constraints.exclude_models:
@@ -188,10 +189,13 @@ class Admission:
         if isinstance(self._state, NodeLabels):
             allowed = allowed_nodes(pod, await self._state.node_labels())
         if isinstance(self._state, NodeTaints):
-            tolerated = tolerated_nodes(pod, await self._state.node_taints())
-            allowed = tolerated if allowed is None else allowed & tolerated
-        if allowed is None:
-            return demand, ""
+            # Most nodes carry no taint: find the few excluded ones rather than the many allowed.
+            excluded = untolerated_nodes(pod, await self._state.node_taints())
+            if excluded:
+                everyone = {n.name for n in view.nodes()} if allowed is None else allowed
+                allowed = everyone - excluded
+        if allowed is None or view.covers_all_nodes(allowed):
+            return demand, ""  # every GPU node is allowed: nothing to narrow
         uuids = [d.uuid for n in view.nodes() if n.name in allowed for d in n.devices]
         wanted = demand.constraints.include_uuids
         if wanted:

@@ -139,7 +139,7 @@ class EmbeddedState:
         self._models = {d.uuid: d.model for n in cluster.nodes for d in n.devices}
         self._namespaces = cluster.namespace_labels
         self._node_labels = cluster.node_labels
-        self._node_taints = cluster.node_taints
+        self._node_taints = {node: t for node, t in cluster.node_taints.items() if t}
         self._reservations: dict[str, Claim] = {}
         quotas = [replace(q, used=ResourceAmounts(), used_by_model={}) for q in cluster.quotas]
         for pod in cluster.pods:

@@ -96,5 +96,6 @@ class NodeTaints(Protocol):
     NoSchedule/NoExecute taints the pod does not tolerate."""
 
     async def node_taints(self) -> Mapping[str, tuple[Taint, ...]]:
-        """Taints of every GPU node, by node name."""
+        """Taints of the GPU nodes that have any, by node name (untainted nodes left out:
+        admission reads this on every pod, and most nodes carry no taint)."""
         ...

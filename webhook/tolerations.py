@@ -21,16 +21,21 @@ class Taint:
     value: str = ""
 
 
-def tolerated_nodes(pod: Mapping[str, Any], node_taints: Mapping[str, Sequence[Taint]]) -> set[str]:
+def untolerated_nodes(
+    pod: Mapping[str, Any], node_taints: Mapping[str, Sequence[Taint]]
+) -> set[str]:
+    """Nodes with a blocking taint the pod does not tolerate (untainted nodes never are)."""
+    blocking = {
+        node: [t for t in taints if t.effect in BLOCKING_EFFECTS]
+        for node, taints in node_taints.items()
+    }
+    if not any(blocking.values()):
+        return set()
     tolerations = _tolerations(pod)
     return {
         node
-        for node, taints in node_taints.items()
-        if all(
-            any(_tolerates(t, taint) for t in tolerations)
-            for taint in taints
-            if taint.effect in BLOCKING_EFFECTS
-        )
+        for node, taints in blocking.items()
+        if not all(any(_tolerates(t, taint) for t in tolerations) for taint in taints)
     }
 
 

@@ -5,7 +5,7 @@ GPUs of a node occupy consecutive slots, so per-node sums are ``np.add.reduceat`
 arrays are compacted.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,6 +166,16 @@ class ClusterState:
 
     def inventories(self) -> tuple[NodeInventory, ...]:
         return tuple(r.inventory for r in self._records.values())
+
+    def inventory(self, name: str) -> NodeInventory | None:
+        record = self._records.get(name)
+        return None if record is None else record.inventory
+
+    def node_count(self) -> int:
+        return len(self._records)
+
+    def live_node_names(self) -> KeysView[str]:
+        return self._records.keys()
 
     def row(self, node: str) -> int:
         return self._row_of[node]

@@ -108,6 +108,17 @@ class ClusterView:
     def nodes(self) -> tuple[NodeInventory, ...]:
         return self._state.inventories()
 
+    def inventory(self, node: str) -> NodeInventory | None:
+        """One node's inventory (None when not in the view), without copying the others."""
+        return self._state.inventory(node)
+
+    def node_count(self) -> int:
+        return self._state.node_count()
+
+    def covers_all_nodes(self, names: set[str] | frozenset[str]) -> bool:
+        """Whether ``names`` includes every node of the view (a set test, no Python loop)."""
+        return names.issuperset(self._state.live_node_names())
+
     def gpu_free(self, node: str, uuid: str) -> tuple[int, int, int]:
         """(free cores, free memory MiB, containers) of one GPU."""
         slot = self._state.slot(node, uuid)

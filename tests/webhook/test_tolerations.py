@@ -10,7 +10,7 @@ from fracgpu import names
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, cluster_state, gpu_pod
 from webhook.embedded import ClusterFileError, parse_cluster
-from webhook.tolerations import Taint, tolerated_nodes
+from webhook.tolerations import Taint, untolerated_nodes
 
 NODES = {
     "plain": (),
@@ -44,7 +44,13 @@ CASES = [
 @pytest.mark.parametrize(("case", "tolerations", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_tolerated_nodes(case: str, tolerations: list[dict[str, Any]], expected: set[str]) -> None:
     pod = {"spec": {"containers": [{"name": "c"}], "tolerations": tolerations}}
-    assert tolerated_nodes(pod, NODES) == expected
+    assert set(NODES) - untolerated_nodes(pod, NODES) == expected
+
+
+def test_untainted_nodes_are_never_excluded_even_for_a_malformed_pod() -> None:
+    # no blocking taint anywhere: the pod's tolerations need not even be read
+    pod = {"spec": {"tolerations": "not a list"}}
+    assert untolerated_nodes(pod, {"a": (), "b": (Taint("x", "PreferNoSchedule"),)}) == set()
 
 
 SHARE = {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "4"}

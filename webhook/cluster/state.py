@@ -126,7 +126,7 @@ class KubeState:
         return {
             name: node.taints
             for name, node in self.nodes.items()
-            if self.gpunodes.get(name) is not None
+            if node.taints and self.gpunodes.get(name) is not None
         }
 
     async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:

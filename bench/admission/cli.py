@@ -1,0 +1,267 @@
+"""``fracgpu-bench admission``: the admission latency budget, measured in one run.
+
+(a) an empty aiohttp handler over TLS, (b) the webhook's /mutate on the embedded back end with
+NODES x GPUS GPUs, (c) pod creates through a real kube-apiserver without and with the
+webhook registered (needs the e2e binaries: scripts/setup.sh --e2e; skip with --no-apiserver).
+Servers run in their own processes; the load generator here is closed-loop.
+"""
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.admission.load import Result, post_load, timed_calls
+from certs.authority import issue_serving, new_ca
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tls(directory: Path) -> tuple[Path, Path, Path]:
+    now = datetime.now(UTC)
+    ca = new_ca(now, timedelta(days=1))
+    serving = issue_serving(ca, ["localhost"], now, timedelta(days=1), ["127.0.0.1"])
+    cert, key, ca_file = directory / "tls.crt", directory / "tls.key", directory / "ca.crt"
+    cert.write_bytes(serving.cert_pem())
+    key.write_bytes(serving.key_pem())
+    ca_file.write_bytes(ca.cert_pem())
+    return cert, key, ca_file
+
+
+def _cluster_file(path: Path, nodes: int, gpus: int) -> None:
+    cluster = {
+        "nodes": [
+            {
+                "name": f"gpu-{n:04d}",
+                "cpu": "128",
+                "memory": "1Ti",
+                "gpus": [
+                    {
+                        "uuid": f"GPU-{n:04d}-{g:02d}",
+                        "index": g,
+                        "model": "NVIDIA A100-SXM4-80GB",
+                        "memoryMiB": 81920,
+                    }
+                    for g in range(gpus)
+                ],
+            }
+            for n in range(nodes)
+        ]
+    }
+    path.write_text(yaml.safe_dump(cluster))
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "bench"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "cuda:12",
+                    "resources": {
+                        "limits": {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "4"}
+                    },
+                }
+            ]
+        },
+    }
+
+
+def _review(i: int) -> dict[str, Any]:
+    from webhook.client import build_review  # noqa: PLC0415 - keeps --help fast
+
+    return build_review(_pod(f"bench-{i}"), uid=str(uuid.uuid4()))
+
+
+def _wait_ready(port: int, ca_file: Path, process: subprocess.Popen[bytes]) -> None:
+    import ssl  # noqa: PLC0415
+
+    context = ssl.create_default_context(cafile=str(ca_file))
+    for _ in range(600):
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{port}/readyz", context=context, timeout=2
+            ) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("server never became ready")
+
+
+def _serve(args: list[str], port: int, ca_file: Path) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_ready(port, ca_file, process)
+    return process
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def _measure_servers(
+    work: Path, tls: tuple[Path, Path, Path], options: argparse.Namespace
+) -> list[Result]:
+    cert, key, ca_file = tls
+    results = []
+    port = _free_port()
+    empty = _serve(
+        [sys.executable, "-m", "bench.admission.empty_server", "--port", str(port),
+         "--cert", str(cert), "--key", str(key)],
+        port, ca_file,
+    )  # fmt: skip
+    try:
+        results.append(asyncio.run(post_load(
+            "(a) empty aiohttp handler, TLS", f"https://127.0.0.1:{port}/mutate", str(ca_file),
+            _review, workers=options.workers, seconds=options.seconds,
+            check=lambda r: bool(r["response"]["allowed"]),
+        )))  # fmt: skip
+    finally:
+        _stop(empty)
+    cluster = work / "cluster.yaml"
+    _cluster_file(cluster, options.nodes, options.gpus)
+    port = _free_port()
+    fracgpu = Path(sys.executable).with_name("fracgpu")
+    mutate = _serve(
+        [str(fracgpu), "serve", "--cluster-file", str(cluster), "--host", "127.0.0.1",
+         "--port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+         "--log-level", "WARNING"],
+        port, ca_file,
+    )  # fmt: skip
+    try:
+        results.append(asyncio.run(post_load(
+            f"(b) /mutate, embedded, {options.nodes} nodes x {options.gpus} GPUs",
+            f"https://127.0.0.1:{port}/mutate", str(ca_file), _review,
+            workers=options.workers, seconds=options.seconds,
+            check=lambda r: bool(r["response"]["allowed"] and r["response"].get("patch")),
+        )))  # fmt: skip
+    finally:
+        _stop(mutate)
+    return results
+
+
+def _measure_apiserver(work: Path, tls: tuple[Path, Path, Path], options: argparse.Namespace
+                       ) -> list[Result]:  # fmt: skip
+    sys.path.insert(0, str(ROOT))  # the e2e harness lives in the checkout's tests/
+    import kubernetes.client  # noqa: PLC0415
+
+    from tests.e2e.harness import (  # noqa: PLC0415
+        ControlPlane,
+        E2EConfig,
+        apply_crds,
+        create_gpunode,
+        create_node,
+        fake_devices,
+        gpu_allocatable,
+        require_binaries,
+    )
+    from tests.e2e.webhook_harness import (  # noqa: PLC0415
+        WebhookReplica,
+        WebhookTLS,
+        register_webhooks,
+    )
+
+    config = E2EConfig.from_env()
+    with ControlPlane(require_binaries(config), config) as plane:
+        client = plane.api_client("admin", pool_size=32)
+        apply_crds(client)
+        core = kubernetes.client.CoreV1Api(client)
+        core.create_namespace({"metadata": {"name": "bench"}})
+
+        def node(n: int) -> None:
+            name = f"gpu-{n:04d}"
+            create_node(client, name, extended=gpu_allocatable(options.gpus, 81920))
+            create_gpunode(client, name, fake_devices(name, options.gpus, memory_mib=81920))
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(node, range(options.nodes)))
+
+        def create(prefix: str) -> Any:
+            return lambda i: core.create_namespaced_pod("bench", _pod(f"{prefix}-{i}"))
+
+        results = [timed_calls("(c) pod create, no webhook", create("plain"), options.creates)]
+        tls_dir = work / "webhook-tls"
+        webhook_tls = WebhookTLS.create(tls_dir)
+        replica = WebhookReplica(
+            "bench", plane.kubeconfig("admin"), webhook_tls, work, ["--log-level", "WARNING"]
+        ).start()
+        try:
+            replica.wait_ready(120)
+            register_webhooks(
+                client, f"https://127.0.0.1:{replica.port}", webhook_tls.ca.cert_pem()
+            )
+            time.sleep(1.0)
+            results.append(
+                timed_calls("(c) pod create, with webhook", create("gpu"), options.creates)
+            )
+        finally:
+            replica.stop()
+    del tls
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fracgpu-bench admission", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per server measurement")
+    parser.add_argument("--workers", type=int, default=16, help="concurrent requests")
+    parser.add_argument("--creates", type=int, default=300, help="pod creates per case")
+    parser.add_argument("--no-apiserver", action="store_true", help="skip part (c)")
+    options = parser.parse_args(argv)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    with tempfile.TemporaryDirectory(prefix="fracgpu-bench-") as tmp:
+        work = Path(tmp)
+        tls = _tls(work)
+        results = _measure_servers(work, tls, options)
+        if not options.no_apiserver:
+            results += _measure_apiserver(work, tls, options)
+    print("| case | requests | throughput | p50 ms | p99 ms | errors |")
+    print("|---|---|---|---|---|---|")
+    for result in results:
+        print(result.row())
+    empty, mutate = results[0], results[1]
+    print(
+        f"\n/mutate throughput / empty handler throughput = "
+        f"{mutate.throughput / empty.throughput:.2f} (target >= 0.5)"
+    )
+    if len(results) == 4:
+        added = results[3].quantile(0.99) - results[2].quantile(0.99)
+        print(
+            f"webhook adds {added:.1f} ms to a pod create at p99 "
+            f"({results[3].quantile(0.5) - results[2].quantile(0.5):.1f} ms at p50; "
+            "target < 15 ms at p99)"
+        )
+    return 0 if all(r.errors == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
