@@ -183,6 +183,7 @@ def _measure_apiserver(work: Path, tls: tuple[Path, Path, Path], options: argpar
         gpu_allocatable,
         require_binaries,
     )
+    from tests.e2e.harness.kube import body  # noqa: PLC0415
     from tests.e2e.webhook_harness import (  # noqa: PLC0415
         WebhookReplica,
         WebhookTLS,
@@ -194,7 +195,7 @@ def _measure_apiserver(work: Path, tls: tuple[Path, Path, Path], options: argpar
         client = plane.api_client("admin", pool_size=32)
         apply_crds(client)
         core = kubernetes.client.CoreV1Api(client)
-        core.create_namespace({"metadata": {"name": "bench"}})
+        core.create_namespace(body({"metadata": {"name": "bench"}}))
 
         def node(n: int) -> None:
             name = f"gpu-{n:04d}"
@@ -205,7 +206,7 @@ def _measure_apiserver(work: Path, tls: tuple[Path, Path, Path], options: argpar
             list(pool.map(node, range(options.nodes)))
 
         def create(prefix: str) -> Any:
-            return lambda i: core.create_namespaced_pod("bench", _pod(f"{prefix}-{i}"))
+            return lambda i: core.create_namespaced_pod("bench", body(_pod(f"{prefix}-{i}")))
 
         results = [timed_calls("(c) pod create, no webhook", create("plain"), options.creates)]
         tls_dir = work / "webhook-tls"

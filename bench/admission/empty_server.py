@@ -21,6 +21,10 @@ async def _allow(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
+async def _ready(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -32,7 +36,7 @@ def main() -> None:
     context.load_cert_chain(args.cert, args.key)
     app = web.Application()
     app.router.add_post("/mutate", _allow)
-    app.router.add_get("/readyz", lambda _: web.Response(text="ok"))
+    app.router.add_get("/readyz", _ready)
     web.run_app(app, host="127.0.0.1", port=args.port, ssl_context=context, print=None)
 
 

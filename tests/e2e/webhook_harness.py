@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.authority import CertKeyPair, issue_serving, new_ca
 from tests.chart.chartfiles import rbac_objects, webhook_configurations
+from tests.e2e.harness.kube import body as harness_body
 
 ROOT = Path(__file__).resolve().parents[2]
 FRACGPU = Path(sys.executable).with_name("fracgpu")
@@ -202,18 +203,22 @@ def install_webhook_rbac(client: kubernetes.client.ApiClient) -> None:
     with contextlib.suppress(ApiException):
         # 1.20 has no kubernetes.io/metadata.name label: exempt by fracgpu's own label
         core.create_namespace(
-            {"metadata": {"name": FRACGPU_NAMESPACE, "labels": {"fracgpu.io/ignore": "true"}}}
+            harness_body(
+                {"metadata": {"name": FRACGPU_NAMESPACE, "labels": {"fracgpu.io/ignore": "true"}}}
+            )
         )
     rbac = kubernetes.client.RbacAuthorizationV1Api(client)
-    create = {
-        "ClusterRole": rbac.create_cluster_role,
-        "ClusterRoleBinding": rbac.create_cluster_role_binding,
-        "Role": lambda o: rbac.create_namespaced_role(FRACGPU_NAMESPACE, o),
-        "RoleBinding": lambda o: rbac.create_namespaced_role_binding(FRACGPU_NAMESPACE, o),
-    }
     for obj in rbac_objects("webhook", FRACGPU_NAMESPACE):
+        kind, payload = obj["kind"], harness_body(obj)
         try:
-            create[obj["kind"]](obj)
+            if kind == "ClusterRole":
+                rbac.create_cluster_role(payload)
+            elif kind == "ClusterRoleBinding":
+                rbac.create_cluster_role_binding(payload)
+            elif kind == "Role":
+                rbac.create_namespaced_role(FRACGPU_NAMESPACE, payload)
+            else:
+                rbac.create_namespaced_role_binding(FRACGPU_NAMESPACE, payload)
         except ApiException as error:
             if error.status != 409:
                 raise
@@ -222,15 +227,15 @@ def install_webhook_rbac(client: kubernetes.client.ApiClient) -> None:
 def register_webhooks(client: kubernetes.client.ApiClient, url: str, ca_pem: bytes) -> None:
     api = kubernetes.client.AdmissionregistrationV1Api(client)
     mutating, validating = webhook_configurations(url=url, ca_bundle=ca_pem)
-    for create, delete, body in (
+    for create, delete, config in (
         (api.create_mutating_webhook_configuration,
          api.delete_mutating_webhook_configuration, mutating),
         (api.create_validating_webhook_configuration,
          api.delete_validating_webhook_configuration, validating),
     ):  # fmt: skip
         with contextlib.suppress(ApiException):
-            delete(body["metadata"]["name"])
-        create(body)
+            delete(config["metadata"]["name"])
+        create(harness_body(config))
 
 
 def unregister_webhooks(client: kubernetes.client.ApiClient, url: str, ca_pem: bytes) -> None:
