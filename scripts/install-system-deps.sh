@@ -18,6 +18,9 @@ PACKAGES=(
   build-essential
   ca-certificates
   openssl
+  # the chart tests' renderer (tests/chart/render): Go templates with Sprig, as helm has
+  golang-github-masterminds-sprig-dev
+  golang-gopkg-yaml.v2-dev
 )
 
 missing=()

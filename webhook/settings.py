@@ -284,7 +284,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=option.key,
             default=None,
             metavar=option.key.upper(),
-            help=f"{option.help} [env {option.env}, default {option.default or '(none)'}]",
+            # argparse formats help with %: a literal one (as in "100%") must be doubled
+            help=f"{option.help} [env {option.env}, default {option.default or '(none)'}]".replace(
+                "%", "%%"
+            ),
         )
 
 
