@@ -77,11 +77,16 @@ class Container:
     root: Path
     gpu: Gpu
 
-    def limit(self, memory: int, core: int = 100) -> None:
+    node_dir: Path | None = None
+
+    def limit(self, memory: int, core: int = 100, priority: int = 1) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "limits").write_bytes(
             shim_abi.encode_limits(
-                shim_abi.Limits(devices=(shim_abi.DeviceLimits(self.gpu.uuid, memory, core),))
+                shim_abi.Limits(
+                    devices=(shim_abi.DeviceLimits(self.gpu.uuid, memory, core),),
+                    priority=priority,
+                )
             )
         )
 
@@ -94,6 +99,7 @@ class Container:
                 LD_PRELOAD=str(BUILD / "libfracgpu-test.so"),
                 FRACGPU_TEST_LIMITS_PATH=str(self.root / "limits"),
                 FRACGPU_TEST_REGION_PATH=str(self.root / "region"),
+                FRACGPU_TEST_NODE_DIR=str(self.node_dir or self.root / "no-node-dir"),
             )
         return env
 
@@ -220,3 +226,20 @@ def test_two_containers_split_twenty_five_seventy_five(tmp_path: Path, gpu: Gpu)
         rates.append(json.loads(out.strip().splitlines()[-1])["rate"])
     share = rates[0] / sum(rates)
     assert abs(share - 0.25) <= TOLERANCE, rates
+
+
+def test_high_priority_keeps_its_throughput_next_to_low_priority(tmp_path: Path, gpu: Gpu) -> None:
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    high = Container(tmp_path / "high", gpu, node_dir)
+    low = Container(tmp_path / "low", gpu, node_dir)
+    high.limit(4 * GiB, priority=0)
+    low.limit(4 * GiB, priority=1)
+    alone = rate(high)
+    procs = [c.python(MATMUL.format(seconds=10)) for c in (high, low)]
+    rates = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        rates.append(json.loads(out.strip().splitlines()[-1])["rate"])
+    assert rates[0] >= 0.9 * alone, (alone, rates)
