@@ -201,3 +201,27 @@ def test_release_undoes_allocate(
         view.release(result.node, allocs, probe.cpu_milli, probe.memory_mib)
     assert snapshot(view) == before
     assert {p: view.place(probe, p) for p in Policy} == decisions
+
+
+@SETTINGS
+@given(nodes(), st.lists(demands(), min_size=1, max_size=20), st.lists(demands(), max_size=5))
+def test_incremental_scores_match_a_fresh_view(
+    inventories: list[NodeInventory], history: list[PodDemand], probes: list[PodDemand]
+) -> None:
+    """A view updated pod by pod decides like one that sees the same final state at once."""
+    live = ClusterView(inventories, default_split_count=3)
+    placed = []
+    for demand in history:
+        live.observe(demand)
+        result = live.place(demand, Policy.FRAGMENTATION)
+        if isinstance(result, Placement):
+            allocs = [a for c in result.containers for a in c.devices]
+            live.allocate(result.node, allocs, demand.cpu_milli, demand.memory_mib)
+            placed.append((result.node, allocs, demand.cpu_milli, demand.memory_mib))
+    fresh = ClusterView(inventories, default_split_count=3)
+    for node_name, allocs, cpu, mem in placed:
+        fresh.allocate(node_name, allocs, cpu, mem)
+    for demand in history:
+        fresh.observe(demand)
+    for probe in probes:
+        assert live.place(probe, Policy.FRAGMENTATION) == fresh.place(probe, Policy.FRAGMENTATION)
