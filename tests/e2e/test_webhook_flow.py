@@ -20,24 +20,11 @@ from fracgpu import codec, names
 from .conftest import NodeFactory
 from .harness import ControlPlane
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_resource_quota
-from .webhook_harness import (
-    TcpBalancer,
-    WebhookReplica,
-    WebhookTLS,
-    install_webhook_rbac,
-    register_webhooks,
-    unregister_webhooks,
-)
+from .webhook_harness import Webhooks, running_webhooks
 
 pytestmark = pytest.mark.e2e
 A100 = 40960
 RESERVATION_TTL_S = 15
-
-
-class Webhooks:
-    def __init__(self, replicas: list[WebhookReplica], balancer: TcpBalancer) -> None:
-        self.replicas = replicas
-        self.balancer = balancer
 
 
 @pytest.fixture(scope="module")
@@ -47,29 +34,16 @@ def webhooks(
     fracgpu_crds: list[str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Webhooks]:
-    work = tmp_path_factory.mktemp("webhooks")
-    tls = WebhookTLS.create(work / "tls")
-    # the webhook's own service account, with exactly the chart's RBAC: proves it suffices
-    install_webhook_rbac(kube_client)
-    kubeconfig = control_plane.kubeconfig("webhook")
-    # a short TTL lets orphaned reservations (creates lost to a fault) expire within a test
+    # a short TTL lets orphaned reservations (creates lost to a fault) expire within a test;
+    # the webhook's own service account with exactly the chart's RBAC proves it suffices
     extra = ["--reservation-ttl-seconds", str(RESERVATION_TTL_S)]
-    replicas = [
-        WebhookReplica(f"replica-{i}", kubeconfig, tls, work, extra).start() for i in range(2)
-    ]
-    try:
-        for replica in replicas:
-            replica.wait_ready()
-        with TcpBalancer([r.port for r in replicas]) as balancer:
-            url = f"https://127.0.0.1:{balancer.port}"
-            register_webhooks(kube_client, url, tls.ca.cert_pem())
-            try:
-                yield Webhooks(replicas, balancer)
-            finally:
-                unregister_webhooks(kube_client, url, tls.ca.cert_pem())
-    finally:
-        for replica in replicas:
-            replica.stop()
+    with running_webhooks(
+        kube_client,
+        control_plane.kubeconfig("webhook"),
+        tmp_path_factory.mktemp("webhooks"),
+        extra,
+    ) as running:
+        yield running
 
 
 def pod(name: str, limits: dict[str, str], **extra: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -185,6 +186,14 @@ class WebhookReplica:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def rss_bytes(self) -> int:
+        """Resident memory of the replica process now."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS line")
+
     def log_tail(self, lines: int = 30) -> str:
         path = self.log_dir / f"{self.name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -236,6 +245,45 @@ def register_webhooks(client: kubernetes.client.ApiClient, url: str, ca_pem: byt
         with contextlib.suppress(ApiException):
             delete(config["metadata"]["name"])
         create(harness_body(config))
+
+
+class Webhooks:
+    """Running replicas, the balancer in front of them, and the URL the API server calls."""
+
+    def __init__(self, replicas: list[WebhookReplica], balancer: TcpBalancer) -> None:
+        self.replicas = replicas
+        self.balancer = balancer
+
+
+@contextlib.contextmanager
+def running_webhooks(
+    kube_client: kubernetes.client.ApiClient,
+    kubeconfig: Path,
+    work: Path,
+    extra_args: list[str],
+    replicas: int = 2,
+) -> Iterator[Webhooks]:
+    """Replicas in cluster mode (as the webhook's service account, with the chart's RBAC)
+    behind a balancer, registered with the chart's webhook configurations."""
+    install_webhook_rbac(kube_client)
+    tls = WebhookTLS.create(work / "tls")
+    started = [
+        WebhookReplica(f"replica-{i}", kubeconfig, tls, work, list(extra_args)).start()
+        for i in range(replicas)
+    ]
+    try:
+        for replica in started:
+            replica.wait_ready()
+        with TcpBalancer([r.port for r in started]) as balancer:
+            url = f"https://127.0.0.1:{balancer.port}"
+            register_webhooks(kube_client, url, tls.ca.cert_pem())
+            try:
+                yield Webhooks(started, balancer)
+            finally:
+                unregister_webhooks(kube_client, url, tls.ca.cert_pem())
+    finally:
+        for replica in started:
+            replica.stop()
 
 
 def unregister_webhooks(client: kubernetes.client.ApiClient, url: str, ca_pem: bytes) -> None:

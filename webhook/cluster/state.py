@@ -37,6 +37,7 @@ from webhook.state import Claim, RejectKind, ReserveRejected
 from webhook.tolerations import Taint
 
 log = logging.getLogger(__name__)
+QUOTA_RETRY_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -270,8 +271,17 @@ class KubeState:
                 raise
 
     async def _charge_quota(self, quota: Quota, claim: Claim, sign: int) -> Quota:
+        key = f"{quota.namespace}/{quota.name}"
+        async with self._node_lock(f"quota:{key}"):
+            # queued writers start from the newest copy, not the one read before queueing
+            quota = self.gpuquotas.get(key) or quota
+            return await self._write_quota_charge(quota, claim, sign)
+
+    async def _write_quota_charge(self, quota: Quota, claim: Claim, sign: int) -> Quota:
         allocations = claim.reservation.allocations
-        for _ in range(self._settings.write_retries):
+        # A conflict here says nothing about room (other replicas and the recount write
+        # the same object), so retry longer than for GPUNodes.
+        for _ in range(QUOTA_RETRY_FACTOR * self._settings.write_retries):
             if sign > 0:
                 over = quotalib.check([quota], allocations, claim.models)
                 if over is not None:
@@ -289,7 +299,8 @@ class KubeState:
         raise ReserveRejected(
             RejectKind.QUOTA,
             f'GPUQuota "{quota.namespace}/{quota.name}" changed '
-            f"{self._settings.write_retries} times while charging it; try again",
+            f"{QUOTA_RETRY_FACTOR * self._settings.write_retries} times while charging it; "
+            "try again",
         )
 
     # -- the view ---------------------------------------------------------------------------------
@@ -352,11 +363,14 @@ class KubeState:
             self._host_free[name] = (cpu, memory)
 
     def _open_reservations(self, record: GPUNodeRecord, now: float) -> list[Reservation]:
-        """Reservations that still hold capacity: not expired and not yet a live pod."""
+        """Reservations that still hold capacity: not expired, not yet a live pod, and not
+        the reservation of a pod that has already come and gone."""
         return [
             r
             for r in record.reservations
-            if r.id not in self._live_reservations and r.expires_at > now
+            if r.id not in self._live_reservations
+            and r.id not in self._departed
+            and r.expires_at > now
         ]
 
     def node(self, name: str) -> NodeRecord | None:
