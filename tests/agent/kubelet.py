@@ -109,6 +109,7 @@ class TestKubelet:
         self.pod_resources_socket = pod_resources_socket
         self.lock = threading.Lock()
         self.registrations: list[dp.RegisterRequest] = []
+        self.connect_errors: list[str] = []
         self.plugins: dict[str, PluginConnection] = {}
         self.allocations: dict[tuple[ContainerRef, str], list[str]] = {}
         self.allocate_responses: dict[tuple[ContainerRef, str], dp.ContainerAllocateResponse] = {}
@@ -159,7 +160,13 @@ class TestKubelet:
         endpoint = self.plugin_dir / request.endpoint
         channel = grpc.insecure_channel(f"unix://{endpoint}")
         stub = dp_grpc.DevicePluginStub(channel)
-        options = stub.GetDevicePluginOptions(dp.Empty(), timeout=5)
+        try:
+            options = stub.GetDevicePluginOptions(dp.Empty(), timeout=5)
+        except (grpc.RpcError, ValueError) as error:
+            # The plugin went away right after registering: kubelet drops it, so do we.
+            self.connect_errors.append(f"{request.resource_name}: {error}")
+            channel.close()
+            return
         conn = PluginConnection(request.resource_name, endpoint, options, channel, stub)
         with self.lock:
             old = self.plugins.get(request.resource_name)
@@ -169,15 +176,14 @@ class TestKubelet:
         threading.Thread(target=self._watch, args=(conn,), daemon=True).start()
 
     def _watch(self, conn: PluginConnection) -> None:
-        stream = conn.stub.ListAndWatch(dp.Empty())
         try:
-            for message in stream:
+            for message in conn.stub.ListAndWatch(dp.Empty()):
                 with conn.changed:
                     conn.devices = {d.ID: d.health for d in message.devices}
                     conn.updates += 1
                     conn.changed.notify_all()
-        except grpc.RpcError:
-            pass  # plugin gone or channel closed
+        except (grpc.RpcError, ValueError):
+            pass  # plugin gone, or the channel closed by a kubelet stop
 
     def wait_for_plugin(self, resource: str, timeout: float = 10.0) -> PluginConnection:
         deadline = threading.Event()
