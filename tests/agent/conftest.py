@@ -127,15 +127,3 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     finally:
         manager.stop()
         kubelet.close()
-
-
-# The real control plane of the end-to-end suite, for the agent's API-facing tests.
-from tests.e2e.conftest import (  # noqa: E402
-    control_plane,
-    e2e_config,
-    fracgpu_crds,
-    kube_client,
-    namespace,
-)
-
-__all__ = ["control_plane", "e2e_config", "fracgpu_crds", "kube_client", "namespace"]

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fracgpu import names
 
-from .conftest import NodeFactory
+from .fixtures import NodeFactory
 from .harness import ControlPlane
 from .harness.kube import body
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION

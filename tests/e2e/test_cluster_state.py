@@ -29,7 +29,7 @@ from webhook.cluster.controllers import Controllers
 from webhook.cluster.state import KubeState, KubeStateSettings
 from webhook.state import Claim, RejectKind, ReserveRejected
 
-from .conftest import NodeFactory
+from .fixtures import NodeFactory
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION
 
 pytestmark = pytest.mark.e2e

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from fracgpu import codec
 from fracgpu.model import GPUAllocation, Quota, Reservation, ResourceAmounts, ResourceLimits
 
-from .conftest import NodeFactory
+from .fixtures import NodeFactory
 from .harness import (
     ControlPlane,
     E2EConfig,

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fracgpu import codec, names
 
-from .conftest import NodeFactory
+from .fixtures import NodeFactory
 from .harness import ControlPlane
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_resource_quota
 from .webhook_harness import Webhooks, running_webhooks

@@ -1,7 +1,8 @@
 """The certs store tests run against the real etcd + kube-apiserver of tests/e2e.
 
-They reuse the end-to-end fixtures by name (control_plane, kube_client, kubeconfig,
-namespace) and are marked `e2e`, so `-m "not e2e"` leaves them out like the rest.
+They use the suite-wide end-to-end fixtures (tests/e2e/fixtures.py: control_plane,
+kube_client, kubeconfig, namespace) and are marked `e2e`, so `-m "not e2e"` leaves them
+out like the rest.
 """
 
 from __future__ import annotations
@@ -17,14 +18,6 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from certs.settings import Settings
-from tests.e2e import conftest as e2e
-
-# The end-to-end fixtures, made visible here by name (pytest looks them up in conftest).
-e2e_config = e2e.e2e_config
-control_plane = e2e.control_plane
-kube_client = e2e.kube_client
-kubeconfig = e2e.kubeconfig
-namespace = e2e.namespace
 
 _HERE = Path(__file__).resolve().parent
 

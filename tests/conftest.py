@@ -1,0 +1,3 @@
+"""Suite-wide plugins: the real control plane's fixtures, shared by every directory."""
+
+pytest_plugins = ["tests.e2e.fixtures"]
