@@ -48,6 +48,8 @@ class FragmentationIndex:
         self.elig: BoolArray = np.zeros((0, s), np.bool_)
         self.need_mem: IntArray = np.zeros((0, s), np.int64)
         self.limit: IntArray = np.zeros((0, s), np.int64)
+        self._uniform_limit: IntArray | None = None
+        self._needs_memory = True
         self.s_units_inv = np.ones(s)
         self.s_gpus_inv = np.ones(s)
         self.s_cpu_inv = np.zeros(s)
@@ -110,6 +112,9 @@ class FragmentationIndex:
             & (self.need_mem <= state.g_mem_total[:, None])
         )
         self.limit = np.where(exclusive[None, :], 1, state.g_split[:, None])
+        splits = np.unique(state.g_split[state.g_live])
+        self._uniform_limit = np.where(exclusive, 1, splits[0]) if len(splits) == 1 else None
+        self._needs_memory = bool((self.need_mem > 0).any())
         self.usable_now, self.pods_now = self.usable_for(
             np.arange(len(state.g_free)), state.g_free, state.g_mem_free, state.g_cont
         )
@@ -146,13 +151,17 @@ class FragmentationIndex:
     ) -> tuple[BoolArray, FloatArray]:
         """[slot, shape]: could a pod of each shape take each GPU in this (hypothetical) state,
         and how many such pods the GPU could take (by compute and split count)."""
-        room = self.limit[slots] - cont[:, None]
-        usable = (
-            self.elig[slots]
-            & (free[:, None] >= self.s_units[None, :])
-            & (mem_free[:, None] >= self.need_mem[slots])
-            & (room > 0)
-        )
+        # Common cases skip a [slot, shape] gather: one split count for every GPU, and shapes
+        # that need no GPU memory (then only over-committed memory blocks a GPU).
+        if self._uniform_limit is not None:
+            room = self._uniform_limit - cont[:, None]
+        else:
+            room = self.limit[slots] - cont[:, None]
+        usable = self.elig[slots] & (free[:, None] >= self.s_units[None, :]) & (room > 0)
+        if self._needs_memory:
+            usable &= mem_free[:, None] >= self.need_mem[slots]
+        else:
+            usable &= (mem_free >= 0)[:, None]
         # floor(free / units) in floats: exact enough with the small nudge, and much faster.
         by_compute = np.floor(free[:, None] * self.s_units_inv + _FLOOR_NUDGE)
         pods: FloatArray = np.minimum(by_compute, room) * usable
