@@ -47,6 +47,7 @@ def webhooks(
         yield running
 
 
+@pytest.mark.timeout(180 + CYCLES * 0.3)  # the long run outlasts the suite's default limit
 def test_create_delete_cycles_leave_nothing_behind_and_do_not_grow_memory(
     webhooks: Webhooks,
     kube_client: kubernetes.client.ApiClient,

@@ -13,6 +13,7 @@ from fracgpu import codec, names
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, GPUDevice, NodeInventory, Reservation
 from fracgpu.quantity import parse_quantity
+from webhook.demand import cpu_and_memory
 from webhook.tolerations import Taint
 
 Obj = dict[str, Any]
@@ -77,7 +78,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
                 error,
             )
     node = spec.get("nodeName") or (assignment.node if assignment else "")
-    cpu, memory = pod_cpu_memory(spec)
+    cpu, memory = pod_cpu_memory(obj)
     return PodRecord(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -90,22 +91,13 @@ def pod_record(obj: Obj) -> PodRecord | None:
     )
 
 
-def pod_cpu_memory(spec: Obj) -> tuple[int, int]:
-    """Effective CPU (milli) and memory (MiB) requests, as the scheduler computes them."""
-
-    def total(containers: list[Obj]) -> tuple[Fraction, Fraction]:
-        cpu = memory = Fraction(0)
-        for container in containers:
-            requests = (container.get("resources") or {}).get("requests") or {}
-            cpu += _quantity(requests.get("cpu"))
-            memory += _quantity(requests.get("memory"))
-        return cpu, memory
-
-    cpu, memory = total(spec.get("containers") or [])
-    for init in spec.get("initContainers") or []:
-        init_cpu, init_memory = total([init])
-        cpu, memory = max(cpu, init_cpu), max(memory, init_memory)
-    return _ceil(cpu * 1000), _ceil(memory / MIB)
+def pod_cpu_memory(obj: Obj) -> tuple[int, int]:
+    """CPU (milli) and memory (MiB) the pod holds on its node, as admission computes them;
+    a pod the API server stored but admission cannot read counts as nothing, not a crash."""
+    try:
+        return cpu_and_memory(obj)
+    except FracgpuError:
+        return 0, 0
 
 
 def node_record(obj: Obj) -> NodeRecord | None:
