@@ -85,8 +85,11 @@ class KubeState:
         self._live_reservations: dict[str, str] = {}  # reservation ID -> pod key
         # Reservation IDs whose pod was seen and then deleted or finished -> when
         self._departed: dict[str, float] = {}
+        self._last_forget = 0.0
         self._dirty: set[str] = set()
-        self._charged: dict[str, Claim] = {}  # quota charged by this replica, for refunds
+        # Quota this replica charged, for a refund if admission fails after reserving; kept
+        # one TTL (later the recount owns the number). Both maps are bounded by time.
+        self._charged: dict[str, tuple[Claim, float]] = {}
         # Claims being written now: counted in the view at once, so concurrent admissions in
         # this replica plan around each other instead of racing for the same GPU.
         self._inflight: dict[str, Claim] = {}
@@ -159,14 +162,16 @@ class KubeState:
         except BaseException:
             await self._remove_reservation(held.node, held.id)
             raise
-        self._charged[held.id] = claim
+        self._charged[held.id] = (claim, self._clock())
+        self._forget_old()
 
     async def release(self, reservation_id: str) -> None:
         held = await self.reservation(reservation_id)
         if held is not None:
             await self._remove_reservation(held.node, reservation_id)
-        claim = self._charged.pop(reservation_id, None)
-        if claim is not None:
+        charged = self._charged.pop(reservation_id, None)
+        if charged is not None:
+            claim = charged[0]
             await self._charge_quotas(claim, sign=-1)
 
     # -- reservations ---------------------------------------------------------------------------
@@ -315,6 +320,7 @@ class KubeState:
                 self._live_reservations.pop(old.reservation_id, None)
                 if new is None or new.terminal:
                     self._departed[old.reservation_id] = self._clock()
+                    self._forget_old()
         if new is not None and not new.terminal and new.node:
             self._pods_by_node.setdefault(new.node, set()).add(key)
             if new.reservation_id:
@@ -325,9 +331,22 @@ class KubeState:
 
     def departed_reservation_ids(self) -> frozenset[str]:
         """Reservations whose pod has come and gone; forgotten after one TTL."""
-        horizon = self._clock() - self._settings.reservation_ttl_s
-        self._departed = {rid: at for rid, at in self._departed.items() if at > horizon}
+        self._forget_old()
         return frozenset(self._departed)
+
+    def _forget_old(self) -> None:
+        """Drop bookkeeping older than one TTL, at most once per TTL/4 (amortised)."""
+        now = self._clock()
+        if now - self._last_forget < self._settings.reservation_ttl_s / 4:
+            return
+        self._last_forget = now
+        horizon = now - self._settings.reservation_ttl_s
+        self._departed = {rid: at for rid, at in self._departed.items() if at > horizon}
+        self._charged = {rid: c for rid, c in self._charged.items() if c[1] > horizon}
+
+    def bookkeeping_sizes(self) -> tuple[int, int]:
+        """(departed, charged) entries held now; both stay bounded by one TTL of traffic."""
+        return len(self._departed), len(self._charged)
 
     def _refresh(self) -> None:
         if not self._dirty:
