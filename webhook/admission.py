@@ -133,6 +133,9 @@ class Admission:
             return responses.denied(restricted)
         demand, node_note = restricted
         quota_block: quotalib.QuotaExceeded | None = None
+        if not request.dry_run:
+            # Every arrival, placed or not, teaches the fragmentation policy the workload.
+            (await self._state.view()).observe(demand)
         for _ in range(self._settings.placement_attempts):
             view = await self._state.view()
             quotas = await self._state.quotas(namespace)

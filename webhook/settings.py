@@ -40,7 +40,7 @@ class Settings:
     tls_key_file: Path | None = None
     tls_reload_seconds: float = 5.0
     cluster_file: Path | None = None
-    policy: Policy = Policy.BINPACK
+    policy: Policy = Policy.FRAGMENTATION
     service_accounts: frozenset[str] = frozenset(DEFAULT_SERVICE_ACCOUNTS)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     dialects: DialectConfig = dataclasses.field(default_factory=DialectConfig)
@@ -195,7 +195,11 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _optional_path,
     ),
     Option(
-        "policy", "binpack", "default placement policy: binpack, spread or fragmentation", _policy
+        "policy",
+        "fragmentation",
+        "default placement policy: fragmentation (learns the workload, keeps room for it), "
+        "binpack, spread or best-fit",
+        _policy,
     ),
     Option(
         "service_accounts",

@@ -102,6 +102,11 @@ class ClusterView:
 
     # -- queries ---------------------------------------------------------------------------------
     @property
+    def observations(self) -> int:
+        """How many arrivals ``observe`` has recorded."""
+        return self._workload.observations
+
+    @property
     def gpu_units(self) -> int:
         return self._state.gpu_units
 

@@ -100,3 +100,14 @@ async def test_a_forged_assignment_is_not_reapplied(webhook: Webhook) -> None:
     assert "the assignment differs from reservation" in reply.message
     trusted = await webhook.client.review("/mutate", build_review(forged, username=WEBHOOK_SA))
     assert trusted.allowed
+
+
+async def test_real_arrivals_teach_the_workload_and_dry_runs_do_not(webhook: Webhook) -> None:
+    view = await webhook.state.view()
+    before = view.observations
+    for i in range(2):
+        assert (await webhook.admit(gpu_pod(SHARE, name=f"learn-{i}"))).allowed
+    assert (await webhook.admit(gpu_pod(SHARE, name="dry"), dry_run=True)).allowed
+    never = await webhook.admit(gpu_pod({"tencent.com/vcuda-core": "6400"}, name="huge"))
+    assert not never.allowed  # refused arrivals count too: they are part of the workload
+    assert (await webhook.state.view()).observations - before == 3

@@ -21,7 +21,7 @@ def parse(argv: list[str], env: dict[str, str]) -> settings.Settings:
 def test_defaults() -> None:
     config = parse([], {})
     assert config.port == 8443
-    assert config.policy is Policy.BINPACK
+    assert config.policy is Policy.FRAGMENTATION
     assert config.dialects.default_memory == MemoryRequest(percent=100)
     assert config.dialects.default_cores == 0
     assert config.max_body_bytes == 8 * 1024 * 1024
