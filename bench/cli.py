@@ -14,6 +14,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.placement.cli",
         "replay an openb-format trace through the placement policies",
     ),
+    "admission": (
+        "bench.admission.cli",
+        "admission latency budget: empty TLS handler, /mutate, pod creates via kube-apiserver",
+    ),
     "placement-synth": (
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",
