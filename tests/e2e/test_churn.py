@@ -18,12 +18,10 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from fracgpu import names
-
 from .fixtures import NodeFactory
 from .harness import ControlPlane
 from .harness.kube import body
-from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION
+from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_gpuquota
 from .webhook_harness import Webhooks, running_webhooks
 
 pytestmark = pytest.mark.e2e
@@ -58,12 +56,7 @@ def test_create_delete_cycles_leave_nothing_behind_and_do_not_grow_memory(
     infos = [nodes.gpu_node(f"{prefix}-{i}", gpus=2, memory_mib=40960) for i in range(4)]
     custom = kubernetes.client.CustomObjectsApi(kube_client)
     core = kubernetes.client.CoreV1Api(kube_client)
-    custom.create_namespaced_custom_object(
-        FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas",
-        {"apiVersion": names.API_VERSION, "kind": names.GPUQUOTA_KIND,
-         "metadata": {"name": "gpu", "namespace": namespace},
-         "spec": {"hard": {"cores": 100000}}},
-    )  # fmt: skip
+    create_gpuquota(kube_client, namespace, {"cores": 100000})  # fmt: skip
     time.sleep(1.5)
     limits = {"tencent.com/vcuda-core": "25", "tencent.com/vcuda-memory": "8"}
     refused: list[str] = []

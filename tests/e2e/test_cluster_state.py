@@ -30,7 +30,7 @@ from webhook.cluster.state import KubeState, KubeStateSettings
 from webhook.state import Claim, RejectKind, ReserveRejected
 
 from .fixtures import NodeFactory
-from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION
+from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_gpuquota
 
 pytestmark = pytest.mark.e2e
 TTL = 60
@@ -124,18 +124,7 @@ async def test_concurrent_charges_never_pass_the_quota(
 ) -> None:
     node = f"quota-{uuid.uuid4().hex[:6]}"
     nodes.gpu_node(node, gpus=4, memory_mib=40960)
-    kubernetes.client.CustomObjectsApi(kube_client).create_namespaced_custom_object(
-        FRACGPU_GROUP,
-        FRACGPU_VERSION,
-        namespace,
-        "gpuquotas",
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPUQUOTA_KIND,
-            "metadata": {"name": "gpu", "namespace": namespace},
-            "spec": {"hard": {"cores": 100}},
-        },
-    )
+    create_gpuquota(kube_client, namespace, {"cores": 100})
     async with replica(kubeconfig) as (_, first), replica(kubeconfig) as (_, second):
         await wait_for(
             lambda: (
@@ -161,18 +150,7 @@ async def test_release_gives_back_gpu_and_quota(
     node = f"rel-{uuid.uuid4().hex[:6]}"
     nodes.gpu_node(node, gpus=1, memory_mib=40960)
     custom = kubernetes.client.CustomObjectsApi(kube_client)
-    custom.create_namespaced_custom_object(
-        FRACGPU_GROUP,
-        FRACGPU_VERSION,
-        namespace,
-        "gpuquotas",
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPUQUOTA_KIND,
-            "metadata": {"name": "gpu", "namespace": namespace},
-            "spec": {"hard": {"cores": 50}},
-        },
-    )
+    create_gpuquota(kube_client, namespace, {"cores": 50})
     async with replica(kubeconfig) as (_, state):
         await wait_for(lambda: state.gpuquotas.get(f"{namespace}/gpu") is not None, "quota")
         await wait_for(lambda: state.gpunodes.get(node) is not None, "GPUNode")
@@ -195,18 +173,7 @@ async def test_controllers_prune_settled_reservations_and_recount_quota(
     nodes.gpu_node(node, gpus=1, memory_mib=40960)
     custom = kubernetes.client.CustomObjectsApi(kube_client)
     core = kubernetes.client.CoreV1Api(kube_client)
-    custom.create_namespaced_custom_object(
-        FRACGPU_GROUP,
-        FRACGPU_VERSION,
-        namespace,
-        "gpuquotas",
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPUQUOTA_KIND,
-            "metadata": {"name": "gpu", "namespace": namespace},
-            "spec": {"hard": {"cores": 100}},
-        },
-    )
+    create_gpuquota(kube_client, namespace, {"cores": 100})
     async with replica(kubeconfig, settle_s=0.0) as (api, state):
         await wait_for(lambda: state.gpuquotas.get(f"{namespace}/gpu") is not None, "quota")
         await wait_for(lambda: state.gpunodes.get(node) is not None, "GPUNode")

@@ -21,7 +21,13 @@ from fracgpu import codec, names
 from .fixtures import NodeFactory
 from .harness import ControlPlane
 from .harness.kube import body as kube_body
-from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_resource_quota
+from .harness.resources import (
+    FRACGPU_GROUP,
+    FRACGPU_VERSION,
+    create_gpuquota,
+    create_resource_quota,
+    gpuquota_used,
+)
 from .webhook_harness import FRACGPU_NAMESPACE, Webhooks, running_webhooks
 
 pytestmark = pytest.mark.e2e
@@ -376,13 +382,6 @@ def test_an_assignment_copied_from_a_live_pod_is_denied(
     assert "only fracgpu may set" in (denied.value.body or "")
 
 
-def quota_used(client: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, int]:
-    obj = kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(
-        FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas", name
-    )
-    return dict((obj.get("status") or {}).get("used") or {})
-
-
 def recount(client: kubernetes.client.ApiClient, namespace: str) -> dict[str, int]:
     pods = kubernetes.client.CoreV1Api(client).list_namespaced_pod(namespace).items
     cores = memory = gpus = 0
@@ -430,18 +429,7 @@ def test_faults_lose_no_accounting(
     steals the controllers' Lease, in the middle of a burst of creates."""
     prefix = f"fault-{uuid.uuid4().hex[:4]}"
     infos = [nodes.gpu_node(f"{prefix}-{i}", gpus=2, memory_mib=A100) for i in range(5)]
-    kubernetes.client.CustomObjectsApi(kube_client).create_namespaced_custom_object(
-        FRACGPU_GROUP,
-        FRACGPU_VERSION,
-        namespace,
-        "gpuquotas",
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.GPUQUOTA_KIND,
-            "metadata": {"name": "gpu", "namespace": namespace},
-            "spec": {"hard": {"cores": 2000}},
-        },
-    )
+    create_gpuquota(kube_client, namespace, {"cores": 2000})
     time.sleep(1.5)
     errors: list[str] = []
 
@@ -481,7 +469,7 @@ def test_faults_lose_no_accounting(
 
     def settled() -> bool:
         differences.clear()
-        used, counted = quota_used(kube_client, namespace, "gpu"), recount(kube_client, namespace)
+        used, counted = gpuquota_used(kube_client, namespace), recount(kube_client, namespace)
         if used != counted:
             differences.append(f"quota used {used} != recount {counted}")
         for info in infos:

@@ -298,3 +298,35 @@ def create_resource_quota(
     )
     status = {"status": {"hard": dict(hard), "used": {key: "0" for key in hard}}}
     return core.patch_namespaced_resource_quota_status(name, namespace, body(status))
+
+
+def create_gpuquota(
+    client: kubernetes.client.ApiClient, namespace: str, hard: Mapping[str, int], name: str = "gpu"
+) -> dict[str, Any]:
+    """A GPUQuota with ``spec.hard`` (cores, memoryMiB, gpus) in ``namespace``."""
+    return as_dict(
+        kubernetes.client.CustomObjectsApi(client).create_namespaced_custom_object(
+            FRACGPU_GROUP,
+            FRACGPU_VERSION,
+            namespace,
+            "gpuquotas",
+            {
+                "apiVersion": f"{FRACGPU_GROUP}/{FRACGPU_VERSION}",
+                "kind": "GPUQuota",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"hard": dict(hard)},
+            },
+        )
+    )
+
+
+def gpuquota_used(
+    client: kubernetes.client.ApiClient, namespace: str, name: str = "gpu"
+) -> dict[str, int]:
+    """A GPUQuota's status.used as the API returns it ({} before anything is charged)."""
+    obj = as_dict(
+        kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(
+            FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas", name
+        )
+    )
+    return dict((obj.get("status") or {}).get("used") or {})
