@@ -137,6 +137,8 @@ class Agent:
             lambda: state.gpus().values(),
             health.snapshot,
             lambda: live_containers(pod_resources, resources, files),
+            gpu_manager_metrics=s.gpu_manager_metrics,
+            node_name=s.node_name,
         )
         http_server, http_thread = start_http_server(
             s.metrics_port, s.metrics_address, registry=build_registry(collector)

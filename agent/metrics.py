@@ -2,7 +2,8 @@
 
 Per GPU (labels gpu, index, model) from NVML, the health monitor and the live containers'
 limits; per container (labels namespace, pod, container, gpu) from the shim's accounting
-region and limits file. See docs/agent.md for the list.
+region and limits file. Optionally also TKEStack gpu-manager's container metric names and
+labels, from the same data, so its dashboards keep working. See docs/agent.md for the list.
 """
 
 import logging
@@ -25,12 +26,31 @@ log = logging.getLogger(__name__)
 
 _GPU_LABELS = ("gpu", "index", "model")
 _CONTAINER_LABELS = ("namespace", "pod", "container", "gpu")
+# TKEStack gpu-manager's labels (pkg/services/display/display.go); each metric adds one more.
+_GPU_MANAGER_LABELS = ("pod_name", "namespace", "node", "container_name")
+_MIB = 1 << 20
 
 
 @dataclass(frozen=True)
 class _KernelSample:
     kernel_time_ns: int
     at_ns: int
+
+
+@dataclass
+class _ContainerGpu:
+    """What one scrape knows about one container on one GPU; None: not known yet."""
+
+    namespace: str
+    pod: str
+    container: str
+    gpu: str
+    memory_limit_bytes: int
+    compute_limit_ratio: float  # what the shim paces to (1 when compute limiting is off)
+    reserved_compute_ratio: float  # what the container was promised (0 for best effort)
+    memory_used_bytes: int | None = None
+    oom_rejections: int | None = None
+    utilization_ratio: float | None = None
 
 
 class AgentCollector(Collector):
@@ -41,12 +61,18 @@ class AgentCollector(Collector):
         health: Callable[[], dict[str, bool]],
         containers: Callable[[], list[LiveContainer]],
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        *,
+        gpu_manager_metrics: bool = False,
+        node_name: str = "",
     ) -> None:
         self._backend = backend
         self._gpus = gpus
         self._health = health
         self._containers = containers
         self._clock_ns = clock_ns
+        # Also export TKEStack gpu-manager's names; its series carry the node's name.
+        self._gpu_manager_metrics = gpu_manager_metrics
+        self._node_name = node_name
         self._lock = threading.Lock()
         # Previous kernel-time sample per (namespace, pod, container, gpu): utilization is
         # the share of wall time spent in kernels between two scrapes.
@@ -122,7 +148,7 @@ class AgentCollector(Collector):
 
         yield from (mem_used, mem_total, util, healthy, alloc_compute, alloc_memory)
         yield alloc_containers
-        yield from self._container_metrics(containers)
+        yield from self._container_metrics(containers, {g.uuid: g.index for g in gpus})
         errors = GaugeMetricFamily(
             "fracgpu_agent_scrape_errors",
             "Sources (NVML queries, kubelet) that failed during this scrape.",
@@ -130,7 +156,10 @@ class AgentCollector(Collector):
         errors.add_metric([], scrape_errors)
         yield errors
 
-    def _container_metrics(self, containers: list[LiveContainer]) -> Iterator[Metric]:
+    def _container_metrics(
+        self, containers: list[LiveContainer], gpu_index: dict[str, int]
+    ) -> Iterator[Metric]:
+        rows = self._container_rows(containers)
         used = GaugeMetricFamily(
             "fracgpu_container_memory_used_bytes",
             "GPU memory the container holds (shim accounting).",
@@ -156,31 +185,114 @@ class AgentCollector(Collector):
             "Allocations the shim refused because they would pass the memory limit.",
             labels=_CONTAINER_LABELS,
         )
+        for row in rows:
+            labels = [row.namespace, row.pod, row.container, row.gpu]
+            limit.add_metric(labels, row.memory_limit_bytes)
+            compute.add_metric(labels, row.compute_limit_ratio)
+            if row.memory_used_bytes is not None:
+                used.add_metric(labels, row.memory_used_bytes)
+            if row.oom_rejections is not None:
+                ooms.add_metric(labels, row.oom_rejections)
+            if row.utilization_ratio is not None:
+                util.add_metric(labels, row.utilization_ratio)
+        yield from (used, limit, compute, util, ooms)
+        if self._gpu_manager_metrics:
+            yield from _gpu_manager_metrics(rows, gpu_index, self._node_name)
+
+    def _container_rows(self, containers: list[LiveContainer]) -> list[_ContainerGpu]:
+        """One row per container and GPU, from its limits file and shim region."""
         now = self._clock_ns()
+        rows = []
         seen: set[tuple[str, str, str, str]] = set()
         for c in containers:
             slices = _slices(c.limits)
             region = {d.uuid: d for d in c.region or ()}
             for uuid in sorted(set(slices) | set(region)):
-                labels = [c.namespace, c.pod, c.container, uuid]
-                mem_limit, _reserved, paced = slices.get(uuid, (0, 0, CORES_PER_GPU))
+                mem_limit, reserved, paced = slices.get(uuid, (0, 0, CORES_PER_GPU))
                 dev = region.get(uuid)
-                limit.add_metric(labels, mem_limit or (dev.memory_limit if dev else 0))
-                compute.add_metric(labels, paced / CORES_PER_GPU)
+                row = _ContainerGpu(
+                    namespace=c.namespace,
+                    pod=c.pod,
+                    container=c.container,
+                    gpu=uuid,
+                    memory_limit_bytes=mem_limit or (dev.memory_limit if dev else 0),
+                    compute_limit_ratio=paced / CORES_PER_GPU,
+                    reserved_compute_ratio=reserved / CORES_PER_GPU,
+                )
+                rows.append(row)
                 if dev is None:
                     continue
-                used.add_metric(labels, dev.memory_used)
-                ooms.add_metric(labels, dev.oom_rejections)
+                row.memory_used_bytes = dev.memory_used
+                row.oom_rejections = dev.oom_rejections
                 key = (c.namespace, c.pod, c.container, uuid)
                 seen.add(key)
                 previous = self._samples.get(key)
                 self._samples[key] = _KernelSample(dev.kernel_time_ns, now)
                 if previous is not None and now > previous.at_ns:
                     busy = max(0, dev.kernel_time_ns - previous.kernel_time_ns)
-                    util.add_metric(labels, min(1.0, busy / (now - previous.at_ns)))
+                    row.utilization_ratio = min(1.0, busy / (now - previous.at_ns))
         for key in set(self._samples) - seen:
             del self._samples[key]
-        yield from (used, limit, compute, util, ooms)
+        return rows
+
+
+def _gpu_manager_metrics(
+    rows: list[_ContainerGpu], gpu_index: dict[str, int], node: str
+) -> Iterator[Metric]:
+    """TKEStack gpu-manager's container metrics, from the same rows, in its units.
+
+    Per GPU and a "total" series: utilization in percent, memory used in MiB; per container
+    ("total" only): requested compute in GPUs, requested memory in MiB.
+    """
+    util = GaugeMetricFamily(
+        "container_gpu_utilization",
+        "GPU utilization in percent (gpu-manager compatible; per GPU and total).",
+        labels=(*_GPU_MANAGER_LABELS, "gpu"),
+    )
+    memory = GaugeMetricFamily(
+        "container_gpu_memory_total",
+        "GPU memory in use in MiB (gpu-manager compatible; per GPU and total).",
+        labels=(*_GPU_MANAGER_LABELS, "gpu_memory"),
+    )
+    request_util = GaugeMetricFamily(
+        "container_request_gpu_utilization",
+        "Compute requested, in GPUs (gpu-manager compatible).",
+        labels=(*_GPU_MANAGER_LABELS, "req_of_gpu"),
+    )
+    request_memory = GaugeMetricFamily(
+        "container_request_gpu_memory",
+        "GPU memory requested in MiB (gpu-manager compatible).",
+        labels=(*_GPU_MANAGER_LABELS, "req_of_gpu_memory"),
+    )
+    by_container: dict[tuple[str, str, str], list[_ContainerGpu]] = {}
+    for row in rows:
+        by_container.setdefault((row.namespace, row.pod, row.container), []).append(row)
+    for (namespace, pod, container), gpus in by_container.items():
+        # gpu-manager's label order: pod_name, namespace, node, container_name.
+        base = [pod, namespace, node, container]
+        used = [r for r in gpus if r.memory_used_bytes is not None]
+        for r in used:
+            mib = (r.memory_used_bytes or 0) / _MIB
+            memory.add_metric([*base, _gpu_manager_gpu(r.gpu, gpu_index)], mib)
+        if used:
+            total = sum(r.memory_used_bytes or 0 for r in used) / _MIB
+            memory.add_metric([*base, "total"], total)
+        busy = [r for r in gpus if r.utilization_ratio is not None]
+        for r in busy:
+            percent = (r.utilization_ratio or 0.0) * 100
+            util.add_metric([*base, _gpu_manager_gpu(r.gpu, gpu_index)], percent)
+        if busy:
+            total = sum((r.utilization_ratio or 0.0) * 100 for r in busy)
+            util.add_metric([*base, "total"], total)
+        request_util.add_metric([*base, "total"], sum(r.reserved_compute_ratio for r in gpus))
+        request_memory.add_metric([*base, "total"], sum(r.memory_limit_bytes for r in gpus) / _MIB)
+    yield from (util, memory, request_util, request_memory)
+
+
+def _gpu_manager_gpu(uuid: str, gpu_index: dict[str, int]) -> str:
+    """gpu-manager names a GPU gpu<index>; a GPU this node does not list keeps its UUID."""
+    index = gpu_index.get(uuid)
+    return uuid if index is None else f"gpu{index}"
 
 
 def _slices(limits: Limits | None) -> dict[str, tuple[int, int, int]]:

@@ -48,12 +48,15 @@ class AgentSettings:
     # metrics and logs
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 9400
+    # Also export TKEStack gpu-manager's container metric names (docs/agent.md).
+    gpu_manager_metrics: bool = False
     log_level: str = "INFO"
     kubeconfig: Path | None = None
     publish_inventory: bool = True
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stale-grace-seconds", type=float, default=d.stale_grace_seconds)
     p.add_argument("--metrics-address", default=d.metrics_address)
     p.add_argument("--metrics-port", type=int, default=d.metrics_port)
+    p.add_argument(
+        "--gpu-manager-metrics",
+        nargs="?",
+        const="true",
+        default="true" if d.gpu_manager_metrics else "false",
+        help="also export TKEStack gpu-manager's metric names: true or false "
+        "(the flag alone means true)",
+    )
     p.add_argument("--log-level", default=d.log_level, help="one of " + ", ".join(_LOG_LEVELS))
     p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster config")
     p.add_argument(
@@ -131,6 +142,11 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         raise SettingsError(
             f"--ignored-xids={ns.ignored_xids} is not allowed: use comma-separated integers"
         ) from None
+    gpu_manager_metrics = _BOOLEANS.get(str(ns.gpu_manager_metrics).lower())
+    if gpu_manager_metrics is None:
+        raise SettingsError(
+            f"--gpu-manager-metrics={ns.gpu_manager_metrics} is not allowed: use true or false"
+        )
     for flag in (
         "kubelet_poll_seconds",
         "health_probe_seconds",
@@ -169,6 +185,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         stale_grace_seconds=ns.stale_grace_seconds,
         metrics_address=ns.metrics_address,
         metrics_port=ns.metrics_port,
+        gpu_manager_metrics=gpu_manager_metrics,
         log_level=level,
         kubeconfig=ns.kubeconfig,
         publish_inventory=ns.publish_inventory,

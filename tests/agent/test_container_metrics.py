@@ -16,6 +16,7 @@ from agent.hostfiles import allocation_key
 from agent.metrics import AgentCollector, build_registry
 from agent.nvml_backend import PynvmlBackend
 from agent.podresources import PodResourcesClient
+from agent.settings import AgentSettings, SettingsError, parse_settings
 from fracgpu.model import GPUAllocation
 from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 from tests.agent.conftest import GPU_A, GPU_B, AgentRig, assigned_pod
@@ -170,6 +171,170 @@ def test_container_utilization_follows_its_paced_kernels(
         time.sleep(1.5)
         utilization = _samples(collector)[name]
         assert 0.05 <= utilization <= 0.45  # paced to its 30 % (unpaced would be near 1)
+    finally:
+        workload.kill()
+        workload.wait()
+
+
+MIB = 1 << 20
+
+
+def _series(name: str, **labels: str) -> str:
+    """A series as the exposition format writes it (labels sorted by name)."""
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _gpu_manager_labels(pod: str) -> dict[str, str]:
+    """gpu-manager's labels for container "main" of a team-a pod on node gpu-7."""
+    return {"pod_name": pod, "namespace": "team-a", "node": "gpu-7", "container_name": "main"}
+
+
+def _gpu_manager_series(samples: dict[str, float]) -> dict[str, float]:
+    names = (
+        "container_gpu_utilization{",
+        "container_gpu_memory_total{",
+        "container_request_gpu_memory{",
+        "container_request_gpu_utilization{",
+    )
+    return {name: value for name, value in samples.items() if name.startswith(names)}
+
+
+def test_gpu_manager_metrics_setting_from_flag_and_environment() -> None:
+    assert not parse_settings([], env={"NODE_NAME": "n"}).gpu_manager_metrics
+    env = {"NODE_NAME": "n", "FRACGPU_AGENT_GPU_MANAGER_METRICS": "true"}
+    assert parse_settings([], env=env).gpu_manager_metrics
+    assert not parse_settings(["--gpu-manager-metrics=false"], env=env).gpu_manager_metrics
+    assert parse_settings(["--node-name=n", "--gpu-manager-metrics"], env={}).gpu_manager_metrics
+    with pytest.raises(SettingsError, match="--gpu-manager-metrics=maybe is not allowed"):
+        parse_settings(["--node-name=n", "--gpu-manager-metrics=maybe"], env={})
+
+
+def test_gpu_manager_names_mirror_the_container_metrics(
+    rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
+) -> None:
+    rig.pods.add(assigned_pod("train", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]}))
+    ref = ContainerRef("team-a", "train", "main")
+    _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
+    mounts = {m.container_path: m.host_path for m in reply.mounts}
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
+        "FRACGPU_TEST_LIMITS_PATH": mounts["/etc/fracgpu/limits"],
+        "FRACGPU_TEST_REGION_PATH": str(Path(mounts["/var/run/fracgpu"]) / "region"),
+    }
+    workload = subprocess.Popen(
+        [str(WORKLOAD), "ctx", "1", "alloc", "3Gi", "sleep", "20000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pod_resources = PodResourcesClient(short_dir / "pr.sock")
+    resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
+
+    def collector(settings: AgentSettings) -> AgentCollector:
+        return AgentCollector(
+            backend,
+            lambda: rig.state.gpus().values(),
+            lambda: {},
+            lambda: live_containers(pod_resources, resources, rig.files),
+            gpu_manager_metrics=settings.gpu_manager_metrics,
+            node_name=settings.node_name,
+        )
+
+    on = collector(
+        parse_settings([], env={"NODE_NAME": "gpu-7", "FRACGPU_AGENT_GPU_MANAGER_METRICS": "1"})
+    )
+    off = collector(parse_settings([], env={"NODE_NAME": "gpu-7"}))
+    try:
+        assert workload.stdout is not None
+        lines = [workload.stdout.readline().split() for _ in range(2)]
+        assert lines[1][:2] == ["alloc", "0"]
+
+        _samples(on)  # the first scrape is the kernel-time baseline of the utilization rate
+        samples = _samples(on)
+        ours = f'container="main",gpu="{GPU_B.uuid}",namespace="team-a",pod="train"'
+        theirs = _gpu_manager_labels("train")
+        used = samples[f"fracgpu_container_memory_used_bytes{{{ours}}}"]
+        limit = samples[f"fracgpu_container_memory_limit_bytes{{{ours}}}"]
+        compute = samples[f"fracgpu_container_compute_limit_ratio{{{ours}}}"]
+        busy = samples[f"fracgpu_container_utilization_ratio{{{ours}}}"]
+        assert used == 3 * GIB
+        assert limit == 4 * GIB
+        assert compute == pytest.approx(0.3)
+        # GPU B is index 1: gpu-manager names it gpu1, and adds a "total" series.
+        assert _gpu_manager_series(samples) == {
+            _series("container_gpu_memory_total", **theirs, gpu_memory="gpu1"): used / MIB,
+            _series("container_gpu_memory_total", **theirs, gpu_memory="total"): used / MIB,
+            _series("container_gpu_utilization", **theirs, gpu="gpu1"): busy * 100,
+            _series("container_gpu_utilization", **theirs, gpu="total"): busy * 100,
+            _series("container_request_gpu_memory", **theirs, req_of_gpu_memory="total"): (
+                limit / MIB
+            ),
+            _series("container_request_gpu_utilization", **theirs, req_of_gpu="total"): compute,
+        }
+        # Off (the default): the fracgpu series are there, the gpu-manager names are not.
+        plain = _samples(off)
+        assert plain.get(f"fracgpu_container_memory_used_bytes{{{ours}}}") == 3 * GIB
+        assert not [name for name in plain if name.startswith("container_")]
+    finally:
+        workload.kill()
+        workload.wait()
+        if workload.stdout is not None:
+            workload.stdout.close()
+
+    # The pod ends: its gpu-manager series vanish with the fracgpu ones.
+    rig.kubelet.release(ref)
+    assert _gpu_manager_series(_samples(on)) == {}
+
+
+def test_gpu_manager_utilization_is_the_paced_kernel_time_in_percent(
+    rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
+) -> None:
+    rig.pods.add(assigned_pod("infer", {"main": [GPUAllocation(GPU_A.uuid, 30, 2048)]}))
+    ref = ContainerRef("team-a", "infer", "main")
+    _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
+    mounts = {m.container_path: m.host_path for m in reply.mounts}
+    region = Path(mounts["/var/run/fracgpu"]) / "region"
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
+        "FRACGPU_TEST_LIMITS_PATH": mounts["/etc/fracgpu/limits"],
+        "FRACGPU_TEST_REGION_PATH": str(region),
+    }
+    workload = subprocess.Popen(
+        [str(SHIM_BUILD / "tests" / "launch_ops"), "1000", "5", "launch"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        pod_resources = PodResourcesClient(short_dir / "pr.sock")
+        collector = AgentCollector(
+            backend,
+            lambda: rig.state.gpus().values(),
+            lambda: {},
+            lambda: live_containers(
+                pod_resources, (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY), rig.files
+            ),
+            gpu_manager_metrics=True,
+            node_name="gpu-7",
+        )
+        for _ in range(100):
+            if region.exists():
+                break
+            time.sleep(0.05)
+        theirs = _gpu_manager_labels("infer")
+        per_gpu = _series("container_gpu_utilization", **theirs, gpu="gpu0")
+        assert per_gpu not in _samples(collector)  # one sample is not yet a rate
+        time.sleep(1.5)
+        samples = _samples(collector)
+        ours = f'container="main",gpu="{GPU_A.uuid}",namespace="team-a",pod="infer"'
+        ratio = samples[f"fracgpu_container_utilization_ratio{{{ours}}}"]
+        assert 0.05 <= ratio <= 0.45  # paced to its 30 %
+        assert samples[per_gpu] == pytest.approx(ratio * 100)
+        total = _series("container_gpu_utilization", **theirs, gpu="total")
+        assert samples[total] == samples[per_gpu]
     finally:
         workload.kill()
         workload.wait()
