@@ -338,3 +338,34 @@ def test_gpu_manager_utilization_is_the_paced_kernel_time_in_percent(
     finally:
         workload.kill()
         workload.wait()
+
+
+def test_gpu_manager_request_is_what_was_promised_not_the_pacing(
+    rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
+) -> None:
+    # A memory-only (best effort) container runs unpaced but was promised no compute:
+    # gpu-manager reports its vcuda-core request, 0, where fracgpu's pacing ratio reads 1.
+    rig.pods.add(assigned_pod("notebook", {"main": [GPUAllocation(GPU_A.uuid, 0, 2048)]}))
+    ref = ContainerRef("team-a", "notebook", "main")
+    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 8)
+    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_MEMORY)
+    pod_resources = PodResourcesClient(short_dir / "pr.sock")
+    collector = AgentCollector(
+        backend,
+        lambda: rig.state.gpus().values(),
+        lambda: {},
+        lambda: live_containers(
+            pod_resources, (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY), rig.files
+        ),
+        gpu_manager_metrics=True,
+        node_name="gpu-7",
+    )
+    samples = _samples(collector)
+    ours = f'container="main",gpu="{GPU_A.uuid}",namespace="team-a",pod="notebook"'
+    assert samples[f"fracgpu_container_compute_limit_ratio{{{ours}}}"] == 1
+    theirs = _gpu_manager_labels("notebook")
+    # No region yet (nothing ran): only the request series, from the limits file.
+    assert _gpu_manager_series(samples) == {
+        _series("container_request_gpu_utilization", **theirs, req_of_gpu="total"): 0,
+        _series("container_request_gpu_memory", **theirs, req_of_gpu_memory="total"): 2048,
+    }
