@@ -21,6 +21,10 @@ PACKAGES=(
   # the chart tests' renderer (tests/chart/render): Go templates with Sprig, as helm has
   golang-github-masterminds-sprig-dev
   golang-gopkg-yaml.v2-dev
+  # libFuzzer + ASan/UBSan for the shim's limits-parser fuzzer (make -C shim fuzz,
+  # tests/shim/test_fuzz.py); the runtime libraries are only a Recommends of clang-14
+  clang
+  libclang-rt-14-dev
 )
 
 missing=()
