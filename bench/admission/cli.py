@@ -18,14 +18,13 @@ import urllib.request
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench.admission.load import Result, post_load, timed_calls
-from certs.authority import issue_serving, new_ca
+from webhook import selfsigned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,14 +36,12 @@ def _free_port() -> int:
 
 
 def _tls(directory: Path) -> tuple[Path, Path, Path]:
-    now = datetime.now(UTC)
-    ca = new_ca(now, timedelta(days=1))
-    serving = issue_serving(ca, ["localhost"], now, timedelta(days=1), ["127.0.0.1"])
-    cert, key, ca_file = directory / "tls.crt", directory / "tls.key", directory / "ca.crt"
-    cert.write_bytes(serving.cert_pem())
-    key.write_bytes(serving.key_pem())
-    ca_file.write_bytes(ca.cert_pem())
-    return cert, key, ca_file
+    """(certificate, key, CA) files of a throwaway CA for the servers on 127.0.0.1."""
+    authority = selfsigned.new_authority()
+    ca, cert, key = selfsigned.write_files(
+        directory, authority, selfsigned.issue_serving(authority)
+    )
+    return cert, key, ca
 
 
 def _cluster_file(path: Path, nodes: int, gpus: int) -> None:
@@ -168,8 +165,7 @@ def _measure_servers(
     return results
 
 
-def _measure_apiserver(work: Path, tls: tuple[Path, Path, Path], options: argparse.Namespace
-                       ) -> list[Result]:  # fmt: skip
+def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
     sys.path.insert(0, str(ROOT))  # the e2e harness lives in the checkout's tests/
     import kubernetes.client  # noqa: PLC0415
 
@@ -216,16 +212,13 @@ def _measure_apiserver(work: Path, tls: tuple[Path, Path, Path], options: argpar
         ).start()
         try:
             replica.wait_ready(120)
-            register_webhooks(
-                client, f"https://127.0.0.1:{replica.port}", webhook_tls.ca.cert_pem()
-            )
+            register_webhooks(client, f"https://127.0.0.1:{replica.port}", webhook_tls.ca_pem)
             time.sleep(1.0)
             results.append(
                 timed_calls("(c) pod create, with webhook", create("gpu"), options.creates)
             )
         finally:
             replica.stop()
-    del tls
     return results
 
 
@@ -244,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tls = _tls(work)
         results = _measure_servers(work, tls, options)
         if not options.no_apiserver:
-            results += _measure_apiserver(work, tls, options)
+            results += _measure_apiserver(work, options)
     print("| case | requests | throughput | p50 ms | p99 ms | errors |")
     print("|---|---|---|---|---|---|")
     for result in results:

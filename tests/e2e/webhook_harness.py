@@ -21,15 +21,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from certs.authority import CertKeyPair, issue_serving, new_ca
 from tests.chart.chartfiles import rbac_objects, webhook_configurations
 from tests.e2e.harness.kube import body as harness_body
+from webhook import selfsigned
 
 ROOT = Path(__file__).resolve().parents[2]
 FRACGPU = Path(sys.executable).with_name("fracgpu")
@@ -43,22 +42,18 @@ def free_port() -> int:
 
 @dataclass
 class WebhookTLS:
-    ca: CertKeyPair
+    ca_pem: bytes
     cert_file: Path
     key_file: Path
     ca_file: Path
 
     @classmethod
     def create(cls, directory: Path) -> WebhookTLS:
-        now = datetime.now(UTC)
-        ca = new_ca(now, timedelta(days=1))
-        serving = issue_serving(ca, ["localhost"], now, timedelta(days=1), ["127.0.0.1"])
-        directory.mkdir(parents=True, exist_ok=True)
-        paths = {name: directory / name for name in ("tls.crt", "tls.key", "ca.crt")}
-        paths["tls.crt"].write_bytes(serving.cert_pem())
-        paths["tls.key"].write_bytes(serving.key_pem())
-        paths["ca.crt"].write_bytes(ca.cert_pem())
-        return cls(ca, paths["tls.crt"], paths["tls.key"], paths["ca.crt"])
+        authority = selfsigned.new_authority()
+        ca, cert, key = selfsigned.write_files(
+            directory, authority, selfsigned.issue_serving(authority)
+        )
+        return cls(authority.cert_pem, cert, key, ca)
 
 
 class TcpBalancer:
@@ -276,11 +271,11 @@ def running_webhooks(
             replica.wait_ready()
         with TcpBalancer([r.port for r in started]) as balancer:
             url = f"https://127.0.0.1:{balancer.port}"
-            register_webhooks(kube_client, url, tls.ca.cert_pem())
+            register_webhooks(kube_client, url, tls.ca_pem)
             try:
                 yield Webhooks(started, balancer)
             finally:
-                unregister_webhooks(kube_client, url, tls.ca.cert_pem())
+                unregister_webhooks(kube_client, url, tls.ca_pem)
     finally:
         for replica in started:
             replica.stop()
