@@ -30,6 +30,7 @@ from fracgpu.model import GPUAllocation, NodeInventory, Quota, Reservation, Reso
 from fracgpu.placement import ClusterView
 from fracgpu.quantity import parse_quantity
 from webhook import quota as quotalib
+from webhook.capacity import capacity_problem
 from webhook.state import Claim, RejectKind, ReserveRejected
 from webhook.tolerations import Taint
 
@@ -193,7 +194,14 @@ class EmbeddedState:
             held = claim.reservation
             if held.id in self._reservations:
                 raise ReserveRejected(RejectKind.CAPACITY, f"reservation {held.id} exists already")
-            problem = self._capacity_problem(held.node, held.allocations, claim)
+            problem = capacity_problem(
+                self._view,
+                held.node,
+                held.allocations,
+                cpu_milli=claim.cpu_milli,
+                memory_mib=claim.memory_mib,
+                split_count=self._split_count,
+            )
             if problem:
                 raise ReserveRejected(RejectKind.CAPACITY, problem)
             namespace_quotas = [q for q in self._quotas if q.namespace == held.namespace]
@@ -226,33 +234,6 @@ class EmbeddedState:
             quotalib.charge(q, allocations, self._models, sign) if q.namespace == namespace else q
             for q in self._quotas
         ]
-
-    def _capacity_problem(
-        self, node: str, allocations: tuple[GPUAllocation, ...], claim: Claim
-    ) -> str:
-        inventory = self._nodes.get(node)
-        if inventory is None:
-            return f"node {node} is not in the cluster"
-        cpu, memory = self._view.node_free(node)
-        if claim.cpu_milli > cpu or claim.memory_mib > memory:
-            return f"node {node} has {cpu}m CPU and {memory} MiB memory free"
-        split = inventory.split_count or self._split_count
-        per_gpu: dict[str, list[GPUAllocation]] = {}
-        for alloc in allocations:
-            per_gpu.setdefault(alloc.uuid, []).append(alloc)
-        for uuid, allocs in per_gpu.items():
-            if uuid not in {d.uuid for d in inventory.devices}:
-                return f"GPU {uuid} is not on node {node}"
-            free_cores, free_memory, count = self._view.gpu_free(node, uuid)
-            exclusive = any(a.cores >= names.CORES_PER_GPU for a in allocs)
-            if (
-                sum(a.cores for a in allocs) > free_cores
-                or sum(a.memory_mib for a in allocs) > free_memory
-                or count + len(allocs) > split
-                or (exclusive and (count or len(allocs) > 1))
-            ):
-                return f"GPU {uuid} on {node} has {free_cores} cores, {free_memory} MiB free"
-        return ""
 
 
 # -- file readers --------------------------------------------------------------------------------

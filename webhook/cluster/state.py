@@ -20,9 +20,9 @@ from fracgpu.errors import FracgpuError
 from fracgpu.model import Quota, Reservation
 from fracgpu.placement import ClusterView
 from webhook import quota as quotalib
+from webhook.capacity import capacity_problem
 from webhook.cluster import paths, stores
 from webhook.cluster.apiclient import ConflictError, KubeApi, NotFoundError, Obj
-from webhook.cluster.capacity import capacity_problem
 from webhook.cluster.records import (
     GPUNodeRecord,
     NodeRecord,
@@ -80,7 +80,6 @@ class KubeState:
         )
         self._caches = (self.pods, self.nodes, self.gpunodes, self.gpuquotas, self.namespaces)
         self._view = ClusterView((), default_split_count=settings.split_count)
-        self._host_free: dict[str, tuple[int, int]] = {}
         self._pods_by_node: dict[str, set[str]] = {}
         self._live_reservations: dict[str, str] = {}  # reservation ID -> pod key
         # Reservation IDs whose pod was seen and then deleted or finished -> when
@@ -197,9 +196,8 @@ class KubeState:
             self._refresh()
             problem = capacity_problem(
                 self._view,
-                record.inventory(self.nodes.get(held.node)),
-                allocations=held.allocations,
-                host_free=self._host_free.get(held.node, (0, 0)),
+                held.node,
+                held.allocations,
                 cpu_milli=claim.cpu_milli,
                 memory_mib=claim.memory_mib,
                 split_count=self._settings.split_count,
@@ -230,8 +228,6 @@ class KubeState:
         held = claim.reservation
         self._inflight[held.id] = claim
         self._view.allocate(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
-        cpu, memory = self._host_free.get(held.node, (0, 0))
-        self._host_free[held.node] = (cpu - claim.cpu_milli, memory - claim.memory_mib)
 
     def _drop_inflight(self, reservation_id: str) -> None:
         claim = self._inflight.pop(reservation_id, None)
@@ -355,21 +351,16 @@ class KubeState:
         now = self._clock()
         for name in dirty:
             self._view.remove_node(name)
-            self._host_free.pop(name, None)
             record = self.gpunodes.get(name)
             if record is None or record.unschedulable:
                 continue
-            node = self.nodes.get(name)
-            inventory = record.inventory(node)
-            self._view.add_node(inventory)
-            cpu, memory = inventory.cpu_milli, inventory.memory_mib
+            self._view.add_node(record.inventory(self.nodes.get(name)))
             for key in self._pods_by_node.get(name, ()):
                 pod = self.pods.get(key)
                 if pod is None or pod.terminal:
                     continue
                 allocations = pod.assignment.allocations() if pod.assignment else ()
                 self._view.allocate(name, allocations, pod.cpu_milli, pod.memory_mib)
-                cpu, memory = cpu - pod.cpu_milli, memory - pod.memory_mib
             recorded = {r.id for r in record.reservations}
             for held in self._open_reservations(record, now):
                 self._view.allocate(name, held.allocations)
@@ -378,8 +369,6 @@ class KubeState:
                     self._view.allocate(
                         name, claim.reservation.allocations, claim.cpu_milli, claim.memory_mib
                     )
-                    cpu, memory = cpu - claim.cpu_milli, memory - claim.memory_mib
-            self._host_free[name] = (cpu, memory)
 
     def _open_reservations(self, record: GPUNodeRecord, now: float) -> list[Reservation]:
         """Reservations that still hold capacity: not expired, not yet a live pod, and not

@@ -1,27 +1,30 @@
-"""Whether a set of allocations still fits a node, given its free capacity in a ClusterView."""
+"""Whether allocations still fit a node now: the re-check both back ends make at reserve.
+
+Everything is read from the ClusterView, which counts admitted pods, open reservations and
+claims in flight: the node's inventory, its free CPU and memory, and each GPU's free room.
+"""
 
 from collections.abc import Iterable
 
-from fracgpu.model import GPUAllocation, NodeInventory
+from fracgpu.model import GPUAllocation
 from fracgpu.names import CORES_PER_GPU
 from fracgpu.placement import ClusterView
 
 
 def capacity_problem(
     view: ClusterView,
-    inventory: NodeInventory | None,
-    *,
+    node: str,
     allocations: Iterable[GPUAllocation],
-    host_free: tuple[int, int],
+    *,
     cpu_milli: int,
     memory_mib: int,
     split_count: int,
 ) -> str:
     """Empty when the allocations fit; otherwise what no longer has room."""
+    inventory = view.inventory(node)
     if inventory is None:
-        return "the node is not in the cluster (or has no GPU inventory)"
-    node = inventory.name
-    free_cpu, free_memory = host_free
+        return f"node {node} offers no GPUs now (no GPU inventory, or marked unschedulable)"
+    free_cpu, free_memory = view.node_free(node)
     if cpu_milli > free_cpu or memory_mib > free_memory:
         return f"node {node} has {free_cpu}m CPU and {free_memory} MiB memory free"
     per_gpu: dict[str, list[GPUAllocation]] = {}
