@@ -199,7 +199,9 @@ def _with_core_limit(
     )
 
 
-def _parse_hami(name: str, counts: dict[str, int], config: DialectConfig) -> ContainerRequest:
+def _parse_hami(
+    name: str, counts: dict[str, int], config: DialectConfig
+) -> ContainerRequest | None:
     rn = config.names
     gpus = counts.get(rn.hami_gpu)
     mem = counts.get(rn.hami_gpumem)
@@ -208,10 +210,12 @@ def _parse_hami(name: str, counts: dict[str, int], config: DialectConfig) -> Con
     if gpus is None:
         gpus = config.default_gpu_count
     elif gpus == 0:
-        extra = next(
+        extras = [
             k for k in (rn.hami_gpumem, rn.hami_gpumem_percentage, rn.hami_gpucores) if k in counts
-        )
-        raise RequestError(name, rn.hami_gpu, 0, f"use 1 or more GPUs when {extra} is set")
+        ]
+        if not extras:
+            return None  # HAMi's way of saying "no GPU"
+        raise RequestError(name, rn.hami_gpu, 0, f"use 1 or more GPUs when {extras[0]} is set")
     if gpus > MAX_GPUS_PER_CONTAINER:
         raise RequestError(name, rn.hami_gpu, gpus, f"use 1-{MAX_GPUS_PER_CONTAINER} GPUs")
     if mem is not None and percent is not None:

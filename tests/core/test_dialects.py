@@ -80,6 +80,8 @@ def test_dialects_normalise(limits: dict[str, Any], expected: tuple[Any, ...]) -
 def test_no_gpu_resources_is_not_a_gpu_container() -> None:
     assert parse_container(container({"cpu": "1", "memory": "1Gi"}), CONFIG) is None
     assert parse_container({"name": "x"}, CONFIG) is None
+    # HAMi spells "no GPU" as nvidia.com/gpu: 0 (alone; with gpumem etc. it is an error)
+    assert parse_container(container({"nvidia.com/gpu": "0"}), CONFIG) is None
 
 
 def test_requests_equal_to_limits_are_accepted() -> None:
