@@ -13,21 +13,15 @@ from webhook.cluster import paths
 from webhook.cluster.apiclient import KubeApi, Obj
 
 
-async def _patch_status(
-    api: KubeApi, path: str, resource_version: str, status: dict[str, Any]
-) -> Obj:
-    """Merge ``status`` in, only if the object is still at ``resource_version`` (else 409)."""
-    return await api.patch(
-        path, {"metadata": {"resourceVersion": resource_version}, "status": status}
-    )
-
-
 async def write_reservations(
     api: KubeApi, node: str, resource_version: str, reservations: Iterable[Reservation]
 ) -> Obj:
     """Replace a GPUNode's reservations, if it is still at ``resource_version``."""
-    status = {"reservations": [codec.encode_reservation(r) for r in reservations]}
-    return await _patch_status(api, paths.gpunode_status(node), resource_version, status)
+    body = {
+        "metadata": {"resourceVersion": resource_version},
+        "status": {"reservations": [codec.encode_reservation(r) for r in reservations]},
+    }
+    return await api.patch(paths.gpunode_status(node), body)
 
 
 async def write_allocation_summary(
@@ -37,11 +31,17 @@ async def write_allocation_summary(
     allocated: list[dict[str, Any]],
     summary: dict[str, Any],
 ) -> Obj:
-    status = {"allocated": allocated, "summary": summary}
-    return await _patch_status(api, paths.gpunode_status(node), resource_version, status)
+    body = {
+        "metadata": {"resourceVersion": resource_version},
+        "status": {"allocated": allocated, "summary": summary},
+    }
+    return await api.patch(paths.gpunode_status(node), body)
 
 
 async def write_quota_used(api: KubeApi, quota: Quota) -> Obj:
     """Store a quota's used amounts, if it is still at the version it was read at."""
-    path = paths.gpuquota_status(quota.namespace, quota.name)
-    return await _patch_status(api, path, quota.resource_version, codec.encode_quota_status(quota))
+    body = {
+        "metadata": {"resourceVersion": quota.resource_version},
+        "status": codec.encode_quota_status(quota),
+    }
+    return await api.patch(paths.gpuquota_status(quota.namespace, quota.name), body)
