@@ -48,11 +48,11 @@ def webhook(
         replica.wait_ready()
         with TcpBalancer([replica.port]) as balancer:
             url = f"https://127.0.0.1:{balancer.port}"
-            register_webhooks(kube_client, url, tls.ca.cert_pem())
+            register_webhooks(kube_client, url, tls.ca_pem)
             try:
                 yield replica
             finally:
-                unregister_webhooks(kube_client, url, tls.ca.cert_pem())
+                unregister_webhooks(kube_client, url, tls.ca_pem)
     finally:
         replica.stop()
 
