@@ -21,7 +21,7 @@ from fracgpu.model import (
     ResourceAmounts,
     ResourceLimits,
 )
-from fracgpu.names import CORES_PER_GPU
+from fracgpu.names import CORES_PER_GPU, MAX_MEMORY_SCALING
 
 ASSIGNMENT_VERSION: Final = 1
 MAX_ANNOTATION_BYTES: Final = 64 * 1024
@@ -30,16 +30,28 @@ _T = TypeVar("_T")
 
 # -- assignment annotation -------------------------------------------------------------------
 def encode_assignment(assignment: Assignment) -> str:
-    payload = {
+    payload: dict[str, Any] = {
         "version": ASSIGNMENT_VERSION,
         "node": assignment.node,
         "reservationId": assignment.reservation_id,
-        "containers": [
-            {"name": c.container, "devices": [_encode_allocation(d) for d in c.devices]}
-            for c in assignment.containers
-        ],
+        "containers": [_encode_container(c) for c in assignment.containers],
     }
+    # Settings at their defaults are left out, so most annotations stay as short as before.
+    if assignment.memory_scaling != 1.0:
+        payload["memoryScaling"] = assignment.memory_scaling
+    if not assignment.compute_limit:
+        payload["computeLimit"] = False
     return json.dumps(payload, separators=(",", ":"), sort_keys=True)
+
+
+def _encode_container(container: ContainerAssignment) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": container.container,
+        "devices": [_encode_allocation(d) for d in container.devices],
+    }
+    if container.core_limit is not None:
+        entry["coreLimit"] = container.core_limit
+    return entry
 
 
 def decode_assignment(text: str) -> Assignment:
@@ -50,27 +62,52 @@ def decode_assignment(text: str) -> Assignment:
         payload = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as error:
         raise CodecError(what, f"is not JSON ({error})") from None
-    obj = _object(what, payload, required={"version", "node", "reservationId", "containers"})
+    obj = _object(
+        what,
+        payload,
+        required={"version", "node", "reservationId", "containers"},
+        optional={"memoryScaling", "computeLimit"},
+    )
     version = _field(what, obj, "version", int)
     if version != ASSIGNMENT_VERSION:
         raise CodecError(what, f"version {version} is not supported: use {ASSIGNMENT_VERSION}")
     containers = []
     for i, raw in enumerate(_field(what, obj, "containers", list)):
         where = f"{what} containers[{i}]"
-        entry = _object(where, raw, required={"name", "devices"})
+        entry = _object(where, raw, required={"name", "devices"}, optional={"coreLimit"})
         devices = tuple(
             _decode_allocation(f"{where} devices[{j}]", dev)
             for j, dev in enumerate(_field(where, entry, "devices", list))
         )
         if not devices:
             raise CodecError(where, "has no devices: every assigned container holds a GPU")
-        containers.append(ContainerAssignment(_name(where, entry, "name"), devices))
+        core_limit = (
+            _bounded(where, entry, "coreLimit", 1, CORES_PER_GPU) if "coreLimit" in entry else None
+        )
+        if core_limit is not None and any(d.cores > core_limit for d in devices):
+            raise CodecError(where, f"coreLimit={core_limit} is below the cores it holds")
+        containers.append(ContainerAssignment(_name(where, entry, "name"), devices, core_limit))
     names = [c.container for c in containers]
     if len(set(names)) != len(names):
         raise CodecError(what, "names a container twice")
     return Assignment(
-        _name(what, obj, "node"), _name(what, obj, "reservationId"), tuple(containers)
+        _name(what, obj, "node"),
+        _name(what, obj, "reservationId"),
+        tuple(containers),
+        memory_scaling=decode_memory_scaling(what, obj.get("memoryScaling", 1.0)),
+        compute_limit=_field(what, obj, "computeLimit", bool, True),
     )
+
+
+def decode_memory_scaling(what: str, raw: object) -> float:
+    """A memory scaling factor: a number from 1 to MAX_MEMORY_SCALING."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise CodecError(what, f"memoryScaling must be a number, not {type(raw).__name__}")
+    if not 1.0 <= raw <= MAX_MEMORY_SCALING:
+        raise CodecError(
+            what, f"memoryScaling={raw} is out of range: use 1 to {MAX_MEMORY_SCALING:g}"
+        )
+    return float(raw)
 
 
 def _encode_allocation(alloc: GPUAllocation) -> dict[str, Any]:

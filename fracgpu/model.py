@@ -58,6 +58,10 @@ class NodeInventory:
     pool: str = ""
     # Maximum containers on one GPU (HAMi deviceSplitCount); None = the cluster default.
     split_count: int | None = None
+    # Virtual GPU memory = physical x this (HAMi deviceMemoryScaling); None = cluster default.
+    memory_scaling: float | None = None
+    # Whether the shim paces compute here (HAMi disablecorelimit inverted); None = default.
+    compute_limit: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,8 @@ class GPUAllocation:
 class ContainerAssignment:
     container: str
     devices: tuple[GPUAllocation, ...]
+    # Elastic compute bound per GPU (TKEStack vcuda-core-limit); None = the cores held.
+    core_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,9 @@ class Assignment:
     node: str
     reservation_id: str
     containers: tuple[ContainerAssignment, ...]
+    # The node's settings when the pod was placed, so the agent applies what placement assumed.
+    memory_scaling: float = 1.0
+    compute_limit: bool = True
 
     def allocations(self) -> tuple[GPUAllocation, ...]:
         return tuple(dev for c in self.containers for dev in c.devices)

@@ -16,6 +16,8 @@ RESOURCE_VCUDA_MEMORY: Final = "tencent.com/vcuda-memory"
 RESOURCE_VCUDA_CORE_LIMIT: Final = "tencent.com/vcuda-core-limit"
 CORES_PER_GPU: Final = 100
 MEMORY_BLOCK_MIB: Final = 256
+# Virtual GPU memory may be at most this many times the physical (HAMi deviceMemoryScaling).
+MAX_MEMORY_SCALING: Final = 16.0
 
 # HAMi dialect.
 RESOURCE_HAMI_GPU: Final = "nvidia.com/gpu"

@@ -20,10 +20,10 @@ from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
 from fracgpu.placement import NoFit, NoFitReason, PodDemand
+from webhook import assignments, responses, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
-from webhook import responses, validate
-from webhook.demand import PodAsk, gpu_container_names, read_ask
+from webhook.demand import PodAsk, gpu_container_names, gpu_requests, read_ask
 from webhook.metrics import Metrics
 from webhook.mutate import canonical_resources, decide, make_patch
 from webhook.nodeaffinity import allowed_nodes
@@ -145,7 +145,14 @@ class Admission:
                     return self._quota_denial(quota_block)
                 self._metrics.placement_failure(placed.reason.value)
                 return responses.denied(placed.message + node_note)
-            assignment = Assignment(placed.node, self._new_id(), placed.containers)
+            assignment = assignments.build(
+                placed.node,
+                self._new_id(),
+                placed.containers,
+                requests=demand.containers,
+                view=view,
+                disable_core_limit=self._settings.disable_core_limit,
+            )
             chosen = view.inventory(placed.node)
             models = {d.uuid: d.model for d in chosen.devices} if chosen else {}
             over = quotalib.check(quotas, assignment.allocations(), models)
@@ -308,6 +315,13 @@ class Admission:
             reservation,
             check_reservation=not (dry_run or trusted),
         )
+        if not trusted:
+            findings += assignments.findings(
+                assignment,
+                gpu_requests(pod, self._settings.dialects),
+                await self._state.view(),
+                self._settings.disable_core_limit,
+            )
         if findings:
             return self._forged(pod, "; ".join(findings))
         if not trusted:

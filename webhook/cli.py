@@ -89,7 +89,10 @@ def _state(config: settings.Settings) -> EmbeddedState:
             "FRACGPU_CLUSTER_FILE to a cluster file such as examples/cluster.yaml"
         )
     return EmbeddedState.from_file(
-        config.cluster_file, config.split_count, config.reservation_ttl_seconds
+        config.cluster_file,
+        config.split_count,
+        config.reservation_ttl_seconds,
+        config.memory_scaling,
     )
 
 
@@ -154,6 +157,7 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
         endpoint=endpoint_from_kubeconfig(kubeconfig),
         state=KubeStateSettings(
             split_count=config.split_count,
+            memory_scaling=config.memory_scaling,
             reservation_ttl_s=config.reservation_ttl_seconds,
             settle_s=config.settle_seconds,
         ),

@@ -62,7 +62,12 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
                 "cluster_file": str(cluster_file),
             }
         )
-        state = EmbeddedState(cluster, config.split_count, config.reservation_ttl_seconds)
+        state = EmbeddedState(
+            cluster,
+            config.split_count,
+            config.reservation_ttl_seconds,
+            memory_scaling=config.memory_scaling,
+        )
         reloader = CertificateReloader(TLSFiles(cert, key), config.tls_reload_seconds)
         running = await server.start(config, state, reloader)
         try:

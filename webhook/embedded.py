@@ -2,8 +2,9 @@
 
 File format (see examples/cluster.yaml)::
 
-    nodes:        [{name, cpu, memory, pool?, splitCount?, labels?, taints?: [{key, value?,
-                    effect}], gpus: [{uuid, index, model, memoryMiB, healthy?, migEnabled?}]}]
+    nodes:        [{name, cpu, memory, pool?, splitCount?, memoryScaling?, disableCoreLimit?,
+                    labels?, taints?: [{key, value?, effect}],
+                    gpus: [{uuid, index, model, memoryMiB, healthy?, migEnabled?}]}]
     pods:         [{namespace, name, node, cpu?, memory?, containers: [{name,
                     devices: [{uuid, cores, memoryMiB}]}]}]          # already assigned
     namespaces:   [{name, labels}]      # label fracgpu.io/ignore: "true" opts out
@@ -25,7 +26,7 @@ from typing import Any, Final
 import yaml
 
 from fracgpu import codec, names
-from fracgpu.errors import FracgpuError
+from fracgpu.errors import CodecError, FracgpuError
 from fracgpu.model import GPUAllocation, NodeInventory, Quota, Reservation, ResourceAmounts
 from fracgpu.placement import ClusterView
 from fracgpu.quantity import parse_quantity
@@ -36,7 +37,14 @@ from webhook.tolerations import Taint
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 _NODE_REQUIRED: Final = frozenset({"name", "cpu", "memory", "gpus"})
-_NODE_KEYS: Final = _NODE_REQUIRED | {"pool", "splitCount", "labels", "taints"}
+_NODE_KEYS: Final = _NODE_REQUIRED | {
+    "pool",
+    "splitCount",
+    "memoryScaling",
+    "disableCoreLimit",
+    "labels",
+    "taints",
+}
 _TAINT_EFFECTS: Final = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
@@ -130,8 +138,12 @@ class EmbeddedState:
         split_count: int,
         reservation_ttl_seconds: int,
         clock: Callable[[], float] = time.time,
+        *,
+        memory_scaling: float = 1.0,
     ) -> None:
-        self._view = ClusterView(cluster.nodes, default_split_count=split_count)
+        self._view = ClusterView(
+            cluster.nodes, default_split_count=split_count, default_memory_scaling=memory_scaling
+        )
         self._split_count = split_count
         self._ttl = reservation_ttl_seconds
         self._clock = clock
@@ -155,9 +167,14 @@ class EmbeddedState:
 
     @classmethod
     def from_file(
-        cls, path: Path, split_count: int, reservation_ttl_seconds: int
+        cls, path: Path, split_count: int, reservation_ttl_seconds: int, memory_scaling: float = 1.0
     ) -> "EmbeddedState":
-        return cls(load_cluster_file(path), split_count, reservation_ttl_seconds)
+        return cls(
+            load_cluster_file(path),
+            split_count,
+            reservation_ttl_seconds,
+            memory_scaling=memory_scaling,
+        )
 
     def ready(self) -> bool:
         return True
@@ -248,6 +265,15 @@ def _node(what: str, raw: object) -> NodeInventory:
     split = obj.get("splitCount")
     if split is not None and (not isinstance(split, int) or isinstance(split, bool) or split < 1):
         raise ClusterFileError(f"{what}.splitCount: use a whole number of 1 or more")
+    scaling = obj.get("memoryScaling")
+    if scaling is not None:
+        try:
+            scaling = codec.decode_memory_scaling(what, scaling)
+        except CodecError as error:
+            raise ClusterFileError(str(error)) from None
+    disable_core_limit = obj.get("disableCoreLimit")
+    if disable_core_limit is not None and not isinstance(disable_core_limit, bool):
+        raise ClusterFileError(f"{what}.disableCoreLimit: use true or false")
     return NodeInventory(
         name=_str(what, obj, "name"),
         devices=devices,
@@ -255,6 +281,8 @@ def _node(what: str, raw: object) -> NodeInventory:
         memory_mib=_memory(what, obj["memory"]),
         pool=str(obj.get("pool", "")),
         split_count=split,
+        memory_scaling=scaling,
+        compute_limit=None if disable_core_limit is None else not disable_core_limit,
     )
 
 

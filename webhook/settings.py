@@ -45,6 +45,9 @@ class Settings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     dialects: DialectConfig = dataclasses.field(default_factory=DialectConfig)
     split_count: int = 10
+    # Node defaults; a GPUNode's spec (or the cluster file) may override each per node.
+    memory_scaling: float = 1.0
+    disable_core_limit: bool = False
     reservation_ttl_seconds: int = 300
     placement_attempts: int = 8
     log_level: str = "INFO"
@@ -143,6 +146,15 @@ def _cores(text: str) -> int:
     return value
 
 
+def _memory_scaling(text: str) -> float:
+    value = float(text)
+    if not 1.0 <= value <= names.MAX_MEMORY_SCALING:
+        raise ValueError(
+            f"use a factor from 1 to {names.MAX_MEMORY_SCALING:g} (1 = no oversubscription)"
+        )
+    return value
+
+
 def _gpushare_unit(text: str) -> int:
     units = {"GiB": 1024, "MiB": 1}
     if text not in units:
@@ -231,6 +243,19 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "10",
         "most containers sharing one GPU (per-node override in the inventory)",
         _positive_int,
+    ),
+    Option(
+        "memory_scaling",
+        "1",
+        "GPU memory offered = physical x this; above 1 the shim serves the excess from host "
+        "memory (per-node override in the inventory)",
+        _memory_scaling,
+    ),
+    Option(
+        "disable_core_limit",
+        "false",
+        "do not pace compute, keep only memory limits (per-node override in the inventory)",
+        _flag,
     ),
     Option(
         "reservation_ttl_seconds",
@@ -353,6 +378,8 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
             gpushare_memory_unit_mib=values["gpushare_memory_unit"],
         ),
         split_count=values["split_count"],
+        memory_scaling=values["memory_scaling"],
+        disable_core_limit=values["disable_core_limit"],
         reservation_ttl_seconds=values["reservation_ttl_seconds"],
         placement_attempts=values["placement_attempts"],
         log_level=values["log_level"],

@@ -12,6 +12,7 @@ from fracgpu.placement.api import (
     PodDemand,
     Policy,
 )
+from fracgpu.placement.state import virtual_memory_mib
 from fracgpu.placement.view import ClusterView
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "Placement",
     "PodDemand",
     "Policy",
+    "virtual_memory_mib",
 ]

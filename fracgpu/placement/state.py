@@ -18,11 +18,17 @@ BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
 
+def virtual_memory_mib(physical_mib: int, memory_scaling: float) -> int:
+    """GPU memory offered to placement: physical x scaling, in whole MiB."""
+    return int(physical_mib * memory_scaling)
+
+
 @dataclass
 class _NodeRecord:
     inventory: NodeInventory
     first_slot: int
     split_count: int
+    memory_scaling: float = 1.0
 
 
 class ClusterState:
@@ -60,7 +66,8 @@ class ClusterState:
         self.n_pool: list[str] = []
 
     # -- topology ----------------------------------------------------------------------------
-    def add_node(self, node: NodeInventory, split_count: int) -> None:
+    def add_node(self, node: NodeInventory, split_count: int, memory_scaling: float = 1.0) -> None:
+        """Add a node; each GPU offers ``memory_scaling`` x its physical memory."""
         if node.name in self._records:
             raise ValueError(f"node {node.name!r} is already in the view")
         if node.cpu_milli < 0 or node.memory_mib < 0:
@@ -71,7 +78,7 @@ class ClusterState:
         row = len(self.node_names)
         first = len(self.devices)
         count = len(node.devices)
-        self._records[node.name] = _NodeRecord(node, first, split_count)
+        self._records[node.name] = _NodeRecord(node, first, split_count, memory_scaling)
         self._row_of[node.name] = row
         self.node_names.append(node.name)
         self.n_pool.append(node.pool)
@@ -81,8 +88,9 @@ class ClusterState:
         u = self.gpu_units
         self.g_node = _grow(self.g_node, [row] * count)
         self.g_free = _grow(self.g_free, [u] * count)
-        self.g_mem_free = _grow(self.g_mem_free, [d.memory_mib for d in node.devices])
-        self.g_mem_total = _grow(self.g_mem_total, [d.memory_mib for d in node.devices])
+        offered = [virtual_memory_mib(d.memory_mib, memory_scaling) for d in node.devices]
+        self.g_mem_free = _grow(self.g_mem_free, offered)
+        self.g_mem_total = _grow(self.g_mem_total, offered)
         self.g_cont = _grow(self.g_cont, [0] * count)
         self.g_split = _grow(self.g_split, [split_count] * count)
         self.g_model = _grow(self.g_model, [self._model(d.model) for d in node.devices])
@@ -117,7 +125,7 @@ class ClusterState:
         fresh = ClusterState(self.gpu_units)
         for record in self._records.values():
             cpu, mem, free, mem_free, cont = self.node_snapshot(record.inventory.name)
-            fresh.add_node(record.inventory, record.split_count)
+            fresh.add_node(record.inventory, record.split_count, record.memory_scaling)
             row = fresh.row(record.inventory.name)
             s = fresh.slots_of_row(row)
             fresh.n_cpu_free[row], fresh.n_mem_free[row] = cpu, mem
@@ -170,6 +178,10 @@ class ClusterState:
     def inventory(self, name: str) -> NodeInventory | None:
         record = self._records.get(name)
         return None if record is None else record.inventory
+
+    def memory_scaling(self, name: str) -> float:
+        record = self._records.get(name)
+        return 1.0 if record is None else record.memory_scaling
 
     def node_count(self) -> int:
         return len(self._records)

@@ -9,7 +9,7 @@ the view has seen through ``observe``.
 from collections.abc import Iterable
 
 from fracgpu.model import GPUAllocation, NodeInventory
-from fracgpu.names import CORES_PER_GPU
+from fracgpu.names import CORES_PER_GPU, MAX_MEMORY_SCALING
 from fracgpu.placement.api import NoFit, Placement, PodDemand, Policy
 from fracgpu.placement.candidates import CandidateFinder
 from fracgpu.placement.fragmentation import FragmentationIndex
@@ -36,6 +36,7 @@ class ClusterView:
         nodes: Iterable[NodeInventory] = (),
         default_split_count: int = DEFAULT_SPLIT_COUNT,
         *,
+        default_memory_scaling: float = 1.0,
         gpu_units: int = CORES_PER_GPU,
         workload: WorkloadModel | None = None,
     ) -> None:
@@ -43,7 +44,12 @@ class ClusterView:
             raise ValueError(f"default_split_count={default_split_count}: use 1 or more")
         if gpu_units < 1:
             raise ValueError(f"gpu_units={gpu_units}: use 1 or more")
+        if not 1.0 <= default_memory_scaling <= MAX_MEMORY_SCALING:
+            raise ValueError(
+                f"default_memory_scaling={default_memory_scaling}: use 1 to {MAX_MEMORY_SCALING:g}"
+            )
         self._default_split_count = default_split_count
+        self._default_memory_scaling = default_memory_scaling
         self._state = ClusterState(gpu_units)
         self._finder = CandidateFinder(self._state)
         self._workload = workload if workload is not None else WorkloadModel()
@@ -53,7 +59,11 @@ class ClusterView:
 
     # -- state changes ---------------------------------------------------------------------------
     def add_node(self, node: NodeInventory) -> None:
-        self._state.add_node(node, node.split_count or self._default_split_count)
+        self._state.add_node(
+            node,
+            node.split_count or self._default_split_count,
+            node.memory_scaling or self._default_memory_scaling,
+        )
 
     def remove_node(self, name: str) -> None:
         self._state.remove_node(name)
@@ -116,6 +126,10 @@ class ClusterView:
     def inventory(self, node: str) -> NodeInventory | None:
         """One node's inventory (None when not in the view), without copying the others."""
         return self._state.inventory(node)
+
+    def memory_scaling(self, node: str) -> float:
+        """The factor the node's GPU memory was offered with (1.0 for unknown nodes)."""
+        return self._state.memory_scaling(node)
 
     def node_count(self) -> int:
         return self._state.node_count()

@@ -32,14 +32,23 @@ names = st.text(
     alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=30
 )
 allocations = st.builds(GPUAllocation, names, st.integers(0, 100), st.integers(0, 2**40))
-containers = st.builds(
-    ContainerAssignment, names, st.lists(allocations, min_size=1, max_size=4).map(tuple)
-)
+
+
+@st.composite
+def containers(draw: st.DrawFn) -> ContainerAssignment:
+    devices = tuple(draw(st.lists(allocations, min_size=1, max_size=4)))
+    held = max(1, *(d.cores for d in devices))
+    core_limit = draw(st.none() | st.integers(held, 100))
+    return ContainerAssignment(draw(names), devices, core_limit)
+
+
 assignments = st.builds(
     Assignment,
     names,
     names,
-    st.lists(containers, max_size=4, unique_by=lambda c: c.container).map(tuple),
+    st.lists(containers(), max_size=4, unique_by=lambda c: c.container).map(tuple),
+    memory_scaling=st.just(1.0) | st.floats(1.0, 16.0),
+    compute_limit=st.booleans(),
 )
 devices = st.builds(
     GPUDevice,
@@ -108,10 +117,12 @@ def test_quota_round_trips(quota: Quota) -> None:
 def _corruptions(payload: dict[str, Any]) -> list[Any]:
     """Ways to break a valid assignment payload, each of which must be rejected."""
     out: list[Any] = []
+    optional = {"memoryScaling", "computeLimit"}  # absent means the default: not corrupt
     for key, value in payload.items():
-        dropped = dict(payload)
-        del dropped[key]
-        out.append(dropped)
+        if key not in optional:
+            dropped = dict(payload)
+            del dropped[key]
+            out.append(dropped)
         for wrong in (None, True, "x", 1.5, [], {}):
             if type(wrong) is not type(value):
                 out.append({**payload, key: wrong})
@@ -137,6 +148,23 @@ def test_corrupted_assignments_are_rejected(assignment: Assignment) -> None:
             decode_assignment(json.dumps(broken))
 
 
+def test_default_settings_are_left_out_of_the_annotation() -> None:
+    plain = Assignment("n", "r", (ContainerAssignment("a", (GPUAllocation("u", 30, 1024),)),))
+    text = encode_assignment(plain)
+    assert "memoryScaling" not in text and "computeLimit" not in text and "coreLimit" not in text
+    tuned = Assignment(
+        "n",
+        "r",
+        (ContainerAssignment("a", (GPUAllocation("u", 30, 1024),), core_limit=60),),
+        memory_scaling=1.5,
+        compute_limit=False,
+    )
+    payload = json.loads(encode_assignment(tuned))
+    assert payload["memoryScaling"] == 1.5
+    assert payload["computeLimit"] is False
+    assert payload["containers"][0]["coreLimit"] == 60
+
+
 @given(st.text(max_size=200))
 def test_arbitrary_text_is_rejected_cleanly(text: str) -> None:
     try:
@@ -160,7 +188,35 @@ def test_arbitrary_text_is_rejected_cleanly(text: str) -> None:
         ),
         (
             '{"version": 1, "node": "n", "reservationId": "r", "containers": [], "x": 1}',
-            "has unknown field(s) x: allowed are containers, node, reservationId, version",
+            "has unknown field(s) x: allowed are computeLimit, containers, memoryScaling, node, "
+            "reservationId, version",
+        ),
+        (
+            '{"version": 1, "node": "n", "reservationId": "r", "containers": [], '
+            '"memoryScaling": 0.5}',
+            "memoryScaling=0.5 is out of range: use 1 to 16",
+        ),
+        (
+            '{"version": 1, "node": "n", "reservationId": "r", "containers": [], '
+            '"memoryScaling": "2"}',
+            "memoryScaling must be a number, not str",
+        ),
+        (
+            '{"version": 1, "node": "n", "reservationId": "r", "containers": [], '
+            '"computeLimit": 0}',
+            "computeLimit must be bool, not int",
+        ),
+        (
+            '{"version": 1, "node": "n", "reservationId": "r", "containers": '
+            '[{"name": "a", "coreLimit": 20, "devices": [{"uuid": "u", "cores": 30, '
+            '"memoryMiB": 1}]}]}',
+            "coreLimit=20 is below the cores it holds",
+        ),
+        (
+            '{"version": 1, "node": "n", "reservationId": "r", "containers": '
+            '[{"name": "a", "coreLimit": 101, "devices": [{"uuid": "u", "cores": 30, '
+            '"memoryMiB": 1}]}]}',
+            "coreLimit=101 is out of range: use 1-100",
         ),
         (
             '{"version": 1, "node": "n", "reservationId": "r", "containers": '

@@ -59,8 +59,15 @@ CLUSTER: Final[dict[str, Any]] = {
 }
 
 
-def cluster_state(cluster: Mapping[str, Any] = CLUSTER, split_count: int = 10) -> EmbeddedState:
-    return EmbeddedState(parse_cluster(yaml.safe_dump(dict(cluster))), split_count, 300)
+def cluster_state(
+    cluster: Mapping[str, Any] = CLUSTER, split_count: int = 10, memory_scaling: float = 1.0
+) -> EmbeddedState:
+    return EmbeddedState(
+        parse_cluster(yaml.safe_dump(dict(cluster))),
+        split_count,
+        300,
+        memory_scaling=memory_scaling,
+    )
 
 
 def gpu_pod(

@@ -22,6 +22,7 @@ import aiohttp
 
 from fracgpu.model import GPUAllocation, Quota, ResourceAmounts
 from fracgpu.names import CORES_PER_GPU
+from fracgpu.placement import virtual_memory_mib
 from webhook import quota as quotalib
 from webhook.cluster import stores
 from webhook.cluster.apiclient import ApiError, KubeApi
@@ -131,7 +132,9 @@ class Controllers:
     async def _summarise_nodes(self, report: RoundReport) -> None:
         view = await self._state.view()
         for name, record in self._state.gpunodes.items():
-            allocated, summary = _summary(record, view.gpu_free if record.devices else None)
+            allocated, summary = _summary(
+                record, view.gpu_free if record.devices else None, view.memory_scaling(name)
+            )
             published = json.dumps({"allocated": allocated, "summary": summary}, sort_keys=True)
             if published == record.published:
                 continue
@@ -155,23 +158,27 @@ def _same_use(a: Quota, b: Quota) -> bool:
 
 
 def _summary(
-    record: GPUNodeRecord, gpu_free: Callable[[str, str], tuple[int, int, int]] | None
+    record: GPUNodeRecord,
+    gpu_free: Callable[[str, str], tuple[int, int, int]] | None,
+    memory_scaling: float,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Use per GPU and in all; memory counts the virtual total when the node scales it."""
     allocated: list[dict[str, Any]] = []
     used_cores = used_memory = total_memory = 0
     for device in record.devices:
-        free_cores, free_memory, count = CORES_PER_GPU, device.memory_mib, 0
+        offered = virtual_memory_mib(device.memory_mib, memory_scaling)
+        free_cores, free_memory, count = CORES_PER_GPU, offered, 0
         if gpu_free is not None and not record.unschedulable:
             with contextlib.suppress(KeyError):
                 free_cores, free_memory, count = gpu_free(record.name, device.uuid)
         cores = CORES_PER_GPU - free_cores
-        memory = device.memory_mib - free_memory
+        memory = offered - free_memory
         allocated.append(
             {"uuid": device.uuid, "cores": cores, "memoryMiB": memory, "containers": count}
         )
         used_cores += cores
         used_memory += memory
-        total_memory += device.memory_mib
+        total_memory += offered
     models = sorted({d.model for d in record.devices})
     summary = {
         "gpus": len(record.devices),

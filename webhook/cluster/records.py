@@ -52,13 +52,24 @@ class GPUNodeRecord:
     pool: str
     split_count: int | None
     unschedulable: bool
+    memory_scaling: float | None = None
+    compute_limit: bool | None = None
     # status.allocated + status.summary as last written, to write only on change
     published: str = ""
 
     def inventory(self, node: NodeRecord | None) -> NodeInventory:
         cpu = node.cpu_milli if node else 0
         memory = node.memory_mib if node else 0
-        return NodeInventory(self.name, self.devices, cpu, memory, self.pool, self.split_count)
+        return NodeInventory(
+            self.name,
+            self.devices,
+            cpu,
+            memory,
+            self.pool,
+            self.split_count,
+            self.memory_scaling,
+            self.compute_limit,
+        )
 
 
 def pod_record(obj: Obj) -> PodRecord | None:
@@ -140,11 +151,33 @@ def gpunode_record(obj: Obj) -> GPUNodeRecord | None:
         pool=str(spec.get("pool", "")),
         split_count=spec.get("splitCount"),
         unschedulable=bool(spec.get("unschedulable", False)),
+        memory_scaling=_memory_scaling(name, spec.get("memoryScaling")),
+        compute_limit=_compute_limit(name, spec.get("disableCoreLimit")),
         published=json.dumps(
             {"allocated": status.get("allocated") or [], "summary": status.get("summary") or {}},
             sort_keys=True,
         ),
     )
+
+
+def _memory_scaling(name: str, raw: object) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return codec.decode_memory_scaling(f"GPUNode {name} spec", raw)
+    except FracgpuError as error:
+        # The CRD schema should have refused it; the cluster default is the safe reading.
+        log.warning("%s: using the cluster default", error)
+        return None
+
+
+def _compute_limit(name: str, disable_core_limit: object) -> bool | None:
+    if disable_core_limit is None:
+        return None
+    if not isinstance(disable_core_limit, bool):
+        log.warning("GPUNode %s spec.disableCoreLimit is not a boolean: using the default", name)
+        return None
+    return not disable_core_limit
 
 
 def namespace_opted_out(obj: Obj) -> bool | None:

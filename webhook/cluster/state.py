@@ -43,6 +43,7 @@ QUOTA_RETRY_FACTOR = 4
 @dataclass(frozen=True)
 class KubeStateSettings:
     split_count: int = 10
+    memory_scaling: float = 1.0
     reservation_ttl_s: int = 60
     settle_s: float = 5.0
     write_retries: int = 5
@@ -79,7 +80,11 @@ class KubeState:
             api, paths.NAMESPACES, namespace_opted_out, settings=watch, name="namespaces"
         )
         self._caches = (self.pods, self.nodes, self.gpunodes, self.gpuquotas, self.namespaces)
-        self._view = ClusterView((), default_split_count=settings.split_count)
+        self._view = ClusterView(
+            (),
+            default_split_count=settings.split_count,
+            default_memory_scaling=settings.memory_scaling,
+        )
         self._pods_by_node: dict[str, set[str]] = {}
         self._live_reservations: dict[str, str] = {}  # reservation ID -> pod key
         # Reservation IDs whose pod was seen and then deleted or finished -> when
