@@ -8,7 +8,7 @@ shim's ``Limits``. The file format itself belongs to ``fracgpu.shim_abi``.
 from agent.podlookup import PodInfo
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import CodecError
-from fracgpu.model import GPUDevice
+from fracgpu.model import GPUDevice, virtual_memory_mib
 from fracgpu.names import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_PRIORITY,
@@ -72,6 +72,7 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
     devices = []
     whole = True
     best_effort = False
+    all_cores = True
     for alloc in chosen.devices:
         gpu = gpus.get(alloc.uuid)
         if gpu is None:
@@ -80,15 +81,22 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
             )
         if alloc.memory_mib <= 0:
             raise LimitsError(f"{where} has no memory on GPU {alloc.uuid}: memoryMiB must be > 0")
-        memory_mib = min(alloc.memory_mib, gpu.memory_mib)
-        whole = whole and alloc.cores >= CORES_PER_GPU and memory_mib >= gpu.memory_mib
+        # Past the physical memory (memory scaling) the shim serves the slice from host memory.
+        memory_mib = min(
+            alloc.memory_mib, virtual_memory_mib(gpu.memory_mib, assignment.memory_scaling)
+        )
+        whole = whole and alloc.cores >= CORES_PER_GPU and memory_mib == gpu.memory_mib
+        all_cores = all_cores and alloc.cores >= CORES_PER_GPU
         # cores 0 is best effort: no compute reserved, so none is limited either.
         best_effort = best_effort or alloc.cores == 0
+        core_limit = alloc.cores if alloc.cores > 0 else CORES_PER_GPU
         devices.append(
             DeviceLimits(
                 uuid=alloc.uuid,
                 memory_limit_bytes=memory_mib * MIB,
-                core_limit=alloc.cores if alloc.cores > 0 else CORES_PER_GPU,
+                core_limit=core_limit,
+                # vcuda-core-limit: idle compute up to this bound while alone on the GPU.
+                core_limit_max=_elastic_bound(chosen.core_limit, core_limit),
             )
         )
     priority = _priority(pod, where)
@@ -100,13 +108,21 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
             pod=pod.name,
             container=container,
             pod_uid=pod.uid or None,
-            compute_limit_enabled=not whole and not best_effort,
+            compute_limit_enabled=(
+                assignment.compute_limit and not whole and not best_effort and not all_cores
+            ),
             priority=priority,
         )
         encode_limits(limits)  # the shim's own checks, so a bad file is never written
     except CodecError as error:
         raise LimitsError(f"{where}: {error}") from None
     return limits
+
+
+def _elastic_bound(core_limit_max: int | None, core_limit: int) -> int | None:
+    if core_limit_max is None or core_limit_max <= core_limit:
+        return None
+    return core_limit_max
 
 
 def render_limits(limits: Limits) -> str:

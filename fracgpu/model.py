@@ -47,6 +47,11 @@ class GPUDevice:
         return self.healthy and not self.mig_enabled
 
 
+def virtual_memory_mib(physical_mib: int, memory_scaling: float) -> int:
+    """GPU memory a card offers with memory scaling: physical x factor, in whole MiB."""
+    return int(physical_mib * memory_scaling)
+
+
 @dataclass(frozen=True)
 class NodeInventory:
     """A GPU node: its GPUs plus the CPU and memory a pinned pod also needs."""

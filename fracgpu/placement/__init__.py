@@ -12,7 +12,6 @@ from fracgpu.placement.api import (
     PodDemand,
     Policy,
 )
-from fracgpu.placement.state import virtual_memory_mib
 from fracgpu.placement.view import ClusterView
 
 __all__ = [
@@ -23,5 +22,4 @@ __all__ = [
     "Placement",
     "PodDemand",
     "Policy",
-    "virtual_memory_mib",
 ]

@@ -11,16 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from fracgpu.model import GPUAllocation, GPUDevice, NodeInventory
+from fracgpu.model import GPUAllocation, GPUDevice, NodeInventory, virtual_memory_mib
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
-
-
-def virtual_memory_mib(physical_mib: int, memory_scaling: float) -> int:
-    """GPU memory offered to placement: physical x scaling, in whole MiB."""
-    return int(physical_mib * memory_scaling)
 
 
 @dataclass

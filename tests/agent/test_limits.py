@@ -8,7 +8,8 @@ import pytest
 
 from agent.limits import LimitsError, limits_for, render_limits
 from agent.podlookup import PodInfo
-from fracgpu.model import GPUAllocation
+from fracgpu.codec import encode_assignment
+from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
 from fracgpu.shim_abi import DeviceLimits, decode_limits
 from tests.agent.conftest import GPU_A, GPU_B, NODE, assigned_pod
 from tests.agent.nvml_double import SHIM_BUILD, ensure_shim_built
@@ -147,3 +148,80 @@ def test_an_unreadable_priority_is_refused() -> None:
         LimitsError, match=r"nvidia\.com/priority='urgent' is not allowed: use 0 or 1"
     ):
         limits_for(pod, "main", NODE, GPUS)
+
+
+def _pod_with(
+    devices: list[GPUAllocation],
+    *,
+    core_limit: int | None = None,
+    memory_scaling: float = 1.0,
+    compute_limit: bool = True,
+) -> PodInfo:
+    assignment = Assignment(
+        NODE,
+        "r-p",
+        (ContainerAssignment("main", tuple(devices), core_limit),),
+        memory_scaling=memory_scaling,
+        compute_limit=compute_limit,
+    )
+    return PodInfo("team-a", "p", "uid-p", NODE, encode_assignment(assignment))
+
+
+def _shim_reads(tmp_path: Path, pod: PodInfo) -> dict[str, str]:
+    ensure_shim_built()
+    path = tmp_path / "limits"
+    path.write_text(render_limits(limits_for(pod, "main", NODE, GPUS)))
+    result = subprocess.run(
+        [str(LIMITS_CHECK), str(path)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return dict(line.split(" ", 1) for line in result.stdout.splitlines())
+
+
+def test_vcuda_core_limit_becomes_the_elastic_bound_the_shim_reads(tmp_path: Path) -> None:
+    pod = _pod_with([GPUAllocation(GPU_A.uuid, 30, 4096)], core_limit=70)
+    limits = limits_for(pod, "main", NODE, GPUS)
+    assert limits.devices[0].core_limit == 30
+    assert limits.devices[0].core_limit_max == 70
+    read = _shim_reads(tmp_path, pod)
+    assert read["device"] == f"0 {GPU_A.uuid} {4096 * MIB} 30 70"
+    assert read["compute_limit_enabled"] == "1"
+
+
+def test_no_core_limit_means_no_elastic_bound() -> None:
+    pod = _pod_with([GPUAllocation(GPU_A.uuid, 30, 4096)])
+    assert limits_for(pod, "main", NODE, GPUS).devices[0].core_limit_max is None
+    assert "core_limit_max" not in render_limits(limits_for(pod, "main", NODE, GPUS))
+
+
+def test_a_node_without_compute_limits_writes_compute_limiting_off(tmp_path: Path) -> None:
+    pod = _pod_with([GPUAllocation(GPU_A.uuid, 30, 4096)], compute_limit=False)
+    limits = limits_for(pod, "main", NODE, GPUS)
+    assert not limits.compute_limit_enabled and not limits.whole
+    assert limits.devices[0].memory_limit_bytes == 4096 * MIB  # memory stays limited
+    assert _shim_reads(tmp_path, pod)["compute_limit_enabled"] == "0"
+
+
+def test_all_of_a_gpus_cores_with_part_of_its_memory_is_not_paced() -> None:
+    pod = _pod_with([GPUAllocation(GPU_A.uuid, 100, 4096)])
+    limits = limits_for(pod, "main", NODE, GPUS)
+    assert not limits.whole  # memory is still sliced
+    assert not limits.compute_limit_enabled  # but pacing at 100 % would only cost
+
+
+@pytest.mark.parametrize(
+    ("asked_mib", "scaling", "limit_mib", "whole"),
+    [
+        (GPU_A.memory_mib, 1.0, GPU_A.memory_mib, True),
+        (GPU_A.memory_mib * 2, 1.0, GPU_A.memory_mib, True),  # never past physical without it
+        (GPU_A.memory_mib * 2, 2.0, GPU_A.memory_mib * 2, False),
+        (GPU_A.memory_mib * 3, 2.0, GPU_A.memory_mib * 2, False),  # never past physical x factor
+    ],
+)
+def test_memory_scaling_lets_a_slice_pass_the_physical_memory(
+    asked_mib: int, scaling: float, limit_mib: int, whole: bool
+) -> None:
+    pod = _pod_with([GPUAllocation(GPU_A.uuid, 100, asked_mib)], memory_scaling=scaling)
+    limits = limits_for(pod, "main", NODE, GPUS)
+    assert limits.whole is whole
+    assert limits.devices[0].memory_limit_bytes == limit_mib * MIB

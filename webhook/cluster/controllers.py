@@ -20,9 +20,8 @@ from typing import Any
 
 import aiohttp
 
-from fracgpu.model import GPUAllocation, Quota, ResourceAmounts
+from fracgpu.model import GPUAllocation, Quota, ResourceAmounts, virtual_memory_mib
 from fracgpu.names import CORES_PER_GPU
-from fracgpu.placement import virtual_memory_mib
 from webhook import quota as quotalib
 from webhook.cluster import stores
 from webhook.cluster.apiclient import ApiError, KubeApi
