@@ -35,7 +35,6 @@ from fracgpu.codec import encode_device
 
 log = logging.getLogger("agent")
 
-_HOUSEKEEPING_SECONDS = 60.0
 _MAIN_WAKEUP_SECONDS = 0.5
 
 
@@ -150,13 +149,13 @@ class Agent:
         if inventory is not None:
             inventory.start()
         try:
-            next_housekeeping = time.monotonic() + _HOUSEKEEPING_SECONDS
+            next_housekeeping = time.monotonic() + s.housekeeping_seconds
             # Short waits: a signal delivered to one of gRPC's threads does not interrupt a
             # long wait in this (main) thread, and Python runs its handler only here.
             while not stop.wait(_MAIN_WAKEUP_SECONDS):
                 if time.monotonic() < next_housekeeping:
                     continue
-                next_housekeeping = time.monotonic() + _HOUSEKEEPING_SECONDS
+                next_housekeeping = time.monotonic() + s.housekeeping_seconds
                 try:
                     remove_stale(files, live_keys(pod_resources, resources), s.stale_grace_seconds)
                 except PodResourcesError as error:

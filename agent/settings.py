@@ -43,6 +43,7 @@ class AgentSettings:
     ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
     inventory_resync_seconds: float = 60.0
     stale_grace_seconds: float = 300.0
+    housekeeping_seconds: float = 60.0
     prestart_lookup_attempts: int = 10
     prestart_lookup_interval_seconds: float = 0.5
     # metrics and logs
@@ -83,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--inventory-resync-seconds", type=float, default=d.inventory_resync_seconds)
     p.add_argument("--stale-grace-seconds", type=float, default=d.stale_grace_seconds)
+    p.add_argument(
+        "--housekeeping-seconds",
+        type=float,
+        default=d.housekeeping_seconds,
+        help="how often allocation directories no running container owns are looked for",
+    )
     p.add_argument("--metrics-address", default=d.metrics_address)
     p.add_argument("--metrics-port", type=int, default=d.metrics_port)
     p.add_argument(
@@ -151,6 +158,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         "kubelet_poll_seconds",
         "health_probe_seconds",
         "inventory_resync_seconds",
+        "housekeeping_seconds",
     ):
         if getattr(ns, flag) <= 0:
             raise SettingsError(f"--{flag.replace('_', '-')} must be greater than 0")
@@ -183,6 +191,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         ignored_xids=ignored,
         inventory_resync_seconds=ns.inventory_resync_seconds,
         stale_grace_seconds=ns.stale_grace_seconds,
+        housekeeping_seconds=ns.housekeeping_seconds,
         metrics_address=ns.metrics_address,
         metrics_port=ns.metrics_port,
         gpu_manager_metrics=gpu_manager_metrics,
