@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from prometheus_client import start_http_server
 
-from agent.containers import live_containers, live_keys, remove_stale
+from agent.containers import live_containers, live_keys
 from agent.containerstart import ContainerStarter
 from agent.deviceplugin.plugin import DevicePlugin
 from agent.deviceplugin.server import PluginManager
@@ -23,9 +23,11 @@ from agent.deviceplugin.units import ResourceKind
 from agent.discovery import discover
 from agent.health import HealthMonitor
 from agent.hostfiles import AllocationFiles
+from agent.housekeeping import Housekeeper
 from agent.inventory import InventoryLoop, InventoryPublisher
 from agent.logs import setup_logging
 from agent.metrics import AgentCollector, build_registry
+from agent.nodesettings import follow_memory_scaling
 from agent.nvml_backend import NvmlError, PynvmlBackend
 from agent.podlookup import KubernetesPodLookup
 from agent.podresources import PodResourcesClient, PodResourcesError
@@ -93,7 +95,7 @@ class Agent:
             },
         )
         shim = install_shim(s.shim_source, s.host_lib_dir)
-        state = DeviceState(gpus.devices)
+        state = DeviceState(gpus.devices, s.memory_scaling)
         health = HealthMonitor(
             backend,
             [d.uuid for d in gpus.devices],
@@ -128,7 +130,11 @@ class Agent:
         manager = PluginManager(plugins, state, s.device_plugin_dir, s.kubelet_poll_seconds)
         inventory: InventoryLoop | None = None
         if s.publish_inventory:
-            publisher = InventoryPublisher(client.CustomObjectsApi(api_client), s.node_name)
+            publisher = InventoryPublisher(
+                client.CustomObjectsApi(api_client),
+                s.node_name,
+                on_spec=follow_memory_scaling(state.set_memory_scaling, s.memory_scaling),
+            )
             inventory = InventoryLoop(publisher, gpus, health.snapshot, s.inventory_resync_seconds)
             health.add_listener(inventory.health_changed)
         collector = AgentCollector(
@@ -148,6 +154,7 @@ class Agent:
         manager.start()
         if inventory is not None:
             inventory.start()
+        housekeeper = Housekeeper(files, s.stale_grace_seconds)
         try:
             next_housekeeping = time.monotonic() + s.housekeeping_seconds
             # Short waits: a signal delivered to one of gRPC's threads does not interrupt a
@@ -157,7 +164,7 @@ class Agent:
                     continue
                 next_housekeeping = time.monotonic() + s.housekeeping_seconds
                 try:
-                    remove_stale(files, live_keys(pod_resources, resources), s.stale_grace_seconds)
+                    housekeeper.sweep(live_keys(pod_resources, resources))
                 except PodResourcesError as error:
                     log.warning("housekeeping skipped", extra={"error": str(error)})
         finally:

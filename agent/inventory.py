@@ -11,7 +11,7 @@ import dataclasses
 import datetime
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -51,11 +51,24 @@ def desired_status(gpus: NodeGPUs, health: dict[str, bool]) -> dict[str, Any]:
     }
 
 
+def _ignore_spec(_spec: Mapping[str, Any]) -> None:
+    return None
+
+
 class InventoryPublisher:
-    def __init__(self, custom_api: Any, node_name: str, now: Callable[[], str] = _utc_now) -> None:
+    """Writes the GPUNode's status; hands each spec it reads to ``on_spec`` (node settings)."""
+
+    def __init__(
+        self,
+        custom_api: Any,
+        node_name: str,
+        now: Callable[[], str] = _utc_now,
+        on_spec: Callable[[Mapping[str, Any]], None] = _ignore_spec,
+    ) -> None:
         self._api = custom_api
         self._node = node_name
         self._now = now
+        self._on_spec = on_spec
 
     def _get(self) -> dict[str, Any] | None:
         try:
@@ -97,6 +110,7 @@ class InventoryPublisher:
         desired = desired_status(gpus, health)
         for _ in range(_MAX_CONFLICT_RETRIES):
             current = self._get() or self._create()
+            self._on_spec(current.get("spec") or {})
             status = current.get("status") or {}
             if all(status.get(key) == value for key, value in desired.items()):
                 return False

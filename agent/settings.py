@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
+from fracgpu.names import MAX_MEMORY_SCALING, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 
 ENV_PREFIX = "FRACGPU_AGENT_"
 
@@ -32,6 +32,8 @@ class AgentSettings:
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     compute_resource: str = RESOURCE_VCUDA_CORE
     memory_resource: str = RESOURCE_VCUDA_MEMORY
+    # Memory advertised = physical x this; the GPUNode's spec.memoryScaling overrides it.
+    memory_scaling: float = 1.0
     # host side: where the shim library and per-container files live
     host_lib_dir: Path = Path("/var/lib/fracgpu/lib")
     host_state_dir: Path = Path("/var/lib/fracgpu/containers")
@@ -71,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pod-resources-socket", type=Path, default=d.pod_resources_socket)
     p.add_argument("--compute-resource", default=d.compute_resource)
     p.add_argument("--memory-resource", default=d.memory_resource)
+    p.add_argument(
+        "--memory-scaling",
+        type=float,
+        default=d.memory_scaling,
+        help="memory advertised = physical x this, 1-16 (the webhook's memory_scaling; "
+        "a GPUNode's spec.memoryScaling overrides it)",
+    )
     p.add_argument("--host-lib-dir", type=Path, default=d.host_lib_dir)
     p.add_argument("--host-state-dir", type=Path, default=d.host_state_dir)
     p.add_argument("--shim-source", type=Path, default=d.shim_source)
@@ -176,12 +185,18 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
             )
     if ns.compute_resource == ns.memory_resource:
         raise SettingsError("--compute-resource and --memory-resource must differ")
+    if not 1.0 <= ns.memory_scaling <= MAX_MEMORY_SCALING:
+        raise SettingsError(
+            f"--memory-scaling={ns.memory_scaling} is not allowed: use a factor from 1 to "
+            f"{MAX_MEMORY_SCALING:g} (1 = no oversubscription)"
+        )
     return AgentSettings(
         node_name=node_name,
         device_plugin_dir=ns.device_plugin_dir,
         pod_resources_socket=ns.pod_resources_socket,
         compute_resource=ns.compute_resource,
         memory_resource=ns.memory_resource,
+        memory_scaling=ns.memory_scaling,
         host_lib_dir=ns.host_lib_dir,
         host_state_dir=ns.host_state_dir,
         shim_source=ns.shim_source,

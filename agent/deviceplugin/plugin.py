@@ -59,8 +59,8 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         )
 
     def _devices_message(self) -> tuple[int, pb.ListAndWatchResponse]:
-        version, devices, health = self._state.snapshot()
-        units = advertised_units(self.kind, devices, health)
+        version, devices, health, memory_scaling = self._state.snapshot()
+        units = advertised_units(self.kind, devices, health, memory_scaling)
         return version, pb.ListAndWatchResponse(
             devices=[pb.Device(ID=u.id, health=HEALTHY if u.healthy else UNHEALTHY) for u in units]
         )

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fracgpu.model import GPUDevice
+from fracgpu.model import GPUDevice, virtual_memory_mib
 from fracgpu.names import CORES_PER_GPU, MEMORY_BLOCK_MIB
 
 
@@ -27,10 +27,11 @@ class Unit:
     healthy: bool
 
 
-def units_per_gpu(kind: ResourceKind, device: GPUDevice) -> int:
+def units_per_gpu(kind: ResourceKind, device: GPUDevice, memory_scaling: float = 1.0) -> int:
+    """Compute IDs per GPU, or memory IDs: blocks of the memory offered (physical x scaling)."""
     if kind is ResourceKind.COMPUTE:
         return CORES_PER_GPU
-    return device.memory_mib // MEMORY_BLOCK_MIB
+    return virtual_memory_mib(device.memory_mib, memory_scaling) // MEMORY_BLOCK_MIB
 
 
 def unit_id(kind: ResourceKind, uuid: str, n: int) -> str:
@@ -47,7 +48,10 @@ def gpu_of(kind: ResourceKind, device_id: str) -> str | None:
 
 
 def advertised_units(
-    kind: ResourceKind, devices: Iterable[GPUDevice], health: dict[str, bool]
+    kind: ResourceKind,
+    devices: Iterable[GPUDevice],
+    health: dict[str, bool],
+    memory_scaling: float = 1.0,
 ) -> list[Unit]:
     """All IDs for this resource; MIG GPUs are left out (fracgpu does not share them)."""
     units: list[Unit] = []
@@ -57,7 +61,7 @@ def advertised_units(
         healthy = health.get(device.uuid, device.healthy)
         units.extend(
             Unit(unit_id(kind, device.uuid, n), device.uuid, healthy)
-            for n in range(units_per_gpu(kind, device))
+            for n in range(units_per_gpu(kind, device, memory_scaling))
         )
     return units
 

@@ -51,6 +51,15 @@ def test_unhealthy_gpu_is_reported_and_recovers(rig: AgentRig) -> None:
     assert set(devices.values()) == {"Healthy"}
 
 
+def test_a_new_memory_scaling_is_advertised_to_kubelet(rig: AgentRig) -> None:
+    conn = rig.kubelet.wait_for_plugin(MEM)
+    before = conn.updates
+    rig.state.set_memory_scaling(2.0)
+    devices = rig.kubelet.wait_for_update(MEM, before)
+    assert len(devices) == 2 * 2 * 24576 // 256  # twice the physical memory, per GPU
+    assert len(rig.kubelet.wait_for_plugin(CORE).devices) == 200  # compute unchanged
+
+
 def test_allocate_mounts_the_shim_without_host_paths_in_the_pod(rig: AgentRig) -> None:
     ref = ContainerRef("team-a", "train", "main")
     ids, reply = rig.kubelet.allocate(ref, CORE, 30)

@@ -9,8 +9,10 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from agent.deviceplugin.state import DeviceState
 from agent.discovery import NodeGPUs
 from agent.inventory import InventoryLoop, InventoryPublisher
+from agent.nodesettings import follow_memory_scaling
 from fracgpu.names import CRD_VERSION, GPUNODE_PLURAL, GROUP
 from tests.agent.conftest import GPU_A, GPU_B
 
@@ -134,3 +136,22 @@ def _until(predicate: Any, what: str, timeout: float = 20.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_node_memory_scaling_follows_the_gpunode_spec(custom: Any, node_name: str) -> None:
+    state = DeviceState(GPUS.devices, memory_scaling=1.5)
+    publisher = InventoryPublisher(
+        custom, node_name, on_spec=follow_memory_scaling(state.set_memory_scaling, 1.5)
+    )
+    publisher.publish(GPUS, {})
+    assert state.snapshot()[3] == 1.5  # no spec value: the agent's own setting
+    custom.patch_cluster_custom_object(
+        GROUP, CRD_VERSION, GPUNODE_PLURAL, node_name, {"spec": {"memoryScaling": 3}}
+    )
+    publisher.publish(GPUS, {})
+    assert state.snapshot()[3] == 3.0
+    with pytest.raises(ApiException) as refused:  # the CRD schema bounds it
+        custom.patch_cluster_custom_object(
+            GROUP, CRD_VERSION, GPUNODE_PLURAL, node_name, {"spec": {"memoryScaling": 40}}
+        )
+    assert refused.value.status == 422

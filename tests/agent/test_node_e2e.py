@@ -146,6 +146,16 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         devices = _wait(lambda: _published_devices(custom, node), "the agent's GPUNode")
         assert [d["memoryMiB"] for d in devices] == [24576, 24576]
         uuids = {d["uuid"] for d in devices}
+        # The node's own settings (GPUNode spec): twice its GPU memory offered, no compute
+        # pacing. The pod below asks for more than a GPU's physical memory, so it can only be
+        # admitted once the webhook has seen these.
+        custom.patch_cluster_custom_object(
+            names.GROUP,
+            names.CRD_VERSION,
+            names.GPUNODE_PLURAL,
+            node,
+            {"spec": {"memoryScaling": 2, "disableCoreLimit": True}},
+        )
 
         # The webhook places a TKEStack-style pod on the agent's node (its caches may need a
         # moment to see the new GPUNode).
@@ -161,7 +171,9 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
                         "resources": {
                             "limits": {
                                 names.RESOURCE_VCUDA_CORE: "30",
-                                names.RESOURCE_VCUDA_MEMORY: "16",
+                                names.RESOURCE_VCUDA_CORE_LIMIT: "60",
+                                # 128 x 256 MiB = 32 GiB on a 24 GiB GPU
+                                names.RESOURCE_VCUDA_MEMORY: "128",
                             }
                         },
                     }
@@ -208,9 +220,14 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         assert len(texts) == 1  # both mounts candidates carry the same limits
         written = decode_limits(texts.pop().encode())
         assert (written.namespace, written.pod, written.container) == (namespace, "trainer", "main")
+        assert alloc.memory_mib == 32768
+        assert (assignment.memory_scaling, assignment.compute_limit) == (2.0, False)
         assert written.devices == (
-            DeviceLimits(alloc.uuid, alloc.memory_mib * 1024 * 1024, alloc.cores),
+            DeviceLimits(
+                alloc.uuid, alloc.memory_mib * 1024 * 1024, alloc.cores, core_limit_max=60
+            ),
         )
+        assert not written.compute_limit_enabled and not written.whole
 
         # A GPU that stops answering NVML is published unhealthy, and healthy once it answers.
         def healthy_flags() -> list[bool]:

@@ -50,3 +50,17 @@ def test_bad_values_say_what_is_allowed(args: list[str], message: str) -> None:
     with pytest.raises(SettingsError) as raised:
         parse_settings(args, env={})
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("value", ["0.5", "17"])
+def test_memory_scaling_out_of_range_is_refused(value: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        parse_settings(["--node-name", "n", "--memory-scaling", value])
+    assert f"--memory-scaling={float(value)} is not allowed: use a factor from 1 to 16" in str(
+        info.value
+    )
+
+
+def test_memory_scaling_is_read_from_the_environment() -> None:
+    settings = parse_settings(["--node-name", "n"], {"FRACGPU_AGENT_MEMORY_SCALING": "2.5"})
+    assert settings.memory_scaling == 2.5

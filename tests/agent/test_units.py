@@ -3,6 +3,7 @@
 import dataclasses
 
 from agent.deviceplugin.units import ResourceKind, advertised_units, gpu_of, preferred, unit_id
+from agent.nodesettings import memory_scaling_of
 from tests.agent.conftest import GPU_A, GPU_B
 
 CORE = ResourceKind.COMPUTE
@@ -33,3 +34,19 @@ def test_preferred_keeps_required_ids_and_fills_their_gpu_first() -> None:
     # spills over to the next GPU when one is not enough
     chosen = preferred(CORE, a + b, [], 50)
     assert sum(gpu_of(CORE, d) == GPU_B.uuid for d in chosen) == 40
+
+
+def test_memory_scaling_multiplies_memory_ids_not_compute_ids() -> None:
+    memory = ResourceKind.MEMORY
+    plain = advertised_units(memory, [GPU_A], {})
+    scaled = advertised_units(memory, [GPU_A], {}, memory_scaling=1.5)
+    assert len(plain) == GPU_A.memory_mib // 256
+    assert len(scaled) == int(GPU_A.memory_mib * 1.5) // 256
+    assert len(advertised_units(CORE, [GPU_A], {}, memory_scaling=1.5)) == 100
+
+
+def test_node_memory_scaling_reads_the_spec_or_falls_back() -> None:
+    assert memory_scaling_of({}, 1.5) == 1.5
+    assert memory_scaling_of({"memoryScaling": 2}, 1.5) == 2.0
+    assert memory_scaling_of({"memoryScaling": 0.2}, 1.5) == 1.5  # unusable: the default
+    assert memory_scaling_of({"memoryScaling": "x"}, 1.5) == 1.5
