@@ -50,6 +50,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "kube_version": "v1.29.0",
     },
     "privileged-agent": {"values": {"agent": {"privileged": True}}},
+    "node-defaults": {"values": {"webhook": {"memoryScaling": 2.5, "disableCoreLimit": True}}},
     "other-release": {"name": "gpu", "namespace": "gpu-platform"},
 }
 
@@ -209,6 +210,17 @@ def test_webhook_settings_are_accepted_by_the_webhook(rendered: dict[str, Render
         }
         if profile == "hami":
             assert settings.dialects.names.vcuda_core == "fracgpu.io/vcuda-core"
+
+
+def test_node_defaults_reach_the_webhook(rendered: dict[str, Rendered]) -> None:
+    """webhook.memoryScaling / webhook.disableCoreLimit become the webhook's node defaults."""
+    expected = {"default": (1.0, False), "hami": (1.0, False), "node-defaults": (2.5, True)}
+    for profile, (scaling, no_pacing) in expected.items():
+        deployment = rendered[profile].one("Deployment", "fracgpu-webhook")
+        env = _env(_container(deployment, "webhook"), {"metadata.name": "w"})
+        settings = webhook_settings.load(None, env)
+        assert (settings.memory_scaling, settings.disable_core_limit) == (scaling, no_pacing)
+        assert "FRACGPU_MEMORY_SCALING" in env and "FRACGPU_DISABLE_CORE_LIMIT" in env
 
 
 def test_agent_settings_are_accepted_by_the_agent(rendered: dict[str, Rendered]) -> None:

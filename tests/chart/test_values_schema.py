@@ -86,6 +86,11 @@ def test_profiles_keep_resource_names_distinct() -> None:
         assert len(set(names)) == len(names), names
 
 
+def test_memory_scaling_accepts_the_webhooks_range() -> None:
+    for factor in (1, 1.5, 16):
+        assert _errors(_with("webhook.memoryScaling", factor)) == [], factor
+
+
 def test_hami_profile_differs_where_it_says() -> None:
     hami = _merged(_defaults(), yaml.safe_load((CHART_DIR / "values-hami.yaml").read_text()))
     assert hami["resourceNames"]["hamiGpu"] == "nvidia.com/gpu"
@@ -102,6 +107,11 @@ BAD_VALUES = [
     ("bad placement policy", "webhook.placementPolicy", "random"),
     ("placement policy wrong case", "webhook.placementPolicy", "Binpack"),
     ("split count above 100", "webhook.splitCount", 101),
+    ("memory scaling below 1", "webhook.memoryScaling", 0.5),
+    ("memory scaling above 16", "webhook.memoryScaling", 16.5),
+    ("memory scaling as string", "webhook.memoryScaling", "2"),
+    ("disableCoreLimit as string", "webhook.disableCoreLimit", "true"),
+    ("missing disableCoreLimit", "webhook.disableCoreLimit", None),
     ("cores above 100", "webhook.defaultGpuCores", 150),
     ("memory percentage above 100", "webhook.defaultGpuMemory", "150%"),
     ("memory in decimal units", "webhook.defaultGpuMemory", "4GB"),
