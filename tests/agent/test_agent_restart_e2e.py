@@ -39,6 +39,7 @@ from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import SHIM_BUILD, NvmlDouble, ensure_shim_built
 from tests.agent.test_node_e2e import agent_rbac  # noqa: F401 (fixture)
 from tests.e2e.harness import ControlPlane, create_node, gpu_allocatable
+from tests.e2e.harness.kube import body as kube_body
 from tests.e2e.webhook_harness import running_webhooks
 
 pytestmark = pytest.mark.e2e
@@ -171,8 +172,10 @@ def recount(core: kubernetes.client.CoreV1Api, node: str) -> dict[str, tuple[int
     """Per GPU of ``node``: (cores, memory MiB) summed over the live pods' assignments."""
     sums: dict[str, tuple[int, int]] = {}
     for item in core.list_pod_for_all_namespaces().items:
-        raw = (item.metadata.annotations or {}).get(names.ANNOTATION_ASSIGNMENT)
-        if raw is None or item.metadata.deletion_timestamp is not None:
+        meta = item.metadata
+        assert meta is not None
+        raw = (meta.annotations or {}).get(names.ANNOTATION_ASSIGNMENT)
+        if raw is None or meta.deletion_timestamp is not None:
             continue
         assignment = codec.decode_assignment(raw)
         if assignment.node != node:
@@ -241,7 +244,7 @@ class Node:
         )
 
     def admit(self, namespace: str, pod: str, cores: int, memory_blocks: int) -> Assignment:
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": pod},
@@ -264,7 +267,7 @@ class Node:
 
         def created() -> Any:
             try:  # until the webhook's caches hold the Node and its GPUNode it denies
-                return self.core.create_namespaced_pod(namespace, body)
+                return self.core.create_namespaced_pod(namespace, kube_body(body))
             except ApiException as error:
                 if error.status in (400, 403, 500):
                     return None
@@ -281,7 +284,8 @@ class Node:
         """Kubelet's part: allocate both canonical resources, then PreStartContainer."""
         assignment = self.admit(namespace, pod, cores, memory_blocks)
         ref = ContainerRef(namespace, pod, "main")
-        keys, mounts = [], {}
+        keys: list[str] = []
+        mounts: dict[str, str] = {}
         for resource, count in zip(RESOURCES, (cores, memory_blocks), strict=True):
             ids, reply = self.kubelet.allocate(ref, resource, count)
             keys.append(allocation_key(resource, ids))
@@ -310,22 +314,24 @@ class Node:
     def close(self) -> None:
         self.agent.stop()
         self.kubelet.close()
-        deletions: list[Callable[[], object]] = [
-            lambda ns=ns, pod=pod: self.core.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
-            for ns, pod in self.pods
-        ]
-        for delete in (
-            *deletions,
-            lambda: self.custom.delete_cluster_custom_object(
-                names.GROUP, names.CRD_VERSION, names.GPUNODE_PLURAL, self.name
-            ),
-            lambda: self.core.delete_node(self.name),
-        ):
-            try:
-                delete()
-            except ApiException as error:
-                if error.status != 404:
-                    raise
+        for namespace, pod in self.pods:
+            _unless_gone(self.core.delete_namespaced_pod, pod, namespace, grace_period_seconds=0)
+        _unless_gone(
+            self.custom.delete_cluster_custom_object,
+            names.GROUP,
+            names.CRD_VERSION,
+            names.GPUNODE_PLURAL,
+            self.name,
+        )
+        _unless_gone(self.core.delete_node, self.name)
+
+
+def _unless_gone(delete: Callable[..., object], *args: str, **kwargs: int) -> None:
+    try:
+        delete(*args, **kwargs)
+    except ApiException as error:
+        if error.status != 404:
+            raise
 
 
 @pytest.fixture
