@@ -299,6 +299,7 @@ def check_patch(ops: list[dict[str, Any]], review: dict[str, Any]) -> None:
             assert GPU_NODE[device.uuid] == assignment.node
             assert device.cores == asked.cores
             assert device.memory_mib == asked.memory.resolve(CARD_MIB[device.uuid])
+        assert held.core_limit == asked.core_limit  # no elastic bound beyond what was asked
         written = next(
             c
             for c in mutated["spec"]["containers"] + mutated["spec"].get("initContainers", [])
