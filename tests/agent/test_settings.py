@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.settings import SettingsError, parse_settings
+from agent.settings import SettingsError, _parser, parse_settings
 
 
 def test_defaults_need_only_the_node_name() -> None:
@@ -64,3 +64,17 @@ def test_memory_scaling_out_of_range_is_refused(value: str) -> None:
 def test_memory_scaling_is_read_from_the_environment() -> None:
     settings = parse_settings(["--node-name", "n"], {"FRACGPU_AGENT_MEMORY_SCALING": "2.5"})
     assert settings.memory_scaling == 2.5
+
+
+def test_every_flag_is_documented() -> None:
+    """docs/agent.md lists each flag the agent accepts, so the table cannot fall behind."""
+    text = (Path(__file__).parents[2] / "docs" / "agent.md").read_text()
+    flags = [
+        option
+        for action in _parser()._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    ]
+    assert flags
+    missing = [flag for flag in flags if f"`{flag}`" not in text]
+    assert not missing, f"docs/agent.md does not list {missing}"
