@@ -229,3 +229,5 @@ class UsageSample:
     utilization_ratio: float
     oom_rejections: int
     timestamp: float
+    # The part of memory_used_bytes the shim served from host memory (host fallback).
+    memory_host_bytes: int = 0

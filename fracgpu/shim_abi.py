@@ -39,6 +39,7 @@ KEY_COMPUTE_LIMIT_ENABLED: Final = "compute_limit_enabled"
 KEY_BURST_WHEN_ALONE: Final = "burst_when_alone"
 KEY_PRIORITY: Final = "priority"
 KEY_CONTEXT_OVERHEAD_BYTES: Final = "context_overhead_bytes"
+KEY_MEMORY_HOST_FALLBACK: Final = "memory_host_fallback"
 DEVICE_KEY_PREFIX: Final = "device."
 DEVICE_KEY_UUID: Final = "uuid"
 DEVICE_KEY_MEMORY_LIMIT_BYTES: Final = "memory_limit_bytes"
@@ -52,6 +53,7 @@ DEFAULT_PRIORITY: Final = 1
 DEFAULT_COMPUTE_LIMIT_ENABLED: Final = 1
 DEFAULT_BURST_WHEN_ALONE: Final = 0
 DEFAULT_CONTEXT_OVERHEAD_BYTES: Final = 0
+DEFAULT_MEMORY_HOST_FALLBACK: Final = 0
 MAX_STRING: Final = 253
 UUID_MAX: Final = 64
 
@@ -61,8 +63,8 @@ ENV_LOG_LEVEL: Final = "FRACGPU_LOG_LEVEL"
 
 # ---- shared region ----
 REGION_MAGIC: Final = 0x3155504743415246  # "FRACGPU1" little-endian
-REGION_VERSION: Final = 1
-REGION_SIZE: Final = 65536
+REGION_VERSION: Final = 2
+REGION_SIZE: Final = 131072
 MAX_DEVICES: Final = 16
 MAX_PROCS: Final = 256
 
@@ -80,7 +82,7 @@ HDR_LOCK_SIZE: Final = 64
 HDR_SIZE: Final = 256
 
 DEVICES_OFF: Final = 256
-DEV_SIZE: Final = 128
+DEV_SIZE: Final = 192
 DEV_OFF_UUID: Final = 0
 DEV_UUID_SIZE: Final = 48
 DEV_OFF_MEMORY_LIMIT: Final = 48
@@ -93,13 +95,16 @@ DEV_OFF_THROTTLE_NS: Final = 96
 DEV_OFF_PACE_TAT_NS: Final = 104
 DEV_OFF_CORE_LIMIT: Final = 112
 DEV_OFF_ACTIVE_LAUNCH_NS: Final = 120
+DEV_OFF_MEMORY_HOST_USED: Final = 128
+DEV_OFF_HOST_ALLOCATIONS: Final = 136
 
-SLOTS_OFF: Final = 2304
-SLOT_SIZE: Final = 192
+SLOTS_OFF: Final = 3328
+SLOT_SIZE: Final = 320
 SLOT_OFF_PID: Final = 0
 SLOT_OFF_STATE: Final = 4
 SLOT_OFF_START_TIME: Final = 8
 SLOT_OFF_USED: Final = 16
+SLOT_OFF_HOST_USED: Final = 144
 SLOT_STATE_FREE: Final = 0
 SLOT_STATE_ACTIVE: Final = 1
 
@@ -161,6 +166,9 @@ class Limits:
     burst_when_alone: bool = bool(DEFAULT_BURST_WHEN_ALONE)
     priority: int = DEFAULT_PRIORITY
     context_overhead_bytes: int = DEFAULT_CONTEXT_OVERHEAD_BYTES
+    # Allocations within the slice are served from host memory once the GPU is full
+    # (memory scaling > 1 lets the slices on a GPU add up to more than it has).
+    memory_host_fallback: bool = bool(DEFAULT_MEMORY_HOST_FALLBACK)
 
 
 def _fail(problem: str) -> CodecError:
@@ -224,6 +232,9 @@ def encode_limits(limits: Limits) -> bytes:
     lines.append(f"{KEY_BURST_WHEN_ALONE}={int(limits.burst_when_alone)}")
     lines.append(f"{KEY_PRIORITY}={limits.priority}")
     lines.append(f"{KEY_CONTEXT_OVERHEAD_BYTES}={limits.context_overhead_bytes}")
+    if limits.memory_host_fallback:
+        # Written only when on, so files without it stay readable by older shims.
+        lines.append(f"{KEY_MEMORY_HOST_FALLBACK}=1")
     lines.append(f"{KEY_DEVICE_COUNT}={len(limits.devices)}")
     for i, dev in enumerate(limits.devices):
         prefix = f"{DEVICE_KEY_PREFIX}{i}."
@@ -312,6 +323,7 @@ _TOP_KEYS: Final = frozenset(
         KEY_BURST_WHEN_ALONE,
         KEY_PRIORITY,
         KEY_CONTEXT_OVERHEAD_BYTES,
+        KEY_MEMORY_HOST_FALLBACK,
     }
 )
 
@@ -379,6 +391,13 @@ def _build_limits(top: dict[str, str], devices: dict[int, dict[str, str]]) -> Li
             0,
             2**64 - 1,
         ),
+        memory_host_fallback=_uint(
+            KEY_MEMORY_HOST_FALLBACK,
+            top.get(KEY_MEMORY_HOST_FALLBACK, str(DEFAULT_MEMORY_HOST_FALLBACK)),
+            0,
+            1,
+        )
+        == 1,
     )
     _check_limits(limits)
     return limits
@@ -389,7 +408,12 @@ def _build_limits(top: dict[str, str], devices: dict[int, dict[str, str]]) -> Li
 
 @dataclass(frozen=True)
 class RegionDevice:
-    """Per-GPU usage and counters of one container."""
+    """Per-GPU usage and counters of one container.
+
+    memory_used counts device and host memory; memory_host_used is the part of it the
+    shim served from host memory (host fallback), host_allocations how many
+    allocations it served from there since the region was created.
+    """
 
     uuid: str
     memory_limit: int
@@ -400,6 +424,8 @@ class RegionDevice:
     kernel_time_ns: int
     throttle_ns: int
     core_limit: int
+    memory_host_used: int = 0
+    host_allocations: int = 0
 
 
 @dataclass(frozen=True)
@@ -409,6 +435,7 @@ class RegionProcess:
     pid: int
     start_time: int
     used: tuple[int, ...]
+    host_used: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -454,8 +481,8 @@ def _u64(data: bytes, off: int) -> int:
     return int(struct.unpack_from("<Q", data, off)[0])
 
 
-def decode_region(data: bytes) -> Region:
-    """Decode a region snapshot; refuses other magics, versions and sizes."""
+def _check_region_header(data: bytes) -> int:
+    """Refuse a region whose header does not describe this layout; returns device count."""
     if len(data) != REGION_SIZE:
         raise CodecError(_WHAT_REGION, f"{len(data)} bytes, exactly {REGION_SIZE} expected")
     magic, version = _u64(data, HDR_OFF_MAGIC), _u32(data, HDR_OFF_VERSION)
@@ -463,7 +490,27 @@ def decode_region(data: bytes) -> Region:
         raise CodecError(_WHAT_REGION, f"magic {magic:#x}, {REGION_MAGIC:#x} expected")
     if version != REGION_VERSION:
         raise CodecError(_WHAT_REGION, f"version {version}, version {REGION_VERSION} is read")
-    count = min(_u32(data, HDR_OFF_DEVICE_COUNT), MAX_DEVICES)
+    for field, offset, expected in (
+        ("region_size", HDR_OFF_REGION_SIZE, REGION_SIZE),
+        ("max_devices", HDR_OFF_MAX_DEVICES, MAX_DEVICES),
+        ("max_procs", HDR_OFF_MAX_PROCS, MAX_PROCS),
+    ):
+        value = _u32(data, offset)
+        if value != expected:
+            raise CodecError(
+                _WHAT_REGION, f"header field {field} is {value}, exactly {expected} is allowed"
+            )
+    count = _u32(data, HDR_OFF_DEVICE_COUNT)
+    if count > MAX_DEVICES:
+        raise CodecError(
+            _WHAT_REGION, f"header field device_count is {count}, at most {MAX_DEVICES} is allowed"
+        )
+    return count
+
+
+def decode_region(data: bytes) -> Region:
+    """Decode a region snapshot; refuses other magics, versions, sizes and device counts."""
+    count = _check_region_header(data)
     devices = []
     for i in range(count):
         base = DEVICES_OFF + i * DEV_SIZE
@@ -479,6 +526,8 @@ def decode_region(data: bytes) -> Region:
                 kernel_time_ns=_u64(data, base + DEV_OFF_KERNEL_TIME_NS),
                 throttle_ns=_u64(data, base + DEV_OFF_THROTTLE_NS),
                 core_limit=_u32(data, base + DEV_OFF_CORE_LIMIT),
+                memory_host_used=_u64(data, base + DEV_OFF_MEMORY_HOST_USED),
+                host_allocations=_u64(data, base + DEV_OFF_HOST_ALLOCATIONS),
             )
         )
     processes = []
@@ -486,16 +535,18 @@ def decode_region(data: bytes) -> Region:
         base = SLOTS_OFF + s * SLOT_SIZE
         if _u32(data, base + SLOT_OFF_STATE) != SLOT_STATE_ACTIVE:
             continue
-        used = tuple(_u64(data, base + SLOT_OFF_USED + 8 * d) for d in range(count))
         processes.append(
             RegionProcess(
                 pid=struct.unpack_from("<i", data, base + SLOT_OFF_PID)[0],
                 start_time=_u64(data, base + SLOT_OFF_START_TIME),
-                used=used,
+                used=tuple(_u64(data, base + SLOT_OFF_USED + 8 * d) for d in range(count)),
+                host_used=tuple(
+                    _u64(data, base + SLOT_OFF_HOST_USED + 8 * d) for d in range(count)
+                ),
             )
         )
     return Region(
-        version=version,
+        version=REGION_VERSION,
         device_count=count,
         priority=_u32(data, HDR_OFF_PRIORITY),
         created_ns=_u64(data, HDR_OFF_CREATED_NS),

@@ -46,6 +46,7 @@ static void check_accepted(const struct fracgpu_limits *l)
     CHECK(l->compute_limit_enabled == 0 || l->compute_limit_enabled == 1);
     CHECK(l->burst_when_alone == 0 || l->burst_when_alone == 1);
     CHECK(l->priority == 0 || l->priority == 1);
+    CHECK(l->memory_host_fallback == 0 || l->memory_host_fallback == 1);
     check_text(l->ns, sizeof l->ns, 0);
     check_text(l->pod, sizeof l->pod, 0);
     check_text(l->container, sizeof l->container, 0);

@@ -27,6 +27,7 @@
 #define FRACGPU_KEY_BURST_WHEN_ALONE "burst_when_alone"
 #define FRACGPU_KEY_PRIORITY "priority"
 #define FRACGPU_KEY_CONTEXT_OVERHEAD_BYTES "context_overhead_bytes"
+#define FRACGPU_KEY_MEMORY_HOST_FALLBACK "memory_host_fallback"
 #define FRACGPU_DEVICE_KEY_PREFIX "device."
 #define FRACGPU_DEVICE_KEY_UUID "uuid"
 #define FRACGPU_DEVICE_KEY_MEMORY_LIMIT_BYTES "memory_limit_bytes"
@@ -40,6 +41,7 @@
 #define FRACGPU_DEFAULT_COMPUTE_LIMIT_ENABLED 1
 #define FRACGPU_DEFAULT_BURST_WHEN_ALONE 0
 #define FRACGPU_DEFAULT_CONTEXT_OVERHEAD_BYTES 0
+#define FRACGPU_DEFAULT_MEMORY_HOST_FALLBACK 0
 #define FRACGPU_MAX_STRING 253
 #define FRACGPU_UUID_MAX 64
 
@@ -50,8 +52,8 @@
 
 /* ---- shared accounting region (little-endian, naturally aligned) ---- */
 #define FRACGPU_REGION_MAGIC 0x3155504743415246ULL /* "FRACGPU1" */
-#define FRACGPU_REGION_VERSION 1
-#define FRACGPU_REGION_SIZE 65536
+#define FRACGPU_REGION_VERSION 2
+#define FRACGPU_REGION_SIZE 131072
 #define FRACGPU_MAX_DEVICES 16
 #define FRACGPU_MAX_PROCS 256
 
@@ -71,7 +73,7 @@
 
 /* per-device record, FRACGPU_MAX_DEVICES of them after the header */
 #define FRACGPU_DEVICES_OFF 256
-#define FRACGPU_DEV_SIZE 128
+#define FRACGPU_DEV_SIZE 192
 #define FRACGPU_DEV_OFF_UUID 0
 #define FRACGPU_DEV_UUID_SIZE 48
 #define FRACGPU_DEV_OFF_MEMORY_LIMIT 48
@@ -84,14 +86,17 @@
 #define FRACGPU_DEV_OFF_PACE_TAT_NS 104
 #define FRACGPU_DEV_OFF_CORE_LIMIT 112
 #define FRACGPU_DEV_OFF_ACTIVE_LAUNCH_NS 120
+#define FRACGPU_DEV_OFF_MEMORY_HOST_USED 128
+#define FRACGPU_DEV_OFF_HOST_ALLOCATIONS 136
 
 /* process slots, FRACGPU_MAX_PROCS of them after the devices */
-#define FRACGPU_SLOTS_OFF 2304
-#define FRACGPU_SLOT_SIZE 192
+#define FRACGPU_SLOTS_OFF 3328
+#define FRACGPU_SLOT_SIZE 320
 #define FRACGPU_SLOT_OFF_PID 0
 #define FRACGPU_SLOT_OFF_STATE 4
 #define FRACGPU_SLOT_OFF_START_TIME 8
 #define FRACGPU_SLOT_OFF_USED 16
+#define FRACGPU_SLOT_OFF_HOST_USED 144
 #define FRACGPU_SLOT_STATE_FREE 0
 #define FRACGPU_SLOT_STATE_ACTIVE 1
 
@@ -146,14 +151,18 @@ struct fracgpu_region_device {
     uint32_t core_limit;
     uint32_t reserved0;
     uint64_t active_launch_ns; /* last launch time, for priority yielding */
+    uint64_t memory_host_used; /* part of memory_used served from host memory */
+    uint64_t host_allocations; /* allocations served from host memory, ever */
+    uint8_t reserved1[FRACGPU_DEV_SIZE - FRACGPU_DEV_OFF_HOST_ALLOCATIONS - 8];
 };
 
 struct fracgpu_region_slot {
     int32_t pid;
     uint32_t state;
     uint64_t start_time; /* /proc/<pid>/stat field 22, guards against pid reuse */
-    uint64_t used[FRACGPU_MAX_DEVICES];
-    uint8_t reserved[48];
+    uint64_t used[FRACGPU_MAX_DEVICES];      /* device and host memory per device */
+    uint64_t host_used[FRACGPU_MAX_DEVICES]; /* the part of used[] served from host memory */
+    uint8_t reserved[FRACGPU_SLOT_SIZE - FRACGPU_SLOT_OFF_HOST_USED - 8 * FRACGPU_MAX_DEVICES];
 };
 
 struct fracgpu_region {

@@ -50,6 +50,23 @@ typedef int CUdriverProcAddressQueryResult;
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 #define CU_EVENT_DEFAULT 0
 
+/* Unified (managed) memory: attach flags, advice and range attributes (cuda.h values). */
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_MEM_ATTACH_HOST 0x2
+#define CU_DEVICE_CPU ((CUdevice)-1)
+#define CU_DEVICE_INVALID ((CUdevice)-2)
+typedef int CUmem_advise;
+#define CU_MEM_ADVISE_SET_READ_MOSTLY 1
+#define CU_MEM_ADVISE_UNSET_READ_MOSTLY 2
+#define CU_MEM_ADVISE_SET_PREFERRED_LOCATION 3
+#define CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION 4
+#define CU_MEM_ADVISE_SET_ACCESSED_BY 5
+#define CU_MEM_ADVISE_UNSET_ACCESSED_BY 6
+typedef int CUmem_range_attribute;
+#define CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY 1
+#define CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION 2
+#define CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY 3
+
 typedef int CUarray_format;
 typedef struct {
     size_t Width;

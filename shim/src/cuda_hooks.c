@@ -125,14 +125,15 @@ static CUresult reserve_on(int di, uint64_t bytes)
     return CUDA_SUCCESS;
 }
 
-static void release_on(unsigned di, uint64_t bytes)
+static void release_on(unsigned di, uint64_t bytes, int host)
 {
     if (G.slot >= 0 && bytes)
-        fracgpu_region_release(G.region, G.slot, di, bytes);
+        fracgpu_region_release(G.region, G.slot, di, bytes, host);
 }
 
-/* Device and context of the calling thread, for an allocation. */
-static CUresult current(int *di, uint64_t *ctx)
+/* Device (limits index and CUDA ordinal) and context of the calling thread, for an
+ * allocation. */
+static CUresult current(int *di, uint64_t *ctx, CUdevice *dev)
 {
     CUdevice d;
     CUcontext c = NULL;
@@ -142,7 +143,48 @@ static CUresult current(int *di, uint64_t *ctx)
     real_cuCtxGetCurrent(&c);
     *ctx = (uint64_t)(uintptr_t)c;
     *di = fracgpu_cuda_dev_index(d);
+    *dev = d;
     return CUDA_SUCCESS;
+}
+
+/*
+ * Host fallback: the container's reservation succeeded but the GPU itself is full
+ * (its slices add up to more than its memory). Serve the allocation from managed
+ * memory that prefers to live on the host and stays mapped for the device, so the
+ * program's kernels reach it over the host link without page-fault migrations. Its
+ * bytes stay counted against the slice and are marked as host-backed.
+ */
+static CUresult serve_from_host(CUdeviceptr *dptr, uint64_t bytes, int di, CUdevice dev)
+{
+    if (real_cuMemAllocManaged == NULL || real_cuMemAdvise == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr p = 0;
+    CUresult rc = real_cuMemAllocManaged(&p, (size_t)bytes, CU_MEM_ATTACH_GLOBAL);
+    if (rc != CUDA_SUCCESS) {
+        LOGI("host fallback: managed allocation of %llu bytes failed (%d)",
+             (unsigned long long)bytes, rc);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if ((rc = real_cuMemAdvise(p, (size_t)bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                               CU_DEVICE_CPU)) != CUDA_SUCCESS ||
+        (rc = real_cuMemAdvise(p, (size_t)bytes, CU_MEM_ADVISE_SET_ACCESSED_BY, dev)) !=
+            CUDA_SUCCESS) {
+        /* Unadvised managed memory would migrate onto the full GPU: refuse instead. */
+        LOGW("host fallback: cannot place %llu bytes on the host for device %d (%d); "
+             "the allocation fails with out-of-memory", (unsigned long long)bytes, dev, rc);
+        real_cuMemFree_v2(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    fracgpu_region_to_host(G.region, G.slot, (unsigned)di, bytes);
+    LOGI("device %d is full: %llu bytes of the slice served from host memory", dev,
+         (unsigned long long)bytes);
+    *dptr = p;
+    return CUDA_SUCCESS;
+}
+
+static inline int host_fallback_on(CUresult rc)
+{
+    return rc == CUDA_ERROR_OUT_OF_MEMORY && G.limits.memory_host_fallback;
 }
 
 static void record(uint32_t kind, uint64_t key, uint64_t bytes, int di, uint64_t ctx)
@@ -153,21 +195,30 @@ static void record(uint32_t kind, uint64_t key, uint64_t bytes, int di, uint64_t
     }
 }
 
-#define ALLOC_IN_CURRENT(kind, bytes, realcall, keyexpr)                                         \
+/* fallback_ptr: a linear allocation into that CUdeviceptr * may be served from host
+ * memory when the GPU is full (NULL: never). */
+#define ALLOC_IN_CURRENT(kind, bytes, realcall, keyexpr, fallback_ptr)                           \
     do {                                                                                         \
         if (mode_ == MODE_PASS)                                                                  \
             return realcall;                                                                     \
         int di_;                                                                                 \
         uint64_t ctx_;                                                                           \
-        CUresult rc_ = current(&di_, &ctx_);                                                     \
+        CUdevice dev_;                                                                           \
+        CUresult rc_ = current(&di_, &ctx_, &dev_);                                              \
         if (rc_ != CUDA_SUCCESS)                                                                 \
             return rc_;                                                                          \
         uint64_t n_ = (bytes);                                                                   \
         if ((rc_ = reserve_on(di_, n_)) != CUDA_SUCCESS)                                         \
             return rc_;                                                                          \
         rc_ = realcall;                                                                          \
+        CUdeviceptr *fb_ = (fallback_ptr);                                                       \
+        if (fb_ != NULL && UNLIKELY(host_fallback_on(rc_)) &&                                    \
+            serve_from_host(fb_, n_, di_, dev_) == CUDA_SUCCESS) {                               \
+            record(ALLOC_HOST_PTR, *fb_, n_, di_, ctx_);                                         \
+            return CUDA_SUCCESS;                                                                 \
+        }                                                                                        \
         if (rc_ != CUDA_SUCCESS) {                                                               \
-            release_on((unsigned)di_, n_);                                                       \
+            release_on((unsigned)di_, n_, 0);                                                    \
             return rc_;                                                                          \
         }                                                                                        \
         record(kind, (keyexpr), n_, di_, ctx_);                                                  \
@@ -186,7 +237,7 @@ static void record(uint32_t kind, uint64_t key, uint64_t bytes, int di, uint64_t
         CUresult rc_ = realcall;                                                                 \
         if (had_) {                                                                              \
             if (rc_ == CUDA_SUCCESS)                                                             \
-                release_on(di_, sz_);                                                            \
+                release_on(di_, sz_, 0);                                                         \
             else                                                                                 \
                 fracgpu_table_put(kind, k_, sz_, di_, 0);                                        \
         }                                                                                        \
@@ -240,7 +291,8 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         return rc;
     int di = fracgpu_cuda_dev_index(dev);
     uint64_t limit = di < 0 ? 0 : G.limits.dev[di].memory_limit;
-    if (limit < *bytes)
+    /* With host fallback the slice may be larger than the GPU: it is still the size. */
+    if (limit < *bytes || G.limits.memory_host_fallback)
         *bytes = (size_t)limit;
     return rc;
 }
@@ -257,10 +309,16 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
         uint64_t used = di < 0 ? 0 : __atomic_load_n(&G.region->dev[di].memory_used,
                                                      __ATOMIC_ACQUIRE);
         uint64_t left = used < limit ? limit - used : 0;
-        if (limit < t)
+        if (G.limits.memory_host_fallback) {
+            /* What the GPU lacks comes from the host: the slice is the whole story. */
             t = (size_t)limit;
-        if (left < f)
             f = (size_t)left;
+        } else {
+            if (limit < t)
+                t = (size_t)limit;
+            if (left < f)
+                f = (size_t)left;
+        }
     }
     if (rc == CUDA_SUCCESS) {
         if (free_bytes)
@@ -285,7 +343,7 @@ static CUresult ctx_create_common(CUdevice dev, CUcontext *pctx, CUresult (*crea
         return rc;
     rc = create(arg);
     if (rc != CUDA_SUCCESS) {
-        release_on((unsigned)di, n);
+        release_on((unsigned)di, n, 0);
         return rc;
     }
     record(ALLOC_CTX, (uint64_t)(uintptr_t)*pctx, n, di, (uint64_t)(uintptr_t)*pctx);
@@ -332,9 +390,9 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned 
     return ctx_create_common(dev, pctx, create_v4, &a, mode_);
 }
 
-static void release_cb(unsigned di, uint64_t size)
+static void release_cb(unsigned di, uint64_t size, uint32_t kind)
 {
-    release_on(di, size);
+    release_on(di, size, kind == ALLOC_HOST_PTR);
 }
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -348,7 +406,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     CUresult rc = real_cuCtxDestroy_v2(ctx);
     if (rc == CUDA_SUCCESS) {
         if (had)
-            release_on(di, sz);
+            release_on(di, sz, 0);
         /* destroying a context frees everything allocated in it */
         fracgpu_table_take_ctx(key, release_cb);
     } else if (had) {
@@ -377,7 +435,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
             prim_refs[di]++;
             prim_ctx[di] = (uint64_t)(uintptr_t)*pctx;
         } else if (first) {
-            release_on((unsigned)di, n);
+            release_on((unsigned)di, n, 0);
         }
     }
     pthread_mutex_unlock(&prim_mu);
@@ -387,7 +445,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 static void primary_gone(int di)
 {
     prim_refs[di] = 0;
-    release_on((unsigned)di, G.limits.context_overhead);
+    release_on((unsigned)di, G.limits.context_overhead, 0);
     fracgpu_table_take_ctx(prim_ctx[di], release_cb);
 }
 
@@ -424,26 +482,28 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     ENTER(cuMemAlloc_v2);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAlloc_v2(dptr, bytesize), *dptr);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAlloc_v2(dptr, bytesize), *dptr, dptr);
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     ENTER(cuMemAllocManaged);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocManaged(dptr, bytesize, flags), *dptr);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocManaged(dptr, bytesize, flags), *dptr,
+                     NULL);
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     ENTER(cuMemAllocAsync);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync(dptr, bytesize, hStream), *dptr);
+    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync(dptr, bytesize, hStream), *dptr,
+                     dptr);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     ENTER(cuMemAllocAsync_ptsz);
     ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync_ptsz(dptr, bytesize, hStream),
-                     *dptr);
+                     *dptr, dptr);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -451,7 +511,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUme
 {
     ENTER(cuMemAllocFromPoolAsync);
     ALLOC_IN_CURRENT(ALLOC_PTR, bytesize,
-                     real_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream), *dptr);
+                     real_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream), *dptr, NULL);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
@@ -459,7 +519,8 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
 {
     ENTER(cuMemAllocFromPoolAsync_ptsz);
     ALLOC_IN_CURRENT(ALLOC_PTR, bytesize,
-                     real_cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream), *dptr);
+                     real_cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream), *dptr,
+                     NULL);
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -470,46 +531,125 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wid
         return real_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     int di;
     uint64_t ctx;
-    CUresult rc = current(&di, &ctx);
+    CUdevice dev;
+    CUresult rc = current(&di, &ctx, &dev);
     if (rc != CUDA_SUCCESS)
         return rc;
     /* Reserve an estimate, then settle on what the driver really gave. */
-    uint64_t est = ((uint64_t)WidthInBytes + 511) / 512 * 512 * (uint64_t)Height;
+    uint64_t row = ((uint64_t)WidthInBytes + 511) / 512 * 512;
+    uint64_t est = row * (uint64_t)Height;
     if ((rc = reserve_on(di, est)) != CUDA_SUCCESS)
         return rc;
     rc = real_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (UNLIKELY(host_fallback_on(rc)) && pPitch != NULL &&
+        serve_from_host(dptr, est, di, dev) == CUDA_SUCCESS) {
+        /* Rows 512-byte aligned, as wide as the estimate: valid for 2D copies and
+         * textures (the driver's pitch alignment is at most that). */
+        *pPitch = (size_t)row;
+        record(ALLOC_HOST_PTR, *dptr, est, di, ctx);
+        return CUDA_SUCCESS;
+    }
     if (rc != CUDA_SUCCESS) {
-        release_on((unsigned)di, est);
+        release_on((unsigned)di, est, 0);
         return rc;
     }
     uint64_t actual = (uint64_t)*pPitch * (uint64_t)Height;
     if (actual > est && reserve_on(di, actual - est) != CUDA_SUCCESS) {
         real_cuMemFree_v2(*dptr);
-        release_on((unsigned)di, est);
+        release_on((unsigned)di, est, 0);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (actual < est)
-        release_on((unsigned)di, est - actual);
+        release_on((unsigned)di, est - actual, 0);
     record(ALLOC_PTR, *dptr, actual, di, ctx);
     return CUDA_SUCCESS;
+}
+
+/*
+ * Frees of linear memory. A pointer the shim served from host memory is managed
+ * memory whatever the program asked for, so it is always freed with cuMemFree;
+ * an asynchronous free of one first waits for its stream, which keeps the
+ * stream order the program relied on (the host-backed path is the slow path).
+ * sync: the stream synchronisation matching the async variant (NULL: cuMemFree_v2).
+ */
+static CUresult free_linear(CUdeviceptr dptr, CUstream stream, CUresult (*sync)(CUstream),
+                            CUresult (*realfree)(CUdeviceptr, CUstream))
+{
+    uint64_t sz;
+    unsigned di;
+    uint32_t kind = ALLOC_PTR;
+    int had = fracgpu_table_take(ALLOC_PTR, dptr, &sz, &di) == 0;
+    if (!had && fracgpu_table_take(ALLOC_HOST_PTR, dptr, &sz, &di) == 0) {
+        had = 1;
+        kind = ALLOC_HOST_PTR;
+    }
+    CUresult rc;
+    if (kind == ALLOC_HOST_PTR) {
+        rc = sync != NULL ? sync(stream) : CUDA_SUCCESS;
+        if (rc == CUDA_SUCCESS)
+            rc = real_cuMemFree_v2 != NULL ? real_cuMemFree_v2(dptr) : CUDA_ERROR_NOT_FOUND;
+    } else {
+        rc = realfree(dptr, stream);
+    }
+    if (had) {
+        if (rc == CUDA_SUCCESS)
+            release_on(di, sz, kind == ALLOC_HOST_PTR);
+        else
+            fracgpu_table_put(kind, dptr, sz, di, 0);
+    }
+    return rc;
+}
+
+static CUresult free_sync(CUdeviceptr dptr, CUstream stream)
+{
+    (void)stream;
+    return real_cuMemFree_v2(dptr);
+}
+
+static CUresult free_async(CUdeviceptr dptr, CUstream stream)
+{
+    return real_cuMemFreeAsync(dptr, stream);
+}
+
+static CUresult free_async_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+    return real_cuMemFreeAsync_ptsz(dptr, stream);
+}
+
+static CUresult sync_stream(CUstream stream)
+{
+    return real_cuStreamSynchronize != NULL ? real_cuStreamSynchronize(stream)
+                                            : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult sync_stream_ptsz(CUstream stream)
+{
+    return real_cuStreamSynchronize_ptsz != NULL ? real_cuStreamSynchronize_ptsz(stream)
+                                                 : CUDA_ERROR_NOT_FOUND;
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     ENTER(cuMemFree_v2);
-    FREE_KIND(ALLOC_PTR, dptr, real_cuMemFree_v2(dptr));
+    if (mode_ == MODE_PASS)
+        return real_cuMemFree_v2(dptr);
+    return free_linear(dptr, NULL, NULL, free_sync);
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     ENTER(cuMemFreeAsync);
-    FREE_KIND(ALLOC_PTR, dptr, real_cuMemFreeAsync(dptr, hStream));
+    if (mode_ == MODE_PASS)
+        return real_cuMemFreeAsync(dptr, hStream);
+    return free_linear(dptr, hStream, sync_stream, free_async);
 }
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     ENTER(cuMemFreeAsync_ptsz);
-    FREE_KIND(ALLOC_PTR, dptr, real_cuMemFreeAsync_ptsz(dptr, hStream));
+    if (mode_ == MODE_PASS)
+        return real_cuMemFreeAsync_ptsz(dptr, hStream);
+    return free_linear(dptr, hStream, sync_stream_ptsz, free_async_ptsz);
 }
 
 /* ---- virtual memory management ---- */
@@ -526,7 +666,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return rc;
     rc = real_cuMemCreate(handle, size, prop, flags);
     if (rc != CUDA_SUCCESS) {
-        release_on((unsigned)di, size);
+        release_on((unsigned)di, size, 0);
         return rc;
     }
     record(ALLOC_HANDLE, *handle, size, di, 0);
@@ -571,7 +711,7 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *
     uint64_t n = dim(desc->Width) * dim(desc->Height) * dim(desc->NumChannels) *
                  format_bytes(desc->Format);
     ALLOC_IN_CURRENT(ALLOC_ARRAY, n, real_cuArrayCreate_v2(pHandle, desc),
-                     (uint64_t)(uintptr_t)*pHandle);
+                     (uint64_t)(uintptr_t)*pHandle, NULL);
 }
 
 EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
@@ -580,7 +720,7 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPT
     if (desc == NULL)
         return real_cuArray3DCreate_v2(pHandle, desc);
     ALLOC_IN_CURRENT(ALLOC_ARRAY, array3d_bytes(desc, 0), real_cuArray3DCreate_v2(pHandle, desc),
-                     (uint64_t)(uintptr_t)*pHandle);
+                     (uint64_t)(uintptr_t)*pHandle, NULL);
 }
 
 EXPORT CUresult cuArrayDestroy(CUarray hArray)
@@ -600,7 +740,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     for (unsigned l = 0; l < numMipmapLevels && l < 64; l++)
         n += array3d_bytes(desc, l);
     ALLOC_IN_CURRENT(ALLOC_MIPMAP, n, real_cuMipmappedArrayCreate(pHandle, desc, numMipmapLevels),
-                     (uint64_t)(uintptr_t)*pHandle);
+                     (uint64_t)(uintptr_t)*pHandle, NULL);
 }
 
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)

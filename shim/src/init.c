@@ -112,8 +112,9 @@ static void core_init(void)
             G.launch_hooks = 1;
     }
     pthread_atfork(NULL, NULL, after_fork_child);
-    LOGI("limits loaded: %u device(s), launch hooks %s, priority %s", G.limits.device_count,
-         G.launch_hooks ? "on" : "off", G.limits.priority == 0 ? "high" : "low");
+    LOGI("limits loaded: %u device(s), launch hooks %s, priority %s, host fallback %s",
+         G.limits.device_count, G.launch_hooks ? "on" : "off",
+         G.limits.priority == 0 ? "high" : "low", G.limits.memory_host_fallback ? "on" : "off");
     __atomic_store_n(&G.state, ST_READY, __ATOMIC_RELEASE);
     in_init = 0;
 }

@@ -23,6 +23,7 @@
 #define SEEN_PRIORITY (1u << 8)
 #define SEEN_CTX (1u << 9)
 #define SEEN_BURST (1u << 10)
+#define SEEN_HOST_FALLBACK (1u << 11)
 #define DSEEN_UUID (1u << 0)
 #define DSEEN_MEM (1u << 1)
 #define DSEEN_CORE (1u << 2)
@@ -231,6 +232,10 @@ static int parse_line(char *key, char *val, struct fracgpu_limits *out, unsigned
         bit = SEEN_BURST;
         if (parse_flag(key, val, &out->burst_when_alone, line, err, errlen) != 0)
             return -1;
+    } else if (strcmp(key, FRACGPU_KEY_MEMORY_HOST_FALLBACK) == 0) {
+        bit = SEEN_HOST_FALLBACK;
+        if (parse_flag(key, val, &out->memory_host_fallback, line, err, errlen) != 0)
+            return -1;
     } else if (strcmp(key, FRACGPU_KEY_PRIORITY) == 0) {
         bit = SEEN_PRIORITY;
         if (parse_u64(val, &v) != 0 || v > 1)
@@ -288,6 +293,7 @@ int fracgpu_limits_parse(const char *text, size_t len, struct fracgpu_limits *ou
     out->compute_limit_enabled = FRACGPU_DEFAULT_COMPUTE_LIMIT_ENABLED;
     out->burst_when_alone = FRACGPU_DEFAULT_BURST_WHEN_ALONE;
     out->context_overhead = FRACGPU_DEFAULT_CONTEXT_OVERHEAD_BYTES;
+    out->memory_host_fallback = FRACGPU_DEFAULT_MEMORY_HOST_FALLBACK;
     if (len > FRACGPU_LIMITS_MAX_BYTES)
         return set_error(err, errlen, 0, "file is larger than %s bytes", "65536");
     if (memchr(text, '\0', len) != NULL)

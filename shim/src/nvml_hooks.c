@@ -84,7 +84,8 @@ static int slice_of(nvmlDevice_t device, uint64_t *limit, uint64_t *used)
 static void apply_slice(unsigned long long *total, unsigned long long *free_b,
                         unsigned long long *used_b, uint64_t limit, uint64_t used)
 {
-    if (limit < *total)
+    /* With host fallback the slice may be larger than the GPU: it is still the size. */
+    if (limit < *total || G.limits.memory_host_fallback)
         *total = limit;
     *used_b = used;
     *free_b = used < *total ? *total - used : 0;

@@ -45,9 +45,12 @@ _Static_assert(offsetof(struct fracgpu_region_device, throttle_ns) == FRACGPU_DE
 _Static_assert(offsetof(struct fracgpu_region_device, pace_tat_ns) == FRACGPU_DEV_OFF_PACE_TAT_NS, "");
 _Static_assert(offsetof(struct fracgpu_region_device, core_limit) == FRACGPU_DEV_OFF_CORE_LIMIT, "");
 _Static_assert(offsetof(struct fracgpu_region_device, active_launch_ns) == FRACGPU_DEV_OFF_ACTIVE_LAUNCH_NS, "");
+_Static_assert(offsetof(struct fracgpu_region_device, memory_host_used) == FRACGPU_DEV_OFF_MEMORY_HOST_USED, "");
+_Static_assert(offsetof(struct fracgpu_region_device, host_allocations) == FRACGPU_DEV_OFF_HOST_ALLOCATIONS, "");
 _Static_assert(offsetof(struct fracgpu_region_slot, state) == FRACGPU_SLOT_OFF_STATE, "");
 _Static_assert(offsetof(struct fracgpu_region_slot, start_time) == FRACGPU_SLOT_OFF_START_TIME, "");
 _Static_assert(offsetof(struct fracgpu_region_slot, used) == FRACGPU_SLOT_OFF_USED, "");
+_Static_assert(offsetof(struct fracgpu_region_slot, host_used) == FRACGPU_SLOT_OFF_HOST_USED, "");
 
 #define LD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define ST(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -61,11 +64,15 @@ static pthread_mutex_t *region_mutex(struct fracgpu_region *r)
 static void recompute_totals(struct fracgpu_region *r)
 {
     for (unsigned d = 0; d < FRACGPU_MAX_DEVICES; d++) {
-        uint64_t sum = 0;
-        for (unsigned s = 0; s < FRACGPU_MAX_PROCS; s++)
-            if (LD(&r->slot[s].state) == FRACGPU_SLOT_STATE_ACTIVE)
+        uint64_t sum = 0, host = 0;
+        for (unsigned s = 0; s < FRACGPU_MAX_PROCS; s++) {
+            if (LD(&r->slot[s].state) == FRACGPU_SLOT_STATE_ACTIVE) {
                 sum += LD(&r->slot[s].used[d]);
+                host += LD(&r->slot[s].host_used[d]);
+            }
+        }
         ST(&r->dev[d].memory_used, sum);
+        ST(&r->dev[d].memory_host_used, host);
     }
 }
 
@@ -133,11 +140,16 @@ static int slot_is_dead(const struct fracgpu_region_slot *s)
 static void free_slot_locked(struct fracgpu_region *r, unsigned s)
 {
     for (unsigned d = 0; d < FRACGPU_MAX_DEVICES; d++) {
-        uint64_t u = LD(&r->slot[s].used[d]);
+        uint64_t u = LD(&r->slot[s].used[d]), h = LD(&r->slot[s].host_used[d]);
         if (u) {
             uint64_t tot = LD(&r->dev[d].memory_used);
             ST(&r->dev[d].memory_used, tot >= u ? tot - u : 0);
             ST(&r->slot[s].used[d], 0);
+        }
+        if (h) {
+            uint64_t tot = LD(&r->dev[d].memory_host_used);
+            ST(&r->dev[d].memory_host_used, tot >= h ? tot - h : 0);
+            ST(&r->slot[s].host_used[d], 0);
         }
     }
     ST(&r->slot[s].state, FRACGPU_SLOT_STATE_FREE);
@@ -282,14 +294,33 @@ struct fracgpu_region *fracgpu_region_open(const char *path, const struct fracgp
     if (r == NULL)
         return NULL;
     uint64_t magic = __atomic_load_n(&r->hdr.magic, __ATOMIC_ACQUIRE);
-    if (magic != FRACGPU_REGION_MAGIC || r->hdr.version != FRACGPU_REGION_VERSION ||
-        r->hdr.region_size != FRACGPU_REGION_SIZE || r->hdr.max_devices != FRACGPU_MAX_DEVICES ||
-        r->hdr.max_procs != FRACGPU_MAX_PROCS) {
+    if (magic != FRACGPU_REGION_MAGIC || r->hdr.version != FRACGPU_REGION_VERSION) {
         snprintf(err, errlen,
                  "region %s has magic %#llx version %u, this shim needs magic %#llx version %u: "
                  "refusing to share accounting with an incompatible shim",
                  path, (unsigned long long)magic, r->hdr.version,
                  (unsigned long long)FRACGPU_REGION_MAGIC, FRACGPU_REGION_VERSION);
+        munmap(r, FRACGPU_REGION_SIZE);
+        return NULL;
+    }
+    const struct { const char *field; uint32_t got, want; } sizes[] = {
+        {"region_size", r->hdr.region_size, FRACGPU_REGION_SIZE},
+        {"max_devices", r->hdr.max_devices, FRACGPU_MAX_DEVICES},
+        {"max_procs", r->hdr.max_procs, FRACGPU_MAX_PROCS},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (sizes[i].got != sizes[i].want) {
+            snprintf(err, errlen,
+                     "region %s has header %s %u, this shim needs %u: refusing to share "
+                     "accounting with an incompatible shim",
+                     path, sizes[i].field, sizes[i].got, sizes[i].want);
+            munmap(r, FRACGPU_REGION_SIZE);
+            return NULL;
+        }
+    }
+    if (r->hdr.device_count > FRACGPU_MAX_DEVICES) {
+        snprintf(err, errlen, "region %s has header device_count %u, at most %d is allowed: "
+                 "refusing to use it", path, r->hdr.device_count, FRACGPU_MAX_DEVICES);
         munmap(r, FRACGPU_REGION_SIZE);
         return NULL;
     }
@@ -325,6 +356,7 @@ int fracgpu_region_register(struct fracgpu_region *r, int *slot_out, char *err, 
     if (found >= 0) {
         struct fracgpu_region_slot *sl = &r->slot[found];
         memset(sl->used, 0, sizeof sl->used);
+        memset(sl->host_used, 0, sizeof sl->host_used);
         ST(&sl->start_time, start);
         ST(&sl->pid, pid);
         ST(&sl->state, FRACGPU_SLOT_STATE_ACTIVE);
@@ -374,15 +406,39 @@ int fracgpu_region_reserve(struct fracgpu_region *r, int slot, unsigned dev, uin
     return -1;
 }
 
-void fracgpu_region_release(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes)
+void fracgpu_region_release(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes,
+                            int host)
 {
     struct fracgpu_region_device *d = &r->dev[dev];
+    struct fracgpu_region_slot *sl = &r->slot[slot];
     lock_region(r);
-    uint64_t mine = LD(&r->slot[slot].used[dev]);
+    uint64_t mine = LD(&sl->used[dev]);
     uint64_t tot = LD(&d->memory_used);
     if (bytes > mine)
         bytes = mine; /* never release more than this process holds */
-    ST(&r->slot[slot].used[dev], mine - bytes);
+    if (host) {
+        /* Host part first: used[] >= host_used[] holds at every step. */
+        uint64_t hmine = LD(&sl->host_used[dev]), htot = LD(&d->memory_host_used);
+        uint64_t h = bytes < hmine ? bytes : hmine;
+        ST(&sl->host_used[dev], hmine - h);
+        ST(&d->memory_host_used, htot >= h ? htot - h : 0);
+    }
+    ST(&sl->used[dev], mine - bytes);
     ST(&d->memory_used, tot >= bytes ? tot - bytes : 0);
+    unlock_region(r);
+}
+
+void fracgpu_region_to_host(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes)
+{
+    struct fracgpu_region_device *d = &r->dev[dev];
+    struct fracgpu_region_slot *sl = &r->slot[slot];
+    lock_region(r);
+    /* Only bytes already reserved (counted in used[]) can be served from the host. */
+    uint64_t room = LD(&sl->used[dev]) - LD(&sl->host_used[dev]);
+    if (bytes > room)
+        bytes = room;
+    ST(&sl->host_used[dev], LD(&sl->host_used[dev]) + bytes);
+    ST(&d->memory_host_used, LD(&d->memory_host_used) + bytes);
+    __atomic_fetch_add(&d->host_allocations, 1, __ATOMIC_RELAXED);
     unlock_region(r);
 }

@@ -39,6 +39,7 @@ struct fracgpu_limits {
     int burst_when_alone;
     int priority;
     uint64_t context_overhead;
+    int memory_host_fallback; /* serve allocations within the slice from host memory when the GPU is full */
     char ns[FRACGPU_MAX_STRING + 1];
     char pod[FRACGPU_MAX_STRING + 1];
     char container[FRACGPU_MAX_STRING + 1];
@@ -64,15 +65,22 @@ HIDDEN void fracgpu_region_unregister(struct fracgpu_region *r, int slot);
  * limit: the file's, or lower from its environment). */
 HIDDEN int fracgpu_region_reserve(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes,
                                   uint64_t limit);
-HIDDEN void fracgpu_region_release(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes);
+/* Gives back a reservation; host: it was served from host memory (to_host). */
+HIDDEN void fracgpu_region_release(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes,
+                                   int host);
+/* Marks bytes already reserved on dev as served from host memory. */
+HIDDEN void fracgpu_region_to_host(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes);
 HIDDEN unsigned fracgpu_region_reclaim_dead(struct fracgpu_region *r);
 HIDDEN uint64_t fracgpu_proc_start_time(int pid);
 
 /* ---- per-process allocation table ---- */
-enum fracgpu_alloc_kind { ALLOC_PTR = 1, ALLOC_HANDLE = 2, ALLOC_ARRAY = 3, ALLOC_MIPMAP = 4, ALLOC_CTX = 5 };
+/* ALLOC_HOST_PTR: a linear allocation the shim served from host memory (host fallback). */
+enum fracgpu_alloc_kind { ALLOC_PTR = 1, ALLOC_HANDLE = 2, ALLOC_ARRAY = 3, ALLOC_MIPMAP = 4, ALLOC_CTX = 5,
+                          ALLOC_HOST_PTR = 6 };
 struct fracgpu_alloc { uint64_t key; uint64_t size; uint32_t kind; uint32_t dev; uint64_t ctx; };
 HIDDEN int fracgpu_table_put(uint32_t kind, uint64_t key, uint64_t size, unsigned dev, uint64_t ctx);
-HIDDEN void fracgpu_table_take_ctx(uint64_t ctx, void (*release)(unsigned dev, uint64_t size));
+HIDDEN void fracgpu_table_take_ctx(uint64_t ctx,
+                                   void (*release)(unsigned dev, uint64_t size, uint32_t kind));
 HIDDEN int fracgpu_table_take(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev);
 HIDDEN void fracgpu_table_reset_after_fork(void);
 

@@ -96,7 +96,8 @@ int fracgpu_table_take(uint32_t kind, uint64_t key, uint64_t *size, unsigned *de
 
 /* Remove every entry made in ctx (its destruction freed them all); the
  * callback releases each one's reservation. */
-void fracgpu_table_take_ctx(uint64_t ctx, void (*release)(unsigned dev, uint64_t size))
+void fracgpu_table_take_ctx(uint64_t ctx,
+                            void (*release)(unsigned dev, uint64_t size, uint32_t kind))
 {
     pthread_mutex_lock(&table_mu);
     struct fracgpu_alloc *old = slots;
@@ -109,7 +110,7 @@ void fracgpu_table_take_ctx(uint64_t ctx, void (*release)(unsigned dev, uint64_t
             if (old[i].kind == 0)
                 continue;
             if (old[i].ctx == ctx && old[i].kind != ALLOC_CTX) {
-                release(old[i].dev, old[i].size);
+                release(old[i].dev, old[i].size, old[i].kind);
                 continue;
             }
             size_t j = hash(old[i].kind, old[i].key) & (cap - 1);

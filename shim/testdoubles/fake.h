@@ -31,6 +31,7 @@ struct fake_config {
     char state_file[512];
     char events_file[512];
     uint64_t context_bytes;
+    uint64_t host_memory; /* host memory behind managed allocations */
     unsigned default_kernel_us;
     unsigned n_cuda_errors;
     struct fake_error cuda_errors[FAKE_MAX_ERRORS];
@@ -40,13 +41,14 @@ struct fake_config {
 };
 
 /* Simulated hardware shared by every process using the same state file. */
-struct fake_proc { int32_t pid; uint32_t pad; uint64_t used[FAKE_MAX_DEVICES]; };
+struct fake_proc { int32_t pid; uint32_t pad; uint64_t used[FAKE_MAX_DEVICES]; uint64_t host_used; };
 struct fake_state {
     uint64_t magic;
     uint64_t mem_used[FAKE_MAX_DEVICES];
     uint64_t dev_tail_ns[FAKE_MAX_DEVICES]; /* end of the device's timeline */
     uint64_t busy_ns[FAKE_MAX_DEVICES];     /* simulated kernel time, all processes */
     struct fake_proc procs[FAKE_MAX_PROCS];
+    uint64_t host_used; /* managed allocations of all processes */
 };
 
 /* reload: re-read the file if it changed since the last call (NVML does,

@@ -5,7 +5,9 @@
  * does), contexts that cost memory, and a device timeline on
  * CLOCK_MONOTONIC where kernels take the time encoded in their name
  * ("..._2000us"), serialised across processes so contention is real.
- * Events and synchronisation follow that timeline.
+ * Events and synchronisation follow that timeline. Managed memory lives in
+ * host memory (host_memory_bytes), never on the device, and records the
+ * advice given for it (cuMemAdvise, read back with cuMemRangeGetAttribute).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -32,7 +34,19 @@ struct CUgraphExec_st { uint64_t dur_ns; };
 struct CUarray_st { uint64_t size; int dev; };
 struct CUmipmappedArray_st { uint64_t size; int dev; };
 
-struct alloc { uint64_t key; uint64_t size; int dev; };
+/* Managed allocations keep their advice: preferred location (a device, CU_DEVICE_CPU
+ * or CU_DEVICE_INVALID), the devices with accessed-by set (bit d; bit 31 the CPU),
+ * read-mostly. */
+struct alloc {
+    uint64_t key;
+    uint64_t size;
+    int dev;
+    int managed;
+    int preferred;
+    int read_mostly;
+    uint32_t accessed_by;
+};
+#define ACCESSED_BY_CPU (1u << 31)
 
 static int initialized;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -98,6 +112,8 @@ static void reclaim_dead(void)
             uint64_t u = __atomic_exchange_n(&s->procs[i].used[d], 0, __ATOMIC_ACQ_REL);
             __atomic_fetch_sub(&s->mem_used[d], u, __ATOMIC_ACQ_REL);
         }
+        uint64_t h = __atomic_exchange_n(&s->procs[i].host_used, 0, __ATOMIC_ACQ_REL);
+        __atomic_fetch_sub(&s->host_used, h, __ATOMIC_ACQ_REL);
         __atomic_store_n(&s->procs[i].pid, 0, __ATOMIC_RELEASE);
     }
 }
@@ -131,7 +147,36 @@ static void give_memory(int dev, uint64_t size)
         __atomic_fetch_sub(&p->used[dev], size, __ATOMIC_ACQ_REL);
 }
 
-static int put_alloc(uint64_t key, uint64_t size, int dev)
+/* Managed memory: host memory shared by every process of the state file. */
+static CUresult take_host_memory(uint64_t size)
+{
+    struct fake_state *s = fake_state();
+    uint64_t cap = cfg()->host_memory;
+    struct fake_proc *p = my_proc();
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t used = __atomic_load_n(&s->host_used, __ATOMIC_ACQUIRE);
+        while (size <= cap && used <= cap - size) {
+            if (__atomic_compare_exchange_n(&s->host_used, &used, used + size, 1,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                if (p)
+                    __atomic_fetch_add(&p->host_used, size, __ATOMIC_ACQ_REL);
+                return CUDA_SUCCESS;
+            }
+        }
+        reclaim_dead();
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static void give_host_memory(uint64_t size)
+{
+    struct fake_proc *p = my_proc();
+    __atomic_fetch_sub(&fake_state()->host_used, size, __ATOMIC_ACQ_REL);
+    if (p)
+        __atomic_fetch_sub(&p->host_used, size, __ATOMIC_ACQ_REL);
+}
+
+static int put_alloc_rec(struct alloc a)
 {
     pthread_mutex_lock(&mu);
     if (n_allocs == cap_allocs) {
@@ -144,9 +189,25 @@ static int put_alloc(uint64_t key, uint64_t size, int dev)
         allocs = a;
         cap_allocs = n;
     }
-    allocs[n_allocs++] = (struct alloc){key, size, dev};
+    allocs[n_allocs++] = a;
     pthread_mutex_unlock(&mu);
     return 0;
+}
+
+static int put_alloc(uint64_t key, uint64_t size, int dev)
+{
+    return put_alloc_rec((struct alloc){key, size, dev, 0, CU_DEVICE_INVALID, 0, 0});
+}
+
+/* The managed allocation holding [ptr, ptr + count), or NULL; call with mu held. */
+static struct alloc *managed_range(uint64_t ptr, uint64_t count)
+{
+    for (size_t i = 0; i < n_allocs; i++) {
+        struct alloc *a = &allocs[i];
+        if (a->managed && ptr >= a->key && count <= a->size && ptr - a->key <= a->size - count)
+            return a;
+    }
+    return NULL;
 }
 
 static int take_alloc(uint64_t key, struct alloc *out)
@@ -192,7 +253,10 @@ static CUresult free_key(uint64_t key)
     struct alloc a;
     if (take_alloc(key, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    give_memory(a.dev, a.size);
+    if (a.managed)
+        give_host_memory(a.size);
+    else
+        give_memory(a.dev, a.size);
     return CUDA_SUCCESS;
 }
 
@@ -503,10 +567,90 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return alloc_on(dev_, (size), (dptr));
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) { ALLOC_CURRENT("cuMemAlloc_v2", n, dptr) }
+/* Managed memory is populated where it is first touched; nothing touches memory here,
+ * so it stays in host memory and takes no device memory, like untouched pages do. */
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
 {
-    (void)flags;
-    ALLOC_CURRENT("cuMemAllocManaged", n, dptr)
+    CHECK_INIT("cuMemAllocManaged");
+    int dev;
+    CUresult rc = need_ctx(&dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (dptr == NULL || n == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = take_host_memory(n)) != CUDA_SUCCESS)
+        return rc;
+    uint64_t a = new_address(n);
+    if (put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0}) != 0) {
+        give_host_memory(n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *dptr = a;
+    return CUDA_SUCCESS;
+}
+
+/* Advice applies to the whole managed allocation that holds the range. */
+EXPORT CUresult cuMemAdvise(CUdeviceptr ptr, size_t count, CUmem_advise advice, CUdevice device)
+{
+    CHECK_INIT("cuMemAdvise");
+    if (device != CU_DEVICE_CPU && !valid_dev(device))
+        return CUDA_ERROR_INVALID_DEVICE;
+    uint32_t bit = device == CU_DEVICE_CPU ? ACCESSED_BY_CPU : 1u << device;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = managed_range(ptr, count);
+    if (a == NULL || count == 0)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else if (advice == CU_MEM_ADVISE_SET_READ_MOSTLY)
+        a->read_mostly = 1;
+    else if (advice == CU_MEM_ADVISE_UNSET_READ_MOSTLY)
+        a->read_mostly = 0;
+    else if (advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION)
+        a->preferred = device;
+    else if (advice == CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION)
+        a->preferred = CU_DEVICE_INVALID;
+    else if (advice == CU_MEM_ADVISE_SET_ACCESSED_BY)
+        a->accessed_by |= bit;
+    else if (advice == CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+        a->accessed_by &= ~bit;
+    else
+        rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT CUresult cuMemRangeGetAttribute(void *data, size_t size, CUmem_range_attribute attr,
+                                       CUdeviceptr ptr, size_t count)
+{
+    CHECK_INIT("cuMemRangeGetAttribute");
+    if (data == NULL || size == 0 || size % sizeof(int) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int *out = data;
+    size_t n = size / sizeof(int);
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = managed_range(ptr, count);
+    if (a == NULL || count == 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (attr == CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY && n == 1) {
+        out[0] = a->read_mostly;
+    } else if (attr == CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION && n == 1) {
+        out[0] = a->preferred;
+    } else if (attr == CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY) {
+        /* The CPU first, then devices in order; the rest CU_DEVICE_INVALID. */
+        size_t k = 0;
+        if ((a->accessed_by & ACCESSED_BY_CPU) && k < n)
+            out[k++] = CU_DEVICE_CPU;
+        for (int d = 0; d < FAKE_MAX_DEVICES && k < n; d++)
+            if (a->accessed_by & (1u << d))
+                out[k++] = d;
+        while (k < n)
+            out[k++] = CU_DEVICE_INVALID;
+    } else {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
@@ -994,6 +1138,8 @@ static const struct proc procs[] = {
     P("cuMemAlloc", 3020, cuMemAlloc_v2),
     P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
     P("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    P("cuMemAdvise", 8000, cuMemAdvise),
+    P("cuMemRangeGetAttribute", 8000, cuMemRangeGetAttribute),
     P("cuMemFree", 3020, cuMemFree_v2),
     P("cuMemAllocAsync", 11020, cuMemAllocAsync),
     PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),

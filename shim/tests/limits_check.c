@@ -21,9 +21,9 @@ int main(int argc, char **argv)
     printf("namespace %s\npod %s\ncontainer %s\npod_uid %s\n", lim.ns, lim.pod, lim.container,
            lim.pod_uid);
     printf("device_count %u\ncompute_limit_enabled %d\nburst_when_alone %d\npriority %d\n"
-           "context_overhead_bytes %llu\n",
+           "context_overhead_bytes %llu\nmemory_host_fallback %d\n",
            lim.device_count, lim.compute_limit_enabled, lim.burst_when_alone, lim.priority,
-           (unsigned long long)lim.context_overhead);
+           (unsigned long long)lim.context_overhead, lim.memory_host_fallback);
     for (unsigned i = 0; i < lim.device_count; i++)
         printf("device %u %s %llu %u %u\n", i, lim.dev[i].uuid,
                (unsigned long long)lim.dev[i].memory_limit, lim.dev[i].core_limit,

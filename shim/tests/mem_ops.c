@@ -102,6 +102,22 @@ int main(int argc, char **argv)
             else
                 rc = A.cuMemAllocFromPoolAsync(&p, n, NULL, NULL);
             printf("%s %d %d\n", c, rc, rc == CUDA_SUCCESS ? keep(p) : -1);
+        } else if (strcmp(c, "where") == 0) {
+            /* where a managed allocation lives: preferred location, accessed-by list */
+            CUdeviceptr p = ids[atoi(ARG())];
+            int pref = CU_DEVICE_INVALID, by[4];
+            rc = A.cuMemRangeGetAttribute(&pref, sizeof pref, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
+                                          p, 1);
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuMemRangeGetAttribute(by, sizeof by, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, p, 1);
+            if (rc == CUDA_SUCCESS)
+                printf("where %d %d %d %d %d %d\n", rc, pref, by[0], by[1], by[2], by[3]);
+            else
+                printf("where %d\n", rc);
+        } else if (strcmp(c, "advise") == 0) {
+            CUdeviceptr p = ids[atoi(ARG())];
+            int advice = atoi(ARG()), dev = atoi(ARG());
+            printf("advise %d\n", A.cuMemAdvise(p, 1, advice, dev));
         } else if (strcmp(c, "pitch") == 0) {
             uint64_t w = size_arg(ARG()), h = size_arg(ARG());
             CUdeviceptr p = 0;

@@ -45,6 +45,7 @@ TOKENS = [
     b"device.01.",
     b".uuid=",
     b"core_limit_max",
+    b"memory_host_fallback=",
     b"version=1\n",
     b"mode=whole\n",
     b"x" * 300,
@@ -76,6 +77,7 @@ valid_limits = st.builds(
     burst_when_alone=st.booleans(),
     priority=st.integers(0, 1),
     context_overhead_bytes=st.integers(0, 2**64 - 1),
+    memory_host_fallback=st.booleans(),
 )
 edits = st.lists(
     st.tuples(
@@ -157,6 +159,13 @@ def _header(size: int, magic: int, version: int, seed: int) -> bytearray:
     return data
 
 
+_LAYOUT = (
+    (shim_abi.HDR_OFF_REGION_SIZE, shim_abi.REGION_SIZE),
+    (shim_abi.HDR_OFF_MAX_DEVICES, shim_abi.MAX_DEVICES),
+    (shim_abi.HDR_OFF_MAX_PROCS, shim_abi.MAX_PROCS),
+)
+
+
 def test_region_decoder_on_arbitrary_and_mutated_bytes() -> None:
     tried: Counter[str] = Counter()
 
@@ -165,32 +174,45 @@ def test_region_decoder_on_arbitrary_and_mutated_bytes() -> None:
         seed=st.integers(0, 2**64 - 1),
         size=st.sampled_from([shim_abi.REGION_SIZE] * 6 + [0, 7, 255, shim_abi.REGION_SIZE + 1]),
         magic=st.sampled_from([shim_abi.REGION_MAGIC] * 4 + [0, shim_abi.BOARD_MAGIC]),
-        version=st.sampled_from([shim_abi.REGION_VERSION] * 4 + [0, 2, 2**32 - 1]),
+        version=st.sampled_from([shim_abi.REGION_VERSION] * 4 + [0, 1, 3, 2**32 - 1]),
         device_count=st.integers(0, 2**32 - 1) | st.integers(0, shim_abi.MAX_DEVICES),
+        # Mostly the documented layout; sometimes one size field says something else.
+        layout=st.lists(
+            st.sampled_from([None] * 12 + [0, 1, 8, 2**32 - 1]), min_size=3, max_size=3
+        ),
     )
-    def run(seed: int, size: int, magic: int, version: int, device_count: int) -> None:
+    def run(
+        seed: int,
+        size: int,
+        magic: int,
+        version: int,
+        device_count: int,
+        layout: list[int | None],
+    ) -> None:
         data = _header(size, magic, version, seed)
+        header_ok = True
         if size >= shim_abi.HDR_OFF_DEVICE_COUNT + 4:
+            for (offset, expected), override in zip(_LAYOUT, layout, strict=True):
+                field_value = expected if override is None else override
+                header_ok = header_ok and field_value == expected
+                struct.pack_into("<I", data, offset, field_value)
             struct.pack_into("<I", data, shim_abi.HDR_OFF_DEVICE_COUNT, device_count)
         kind, value = _outcome(shim_abi.decode_region, bytes(data))
         tried[kind] += 1
+        valid = (
+            (size, magic, version)
+            == (shim_abi.REGION_SIZE, shim_abi.REGION_MAGIC, shim_abi.REGION_VERSION)
+            and header_ok
+            and device_count <= shim_abi.MAX_DEVICES
+        )
+        assert isinstance(value, shim_abi.Region) == valid, value
         if isinstance(value, shim_abi.Region):
-            assert (size, magic, version) == (
-                shim_abi.REGION_SIZE,
-                shim_abi.REGION_MAGIC,
-                shim_abi.REGION_VERSION,
-            )
-            assert value.device_count == min(device_count, shim_abi.MAX_DEVICES)
+            assert value.device_count == device_count
             assert len(value.devices) == value.device_count
             assert len(value.processes) <= shim_abi.MAX_PROCS
             assert all(len(p.used) == value.device_count for p in value.processes)
+            assert all(len(p.host_used) == value.device_count for p in value.processes)
             assert all(len(d.uuid) <= shim_abi.DEV_UUID_SIZE for d in value.devices)
-        else:
-            assert (size, magic, version) != (
-                shim_abi.REGION_SIZE,
-                shim_abi.REGION_MAGIC,
-                shim_abi.REGION_VERSION,
-            )
 
     run()
     print(f"\ndecode_region: {dict(tried)}")

@@ -128,11 +128,32 @@ def test_region_that_cannot_be_written_fails_closed(node: Sandbox) -> None:
 def test_region_of_another_version_is_refused_loudly(node: Sandbox) -> None:
     node.run("mem_ops", "ctx", "0")
     data = bytearray(node.region_path.read_bytes())
-    struct.pack_into("<I", data, shim_abi.HDR_OFF_VERSION, 2)
+    struct.pack_into("<I", data, shim_abi.HDR_OFF_VERSION, 1)
     node.region_path.write_bytes(bytes(data))
     out = node.run("mem_ops", "ctx", "0")
     assert step(out.stdout, "ctx")[1] == NOT_PERMITTED
-    assert "version 2" in out.stderr and "refusing" in out.stderr
+    assert "version 1" in out.stderr and "refusing" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("offset", "value", "message"),
+    [
+        (shim_abi.HDR_OFF_REGION_SIZE, 65536, "header region_size 65536, this shim needs 131072"),
+        (shim_abi.HDR_OFF_MAX_DEVICES, 8, "header max_devices 8, this shim needs 16"),
+        (shim_abi.HDR_OFF_MAX_PROCS, 128, "header max_procs 128, this shim needs 256"),
+        (shim_abi.HDR_OFF_DEVICE_COUNT, 17, "header device_count 17, at most 16 is allowed"),
+    ],
+)
+def test_region_header_that_lies_about_its_layout_is_refused(
+    node: Sandbox, offset: int, value: int, message: str
+) -> None:
+    node.run("mem_ops", "ctx", "0")
+    data = bytearray(node.region_path.read_bytes())
+    struct.pack_into("<I", data, offset, value)
+    node.region_path.write_bytes(bytes(data))
+    out = node.run("mem_ops", "ctx", "0")
+    assert step(out.stdout, "ctx")[1] == NOT_PERMITTED
+    assert message in out.stderr
 
 
 def test_region_of_the_wrong_size_is_refused(node: Sandbox) -> None:
@@ -179,6 +200,7 @@ def expected_c_output(limits: shim_abi.Limits) -> str:
         f"burst_when_alone {int(limits.burst_when_alone)}",
         f"priority {limits.priority}",
         f"context_overhead_bytes {limits.context_overhead_bytes}",
+        f"memory_host_fallback {int(limits.memory_host_fallback)}",
     ]
     for i, d in enumerate(limits.devices):
         lines.append(
@@ -202,6 +224,7 @@ def test_c_parser_reads_what_python_writes(tmp_path: Path, shim_build: Path) -> 
         compute_limit_enabled=False,
         burst_when_alone=True,
         context_overhead_bytes=123,
+        memory_host_fallback=True,
     )
     path = tmp_path / "limits"
     path.write_bytes(shim_abi.encode_limits(limits))
@@ -225,6 +248,7 @@ VALID = (
     f"version=1\nmode=sliced\npod=p\ndevice_count=2\ndevice.0.uuid={UUIDS[0]}\n"
     f"device.0.memory_limit_bytes=1073741824\ndevice.0.core_limit=30\n"
     f"device.1.uuid={UUIDS[1]}\ndevice.1.memory_limit_bytes=2048\npriority=0\n"
+    "memory_host_fallback=1\n"
 )
 
 
@@ -236,7 +260,7 @@ VALID = (
         st.tuples(
             st.integers(0, len(VALID)),
             st.integers(0, 4),
-            st.text(alphabet="=.\n #0129abdevicemoryt_-\t\r", max_size=6),
+            st.text(alphabet="=.\n #0129abdevicemoryt_-\t\rhsfl", max_size=6),
         ),
         max_size=4,
     )
