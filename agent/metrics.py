@@ -49,6 +49,8 @@ class _ContainerGpu:
     compute_limit_ratio: float  # what the shim paces to (1 when compute limiting is off)
     reserved_compute_ratio: float  # what the container was promised (0 for best effort)
     memory_used_bytes: int | None = None
+    memory_host_bytes: int | None = None  # the part of memory_used_bytes held in host memory
+    host_allocations: int | None = None
     oom_rejections: int | None = None
     utilization_ratio: float | None = None
 
@@ -185,17 +187,32 @@ class AgentCollector(Collector):
             "Allocations the shim refused because they would pass the memory limit.",
             labels=_CONTAINER_LABELS,
         )
+        host = GaugeMetricFamily(
+            "fracgpu_container_memory_host_bytes",
+            "Part of the container's GPU memory served from host memory because the GPU was"
+            " full (shim host fallback; counted in memory_used_bytes too).",
+            labels=_CONTAINER_LABELS,
+        )
+        host_allocations = CounterMetricFamily(
+            "fracgpu_container_memory_host_allocations",
+            "Allocations the shim served from host memory because the GPU was full.",
+            labels=_CONTAINER_LABELS,
+        )
         for row in rows:
             labels = [row.namespace, row.pod, row.container, row.gpu]
             limit.add_metric(labels, row.memory_limit_bytes)
             compute.add_metric(labels, row.compute_limit_ratio)
             if row.memory_used_bytes is not None:
                 used.add_metric(labels, row.memory_used_bytes)
+            if row.memory_host_bytes is not None:
+                host.add_metric(labels, row.memory_host_bytes)
+            if row.host_allocations is not None:
+                host_allocations.add_metric(labels, row.host_allocations)
             if row.oom_rejections is not None:
                 ooms.add_metric(labels, row.oom_rejections)
             if row.utilization_ratio is not None:
                 util.add_metric(labels, row.utilization_ratio)
-        yield from (used, limit, compute, util, ooms)
+        yield from (used, limit, compute, util, ooms, host, host_allocations)
         if self._gpu_manager_metrics:
             yield from _gpu_manager_metrics(rows, gpu_index, self._node_name)
 
@@ -223,6 +240,8 @@ class AgentCollector(Collector):
                 if dev is None:
                     continue
                 row.memory_used_bytes = dev.memory_used
+                row.memory_host_bytes = dev.memory_host_used
+                row.host_allocations = dev.host_allocations
                 row.oom_rejections = dev.oom_rejections
                 key = (c.namespace, c.pod, c.container, uuid)
                 seen.add(key)

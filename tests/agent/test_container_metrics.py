@@ -6,6 +6,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from agent.podresources import PodResourcesClient
 from agent.settings import AgentSettings, SettingsError, parse_settings
 from fracgpu.model import GPUAllocation
 from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
+from fracgpu.shim_abi import decode_limits, encode_limits
 from tests.agent.conftest import GPU_A, GPU_B, AgentRig, assigned_pod
 from tests.agent.kubelet import ContainerRef
 from tests.agent.nvml_double import (
@@ -111,6 +113,8 @@ def test_container_usage_and_ooms_from_the_shim_region(
         assert samples[f"fracgpu_container_memory_limit_bytes{{{labels}}}"] == 4 * GIB
         assert samples[f"fracgpu_container_compute_limit_ratio{{{labels}}}"] == pytest.approx(0.3)
         assert samples[f"fracgpu_container_oom_rejections_total{{{labels}}}"] == 1
+        assert samples[f"fracgpu_container_memory_host_bytes{{{labels}}}"] == 0
+        assert samples[f"fracgpu_container_memory_host_allocations_total{{{labels}}}"] == 0
         gpu_b = f'gpu="{GPU_B.uuid}",index="1",model="NVIDIA A10"'
         assert samples[f"fracgpu_gpu_allocated_memory_bytes{{{gpu_b}}}"] == 4 * GIB
         assert samples[f"fracgpu_gpu_containers{{{gpu_b}}}"] == 1
@@ -128,6 +132,61 @@ def test_container_usage_and_ooms_from_the_shim_region(
     assert rig.files.directory(key).exists()
     removed = remove_stale(rig.files, [], grace_seconds=0)
     assert key in removed and not rig.files.directory(key).exists()
+
+
+def test_host_backed_memory_of_a_container_on_a_full_gpu(
+    rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
+) -> None:
+    rig.pods.add(assigned_pod("spill", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]}))
+    ref = ContainerRef("team-a", "spill", "main")
+    _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
+    mounts = {m.container_path: m.host_path for m in reply.mounts}
+    # The node oversubscribes GPU memory: the 4 GiB slice is larger than what GPU B has
+    # left (2 GiB here), and the limits file turns host fallback on. (Writing the key is
+    # the agent's job on such a node; setting it here keeps this test about the metrics.)
+    limits_file = Path(mounts["/etc/fracgpu/limits"])
+    limits = replace(decode_limits(limits_file.read_bytes()), memory_host_fallback=True)
+    staged = limits_file.with_name("limits.test")
+    staged.write_bytes(encode_limits(limits))
+    os.replace(staged, limits_file)
+    double.set("device.1.memory_bytes", 2 * GIB)
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
+        "FRACGPU_TEST_LIMITS_PATH": str(limits_file),
+        "FRACGPU_TEST_REGION_PATH": str(Path(mounts["/var/run/fracgpu"]) / "region"),
+    }
+    # 1 GiB fits on the GPU, the next 2 GiB only within the slice: they come from the host.
+    workload = subprocess.Popen(
+        [str(WORKLOAD), "ctx", "1", "alloc", "1Gi", "alloc", "2Gi", "sleep", "20000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert workload.stdout is not None
+        lines = [workload.stdout.readline().split() for _ in range(3)]
+        assert [line[:2] for line in lines[1:]] == [["alloc", "0"], ["alloc", "0"]]
+        pod_resources = PodResourcesClient(short_dir / "pr.sock")
+        resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
+        collector = AgentCollector(
+            backend,
+            lambda: rig.state.gpus().values(),
+            lambda: {},
+            lambda: live_containers(pod_resources, resources, rig.files),
+        )
+        samples = _samples(collector)
+        labels = f'container="main",gpu="{GPU_B.uuid}",namespace="team-a",pod="spill"'
+        assert samples[f"fracgpu_container_memory_used_bytes{{{labels}}}"] == 3 * GIB
+        assert samples[f"fracgpu_container_memory_host_bytes{{{labels}}}"] == 2 * GIB
+        assert samples[f"fracgpu_container_memory_host_allocations_total{{{labels}}}"] == 1
+        assert samples[f"fracgpu_container_oom_rejections_total{{{labels}}}"] == 0
+    finally:
+        workload.kill()
+        workload.wait()
+        if workload.stdout is not None:
+            workload.stdout.close()
 
 
 def test_container_utilization_follows_its_paced_kernels(

@@ -79,13 +79,16 @@ class Container:
 
     node_dir: Path | None = None
 
-    def limit(self, memory: int, core: int = 100, priority: int = 1) -> None:
+    def limit(
+        self, memory: int, core: int = 100, priority: int = 1, host_fallback: bool = False
+    ) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "limits").write_bytes(
             shim_abi.encode_limits(
                 shim_abi.Limits(
                     devices=(shim_abi.DeviceLimits(self.gpu.uuid, memory, core),),
                     priority=priority,
+                    memory_host_fallback=host_fallback,
                 )
             )
         )
@@ -243,3 +246,56 @@ def test_high_priority_keeps_its_throughput_next_to_low_priority(tmp_path: Path,
         assert p.returncode == 0, err
         rates.append(json.loads(out.strip().splitlines()[-1])["rate"])
     assert rates[0] >= 0.9 * alone, (alone, rates)
+
+
+# Host fallback: a slice 2 GiB larger than the GPU. The program fills it to 512 MiB short
+# of the slice in 256 MiB tensors (the last ones past the GPU's memory come from the
+# host), computes on all of them, then asks for 1 GiB more. It reads the region's
+# host-backed bytes itself while it still holds everything.
+OVERSUBSCRIBE = """
+import json, struct, torch
+free, total = torch.cuda.mem_get_info()
+chunk = 256 << 20
+held, filled = [], 0
+try:
+    while filled + chunk <= total - (512 << 20):
+        held.append(torch.ones(chunk // 4, device="cuda"))
+        filled += chunk
+except torch.cuda.OutOfMemoryError:
+    pass
+sum_ok = sum(int(t.sum().item()) for t in held) == filled // 4
+try:
+    torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    beyond = "allocated"
+except torch.cuda.OutOfMemoryError:
+    beyond = "oom"
+region = open({region!r}, "rb").read()
+host = struct.unpack_from("<Q", region, {host_off})[0]
+print(json.dumps({{"total": total, "filled": filled, "sum_ok": sum_ok, "beyond": beyond,
+                  "host": host}}))
+"""
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_host_fallback_oversubscribes_the_gpu(box: Container, fallback: bool) -> None:
+    slice_bytes = box.gpu.total_mib * MiB + 2 * GiB
+    box.limit(slice_bytes, host_fallback=fallback)
+    got = box.result(
+        OVERSUBSCRIBE.format(
+            region=str(box.root / "region"),
+            host_off=shim_abi.DEVICES_OFF + shim_abi.DEV_OFF_MEMORY_HOST_USED,
+        ),
+        timeout=600,
+    )
+    assert got["sum_ok"] is True
+    assert got["beyond"] == "oom"  # never past the slice
+    filled, host = got["filled"], got["host"]
+    assert isinstance(filled, int) and isinstance(host, int)
+    if fallback:
+        assert got["total"] == slice_bytes  # the slice, though larger than the GPU
+        assert filled == (slice_bytes - 512 * MiB) // (256 * MiB) * (256 * MiB)
+        assert host >= 2 * GiB - 512 * MiB - 256 * MiB  # at least what the GPU cannot hold
+    else:
+        physical = box.gpu.total_mib * MiB  # nvidia-smi's MiB; the driver counts bytes
+        assert isinstance(got["total"], int) and abs(got["total"] - physical) <= physical // 100
+        assert filled < box.gpu.total_mib * MiB and host == 0
