@@ -434,7 +434,8 @@ void fracgpu_region_to_host(struct fracgpu_region *r, int slot, unsigned dev, ui
     struct fracgpu_region_slot *sl = &r->slot[slot];
     lock_region(r);
     /* Only bytes already reserved (counted in used[]) can be served from the host. */
-    uint64_t room = LD(&sl->used[dev]) - LD(&sl->host_used[dev]);
+    uint64_t u = LD(&sl->used[dev]), h = LD(&sl->host_used[dev]);
+    uint64_t room = u > h ? u - h : 0;
     if (bytes > room)
         bytes = room;
     ST(&sl->host_used[dev], LD(&sl->host_used[dev]) + bytes);
