@@ -1,0 +1,51 @@
+"""What no fracgpu service account can do, read from the chart's own RBAC files (the ones
+the templates render and the end-to-end suite applies). That each rule is one the code
+uses is tests/chart/test_rbac_minimum.py's job; this checks the ceiling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.chart.chartfiles import COMPONENTS, cluster_rules, namespace_rules
+
+NEVER = {"delete", "deletecollection", "escalate", "bind", "impersonate", "*"}
+WRITES = {"create", "update", "patch"}
+
+
+def _rules(component: str) -> list[dict[str, Any]]:
+    return [*cluster_rules(component), *namespace_rules(component)]
+
+
+def _grants(rule: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [
+        (group, resource, verb)
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    ]
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_no_component_can_delete_escalate_or_write_pods(component: str) -> None:
+    grants = [g for rule in _rules(component) for g in _grants(rule)]
+    assert grants, f"{component} has no rules at all: the files were not read"
+    assert not [g for g in grants if g[2] in NEVER]
+    assert not [g for g in grants if g[0] == "" and g[1].split("/")[0] == "pods" and g[2] in WRITES]
+    assert not [g for g in grants if "*" in g[0] or "*" in g[1]]
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_secrets_and_webhook_configurations_only_by_name_and_only_for_certs(
+    component: str,
+) -> None:
+    sensitive = {"secrets", "mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
+    for rule in _rules(component):
+        touched = sensitive & set(rule.get("resources", []))
+        if not touched:
+            continue
+        assert component == "certs", f"{component} may touch {touched}"
+        # Creating cannot be limited by name; everything else names the objects.
+        assert rule.get("resourceNames") or set(rule["verbs"]) == {"create"}, rule
+        assert not {"list", "watch"} & set(rule["verbs"]), rule
