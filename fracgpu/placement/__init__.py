@@ -12,7 +12,7 @@ from fracgpu.placement.api import (
     PodDemand,
     Policy,
 )
-from fracgpu.placement.view import ClusterView
+from fracgpu.placement.view import ClusterView, Usage
 
 __all__ = [
     "ClusterView",
@@ -22,4 +22,5 @@ __all__ = [
     "Placement",
     "PodDemand",
     "Policy",
+    "Usage",
 ]

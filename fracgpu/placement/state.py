@@ -163,6 +163,20 @@ class ClusterState:
             self.g_cont[slot] += sign
         return row
 
+    def reset_usage(self, node: str) -> int | None:
+        """Free everything on one node (inventory unchanged); returns its row, None if unknown."""
+        row = self._row_of.get(node)
+        if row is None:
+            return None
+        s = self.slots_of_row(row)
+        self.g_free[s.start : s.stop] = self.gpu_units
+        self.g_mem_free[s.start : s.stop] = self.g_mem_total[s.start : s.stop]
+        self.g_cont[s.start : s.stop] = 0
+        self.n_cpu_free[row] = self.n_cpu_total[row]
+        self.n_mem_free[row] = self.n_mem_total[row]
+        self.n_free_units[row] = self.n_unit_capacity[row]
+        return row
+
     # -- lookups ---------------------------------------------------------------------------------
     def has_node(self, name: str) -> bool:
         return name in self._records

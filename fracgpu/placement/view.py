@@ -19,6 +19,8 @@ from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
 
 DEFAULT_SPLIT_COUNT = 10
+# What one pod or reservation holds on a node: GPU allocations, CPU milli, memory MiB.
+Usage = tuple[Iterable[GPUAllocation], int, int]
 # The typical shapes are re-ranked after 1, 2, 4, ... 64 arrivals, then every 64.
 REFRESH_EVERY = 64
 
@@ -86,6 +88,17 @@ class ClusterView:
         memory_mib: int = 0,
     ) -> None:
         self._apply(node, allocations, cpu_milli, memory_mib, sign=-1)
+
+    def set_usage(self, node: str, uses: Iterable[Usage]) -> None:
+        """Replace everything counted on ``node`` by ``uses`` (allocations, CPU milli, memory
+        MiB each), keeping its inventory: a node whose pods or reservations changed is
+        recounted without a topology change, so the fragmentation index is not rebuilt."""
+        row = self._state.reset_usage(node)
+        if row is None:
+            return
+        for allocations, cpu_milli, memory_mib in uses:
+            self._state.apply(node, allocations, cpu_milli, memory_mib, 1)
+        self._frag.update_node(self._state, row)
 
     def _apply(
         self,

@@ -82,3 +82,35 @@ def test_bad_view_settings_are_rejected() -> None:
         ClusterView(default_split_count=0)
     with pytest.raises(ValueError, match="gpu_units=0"):
         ClusterView(gpu_units=0)
+
+
+def test_set_usage_recounts_one_node_like_a_fresh_view() -> None:
+    nodes = [node("a", 2), node("b", 2)]
+    before = [
+        ([GPUAllocation("a-gpu0", 70, 4096)], 1000, 2048),
+        ([GPUAllocation("a-gpu1", 20, 1024)], 500, 0),
+    ]
+    after = [([GPUAllocation("a-gpu1", 50, 8192)], 3000, 4096)]
+    recounted = ClusterView(nodes)
+    fresh = ClusterView(nodes)
+    for view in (recounted, fresh):
+        view.allocate("b", [GPUAllocation("b-gpu0", 40, 1024)], 1000, 0)
+        for _ in range(8):
+            view.observe(share(30))
+            view.observe(share(100, gpus=1))
+    for allocs, cpu, memory in before:
+        recounted.allocate("a", allocs, cpu, memory)
+    recounted.set_usage("a", after)
+    for allocs, cpu, memory in after:
+        fresh.allocate("a", allocs, cpu, memory)
+    for name, count in (("a", 2), ("b", 2)):
+        assert recounted.node_free(name) == fresh.node_free(name)
+        for i in range(count):
+            assert recounted.gpu_free(name, f"{name}-gpu{i}") == fresh.gpu_free(
+                name, f"{name}-gpu{i}"
+            )
+    assert recounted.gpu_free("a", "a-gpu0") == (100, 16384, 0)
+    for demand in (share(30), share(60), share(100), share(10, cpu_milli=29000)):
+        for policy in Policy:
+            assert recounted.place(demand, policy) == fresh.place(demand, policy)
+    recounted.set_usage("ghost", after)  # unknown nodes are ignored, as in allocate

@@ -2,7 +2,8 @@
 
 from typing import Any
 
-from fracgpu import names
+from fracgpu import codec, names
+from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Reservation
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.state import KubeState, KubeStateSettings
 
@@ -38,3 +39,133 @@ def test_departed_reservations_are_forgotten_after_one_ttl_on_every_replica() ->
     assert departed <= TTL + TTL // 4 + 1
     assert "r199" in state.departed_reservation_ids()
     assert "r0" not in state.departed_reservation_ids()
+
+
+def cluster_state(now: list[float], settle_s: float = 5.0) -> KubeState:
+    # never opened: the caches are fed directly and no API call is made
+    return KubeState(
+        KubeApi(Endpoint("https://127.0.0.1:1")),
+        KubeStateSettings(reservation_ttl_s=TTL, settle_s=settle_s),
+        clock=lambda: now[0],
+    )
+
+
+def gpunode(name: str, version: str, reservations: list[Reservation]) -> dict[str, Any]:
+    devices = [
+        {"uuid": f"{name}-g{i}", "index": i, "model": "T4", "memoryMiB": 16384, "healthy": True}
+        for i in range(2)
+    ]
+    return {
+        "metadata": {"name": name, "resourceVersion": version},
+        "status": {
+            "devices": devices,
+            "reservations": [codec.encode_reservation(r) for r in reservations],
+        },
+    }
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}}
+
+
+def held(rid: str, node_name: str, gpu: int, cores: int, expires_at: float) -> Reservation:
+    allocation = GPUAllocation(f"{node_name}-g{gpu}", cores, 1024)
+    return Reservation(rid, node_name, "team", "", (allocation,), int(expires_at))
+
+
+def placed_pod(name: str, rid: str, node_name: str, gpu: int, cores: int) -> dict[str, Any]:
+    assignment = Assignment(
+        node_name,
+        rid,
+        (ContainerAssignment("main", (GPUAllocation(f"{node_name}-g{gpu}", cores, 1024),)),),
+    )
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team",
+            "annotations": {
+                names.ANNOTATION_ASSIGNMENT: codec.encode_assignment(assignment),
+                names.ANNOTATION_RESERVATION_ID: rid,
+            },
+        },
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "main", "resources": {"requests": {"cpu": "2"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+async def free(state: KubeState, name: str) -> list[tuple[int, int, int]]:
+    view = await state.view()
+    return [view.gpu_free(name, f"{name}-g{i}") for i in range(2)] + [(*view.node_free(name), 0)]
+
+
+async def test_view_recounts_a_changed_node_like_a_fresh_replica() -> None:
+    now = [1_000.0]
+    later = now[0] + TTL
+    first = [held("r1", "n1", 0, 30, later), held("r2", "n1", 1, 50, later)]
+    final = [held("r2", "n1", 1, 50, later), held("r3", "n1", 0, 20, later)]
+    running = cluster_state(now)
+    running.nodes.put(node("n1"))
+    running.nodes.put(node("n2"))
+    running.gpunodes.put(gpunode("n1", "1", first))
+    running.gpunodes.put(gpunode("n2", "1", []))
+    assert await free(running, "n1") == [(70, 15360, 1), (50, 15360, 1), (8000, 32768, 0)]
+    # the reservations change and a pod of r2 appears: only counted once
+    running.gpunodes.put(gpunode("n1", "2", final))
+    running.pods.put(placed_pod("p2", "r2", "n1", 1, 50))
+    fresh = cluster_state(now)
+    fresh.nodes.put(node("n1"))
+    fresh.nodes.put(node("n2"))
+    fresh.gpunodes.put(gpunode("n1", "2", final))
+    fresh.gpunodes.put(gpunode("n2", "1", []))
+    fresh.pods.put(placed_pod("p2", "r2", "n1", 1, 50))
+    expected = [(80, 15360, 1), (50, 15360, 1), (6000, 32768, 0)]
+    assert await free(running, "n1") == await free(fresh, "n1") == expected
+    assert await free(running, "n2") == await free(fresh, "n2")
+
+
+def test_prunable_reservations_settled_expired_or_departed() -> None:
+    now = [1_000.0]
+    state = cluster_state(now, settle_s=5.0)
+    expires = now[0] + TTL  # made now
+    state.pods.put(placed_pod("live", "r-live", "n1", 0, 10))
+    state.pods.put(placed_pod("gone", "r-gone", "n1", 0, 10))
+    state.pods.put({**placed_pod("gone", "r-gone", "n1", 0, 10), "status": {"phase": "Failed"}})
+    live, gone = held("r-live", "n1", 0, 10, expires), held("r-gone", "n1", 0, 10, expires)
+    waiting = held("r-wait", "n1", 0, 10, expires)
+    assert not state.prunable(live, now[0] + 4.9)  # other replicas may not see the pod yet
+    assert state.prunable(live, now[0] + 5.0)
+    assert state.prunable(gone, now[0])
+    assert not state.prunable(waiting, expires - 1)
+    assert state.prunable(waiting, expires)
+
+
+def test_changed_nodes_are_taken_once() -> None:
+    now = [1_000.0]
+    state = cluster_state(now)
+    state.gpunodes.put(gpunode("n1", "1", []))
+    assert state.take_changed_nodes() is None  # the first round looks at every node
+    state.gpunodes.put(gpunode("n2", "1", []))
+    state.pods.put(placed_pod("p", "r", "n1", 0, 10))
+    assert state.take_changed_nodes() == {"n1", "n2"}
+    assert state.take_changed_nodes() == set()
+    state.requeue_changed_nodes(["n2"])
+    assert state.take_changed_nodes() == {"n2"}
+
+
+def test_an_object_version_already_cached_is_not_decoded_again() -> None:
+    now = [1_000.0]
+    state = cluster_state(now)
+    seen: list[str] = []
+    state.gpunodes.add_listener(lambda key, old, new: seen.append(key))
+    state.gpunodes.put(gpunode("n1", "7", []))
+    later = now[0] + TTL
+    # the same version with other content cannot happen in the API; it proves no re-decode
+    state.gpunodes.put(gpunode("n1", "7", [held("r1", "n1", 0, 10, later)]))
+    record = state.gpunodes.get("n1")
+    assert record is not None and record.reservations == () and seen == ["n1"]
+    state.gpunodes.put(gpunode("n1", "8", [held("r1", "n1", 0, 10, later)]))
+    record = state.gpunodes.get("n1")
+    assert record is not None and len(record.reservations) == 1 and seen == ["n1", "n1"]

@@ -73,18 +73,20 @@ class Controllers:
     # -- reservations -----------------------------------------------------------------------
     async def _prune_reservations(self, report: RoundReport) -> None:
         now = self._clock()
-        live = self._state.live_reservation_ids()
-        departed = self._state.departed_reservation_ids()
-        for name, record in self._state.gpunodes.items():
-            keep = []
-            for held in record.reservations:
-                made_at = held.expires_at - self._settings.reservation_ttl_s
-                settled = held.id in live and now - made_at >= self._settings.settle_s
-                expired = held.id not in live and now >= held.expires_at
-                if not (settled or expired or held.id in departed):
-                    keep.append(held)
+        self._state.departed_reservation_ids()  # forgets departures older than one TTL
+        for name, seen in self._state.gpunodes.items():
+            if any(self._state.prunable(held, now) for held in seen.reservations):
+                await self._prune_node(name, now, report)
+
+    async def _prune_node(self, name: str, now: float, report: RoundReport) -> None:
+        # Under the node's lock: admissions in this replica write the same GPUNode.
+        async with self._state.node_lock(name):
+            record = self._state.gpunodes.get(name)
+            if record is None:
+                return
+            keep = [held for held in record.reservations if not self._state.prunable(held, now)]
             if len(keep) == len(record.reservations):
-                continue
+                return
             try:
                 written = await stores.write_reservations(
                     self._api, name, record.resource_version, keep
@@ -92,12 +94,14 @@ class Controllers:
             except ApiError as error:
                 report.conflicts += 1
                 log.info("pruning reservations of %s deferred: %s", name, error)
-                continue
+                return
             self._state.gpunodes.put(written)
             report.reservations_pruned += len(record.reservations) - len(keep)
 
     # -- quota recount ----------------------------------------------------------------------------
     async def _recount_quotas(self, report: RoundReport) -> None:
+        if not len(self._state.gpuquotas):
+            return
         now = self._clock()
         models = {d.uuid: d.model for _, r in self._state.gpunodes.items() for d in r.devices}
         by_namespace = self._allocations_by_namespace(now)
@@ -129,14 +133,33 @@ class Controllers:
 
     # -- GPUNode summaries --------------------------------------------------------------------
     async def _summarise_nodes(self, report: RoundReport) -> None:
-        view = await self._state.view()
-        for name, record in self._state.gpunodes.items():
+        """Publish the summary of every node that changed since the last round (all of them in
+        a replica's first round as leader)."""
+        changed = self._state.take_changed_nodes()
+        pending = (
+            sorted(n for n, _ in self._state.gpunodes.items())
+            if changed is None
+            else sorted(changed)
+        )
+        try:
+            while pending:
+                await self._summarise_node(pending[-1], report)
+                pending.pop()
+        finally:
+            self._state.requeue_changed_nodes(pending)  # a failed round retries them
+
+    async def _summarise_node(self, name: str, report: RoundReport) -> None:
+        async with self._state.node_lock(name):
+            record = self._state.gpunodes.get(name)
+            if record is None:
+                return
+            view = await self._state.view()
             allocated, summary = _summary(
                 record, view.gpu_free if record.devices else None, view.memory_scaling(name)
             )
             published = json.dumps({"allocated": allocated, "summary": summary}, sort_keys=True)
             if published == record.published:
-                continue
+                return
             try:
                 written = await stores.write_allocation_summary(
                     self._api, name, record.resource_version, allocated, summary
@@ -144,7 +167,7 @@ class Controllers:
             except ApiError as error:
                 report.conflicts += 1
                 log.info("summary of %s deferred: %s", name, error)
-                continue
+                return
             self._state.gpunodes.put(written)
             report.nodes_summarised += 1
 

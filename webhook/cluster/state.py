@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from fracgpu.codec import decode_quota
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Quota, Reservation
-from fracgpu.placement import ClusterView
+from fracgpu.placement import ClusterView, Usage
 from webhook import quota as quotalib
 from webhook.capacity import capacity_problem
 from webhook.cluster import paths, stores
@@ -90,7 +90,9 @@ class KubeState:
         # Reservation IDs whose pod was seen and then deleted or finished -> when
         self._departed: dict[str, float] = {}
         self._last_forget = 0.0
-        self._dirty: set[str] = set()
+        self._dirty: set[str] = set()  # nodes to recount in the view
+        # Nodes changed since the controllers last summarised; None = all (nothing taken yet).
+        self._unsummarised: set[str] | None = None
         # Quota this replica charged, for a refund if admission fails after reserving; kept
         # one TTL (later the recount owns the number). Both maps are bounded by time.
         self._charged: dict[str, tuple[Claim, float]] = {}
@@ -101,8 +103,12 @@ class KubeState:
         # resourceVersion instead of colliding with each other.
         self._node_locks: dict[str, asyncio.Lock] = {}
         self.pods.add_listener(self._on_pod)
-        self.nodes.add_listener(lambda key, old, new: self._dirty.add(key))
-        self.gpunodes.add_listener(lambda key, old, new: self._dirty.add(key))
+        # Labels and taints of the GPU nodes, rebuilt only after a Node changed or a GPUNode
+        # came or went (admission reads them on every pod; reservations change GPUNodes often).
+        self._labels: dict[str, Mapping[str, str]] | None = None
+        self._taints: dict[str, tuple[Taint, ...]] | None = None
+        self.nodes.add_listener(self._on_node)
+        self.gpunodes.add_listener(self._on_gpunode)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(self) -> None:
@@ -124,36 +130,44 @@ class KubeState:
         return tuple(q for _, q in self.gpuquotas.items() if q.namespace == namespace)
 
     async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
-        return {
-            name: dict(node.labels)
-            for name, node in self.nodes.items()
-            if self.gpunodes.get(name) is not None
-        }
+        if self._labels is None:
+            self._labels = {
+                name: dict(node.labels)
+                for name, node in self.nodes.items()
+                if self.gpunodes.get(name) is not None
+            }
+        return self._labels
 
     async def node_taints(self) -> Mapping[str, tuple[Taint, ...]]:
-        return {
-            name: node.taints
-            for name, node in self.nodes.items()
-            if node.taints and self.gpunodes.get(name) is not None
-        }
+        if self._taints is None:
+            self._taints = {
+                name: node.taints
+                for name, node in self.nodes.items()
+                if node.taints and self.gpunodes.get(name) is not None
+            }
+        return self._taints
 
     async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:
         if reservation_id in self._live_reservations:
             # Already carried by a live pod: a second pod presenting it copied it.
             return None
-        found = self._cached_reservation(reservation_id)
+        found = self._cached_reservation(reservation_id, node)
         if found is None and node:
             # Another replica may have written it a moment ago; our watch may not have it yet.
             await self._reload_gpunode(node)
-            found = self._cached_reservation(reservation_id)
+            found = self._cached_reservation(reservation_id, node)
         return found
 
-    def _cached_reservation(self, reservation_id: str) -> Reservation | None:
-        for _, record in self.gpunodes.items():
-            for held in record.reservations:
-                if held.id == reservation_id:
-                    return held
-        return None
+    def _cached_reservation(self, reservation_id: str, node: str) -> Reservation | None:
+        # The pod names its node: look there first, through every GPUNode only on a miss.
+        named = self.gpunodes.get(node) if node else None
+        found = _find(named, reservation_id)
+        if found is None:
+            for _, record in self.gpunodes.items():
+                found = _find(record, reservation_id)
+                if found is not None:
+                    break
+        return found
 
     async def reserve(self, claim: Claim) -> None:
         held = replace(
@@ -179,14 +193,17 @@ class KubeState:
             await self._charge_quotas(claim, sign=-1)
 
     # -- reservations ---------------------------------------------------------------------------
-    def _node_lock(self, node: str) -> asyncio.Lock:
+    def node_lock(self, node: str) -> asyncio.Lock:
+        """The lock every writer of GPUNode ``node`` in this replica holds, so that writes
+        queue behind each other (and reuse the last write's resourceVersion) instead of
+        answering each other with 409 Conflict."""
         return self._node_locks.setdefault(node, asyncio.Lock())
 
     async def _reserve_on_node(self, claim: Claim) -> None:
         held = claim.reservation
         self._hold_inflight(claim)  # until written or refused, whatever the queue
         try:
-            async with self._node_lock(held.node):
+            async with self.node_lock(held.node):
                 self._drop_inflight(held.id)
                 await self._write_reservation(claim)
         finally:
@@ -212,7 +229,7 @@ class KubeState:
             self._hold_inflight(claim)
             try:
                 written = await stores.write_reservations(
-                    self._api, held.node, record.resource_version, (*record.reservations, held)
+                    self._api, held.node, record.resource_version, (*self._kept(record), held)
                 )
             except ConflictError:
                 self._drop_inflight(held.id)
@@ -237,10 +254,10 @@ class KubeState:
     def _drop_inflight(self, reservation_id: str) -> None:
         claim = self._inflight.pop(reservation_id, None)
         if claim is not None:
-            self._dirty.add(claim.reservation.node)  # rebuilt from the GPUNode record
+            self._changed(claim.reservation.node)  # recounted from the GPUNode record
 
     async def _remove_reservation(self, node: str, reservation_id: str) -> None:
-        async with self._node_lock(node):
+        async with self.node_lock(node):
             await self._write_removal(node, reservation_id)
 
     async def _write_removal(self, node: str, reservation_id: str) -> None:
@@ -248,7 +265,7 @@ class KubeState:
             record = self.gpunodes.get(node)
             if record is None or all(r.id != reservation_id for r in record.reservations):
                 return
-            keep = [r for r in record.reservations if r.id != reservation_id]
+            keep = [r for r in self._kept(record) if r.id != reservation_id]
             try:
                 written = await stores.write_reservations(
                     self._api, node, record.resource_version, keep
@@ -259,6 +276,13 @@ class KubeState:
             self.gpunodes.put(written)
             return
         log.warning("could not remove reservation %s from %s; it will expire", reservation_id, node)
+
+    def _kept(self, record: GPUNodeRecord) -> list[Reservation]:
+        """The node's reservations minus the prunable ones: every write drops those on the
+        way (the API server's cost of a GPUNode write grows with the list), so the list
+        stays short without waiting for the controllers' round."""
+        now = self._clock()
+        return [r for r in record.reservations if not self.prunable(r, now)]
 
     async def _reload_gpunode(self, node: str) -> None:
         with contextlib.suppress(NotFoundError):
@@ -278,7 +302,7 @@ class KubeState:
 
     async def _charge_quota(self, quota: Quota, claim: Claim, sign: int) -> Quota:
         key = f"{quota.namespace}/{quota.name}"
-        async with self._node_lock(f"quota:{key}"):
+        async with self.node_lock(f"quota:{key}"):
             # queued writers start from the newest copy, not the one read before queueing
             quota = self.gpuquotas.get(key) or quota
             return await self._write_quota_charge(quota, claim, sign)
@@ -310,11 +334,36 @@ class KubeState:
         )
 
     # -- the view ---------------------------------------------------------------------------------
+    def _changed(self, node: str) -> None:
+        self._dirty.add(node)
+        if self._unsummarised is not None:
+            self._unsummarised.add(node)
+
+    def take_changed_nodes(self) -> set[str] | None:
+        """Nodes whose GPUNode, Node or pods changed since the last call (None on the first
+        call: every node), so the controllers summarise only those."""
+        changed, self._unsummarised = self._unsummarised, set()
+        return changed
+
+    def requeue_changed_nodes(self, nodes: Iterable[str]) -> None:
+        """Hand back nodes taken but not summarised (the round failed part way)."""
+        if self._unsummarised is not None:
+            self._unsummarised.update(nodes)
+
+    def _on_node(self, key: str, old: NodeRecord | None, new: NodeRecord | None) -> None:
+        self._changed(key)
+        self._labels = self._taints = None
+
+    def _on_gpunode(self, key: str, old: GPUNodeRecord | None, new: GPUNodeRecord | None) -> None:
+        self._changed(key)
+        if old is None or new is None:
+            self._labels = self._taints = None
+
     def _on_pod(self, key: str, old: PodRecord | None, new: PodRecord | None) -> None:
         for record in (old, new):
             if record is None:
                 continue
-            self._dirty.add(record.node)
+            self._changed(record.node)
         if old is not None:
             self._pods_by_node.get(old.node, set()).discard(key)
             if old.reservation_id:
@@ -355,36 +404,62 @@ class KubeState:
         dirty, self._dirty = self._dirty, set()
         now = self._clock()
         for name in dirty:
-            self._view.remove_node(name)
             record = self.gpunodes.get(name)
             if record is None or record.unschedulable:
+                self._view.remove_node(name)
                 continue
-            self._view.add_node(record.inventory(self.nodes.get(name)))
-            for key in self._pods_by_node.get(name, ()):
-                pod = self.pods.get(key)
-                if pod is None or pod.terminal:
-                    continue
-                allocations = pod.assignment.allocations() if pod.assignment else ()
-                self._view.allocate(name, allocations, pod.cpu_milli, pod.memory_mib)
-            recorded = {r.id for r in record.reservations}
-            for held in self._open_reservations(record, now):
-                self._view.allocate(name, held.allocations)
-            for claim in self._inflight.values():
-                if claim.reservation.node == name and claim.reservation.id not in recorded:
-                    self._view.allocate(
-                        name, claim.reservation.allocations, claim.cpu_milli, claim.memory_mib
-                    )
+            inventory = record.inventory(self.nodes.get(name))
+            if self._view.inventory(name) != inventory:
+                # A new node or a changed inventory is a topology change; anything else (the
+                # usual case: a pod or reservation came or went) only recounts the node.
+                self._view.remove_node(name)
+                self._view.add_node(inventory)
+            self._view.set_usage(name, self._usage_on(name, record, now))
 
-    def _open_reservations(self, record: GPUNodeRecord, now: float) -> list[Reservation]:
-        """Reservations that still hold capacity: not expired, not yet a live pod, and not
-        the reservation of a pod that has already come and gone."""
-        return [
-            r
-            for r in record.reservations
-            if r.id not in self._live_reservations
-            and r.id not in self._departed
-            and r.expires_at > now
-        ]
+    def _usage_on(self, name: str, record: GPUNodeRecord, now: float) -> Iterator[Usage]:
+        """What holds capacity on a node: live pods, open reservations, claims in flight."""
+        for key in self._pods_by_node.get(name, ()):
+            pod = self.pods.get(key)
+            if pod is None or pod.terminal:
+                continue
+            allocations = pod.assignment.allocations() if pod.assignment else ()
+            yield allocations, pod.cpu_milli, pod.memory_mib
+        recorded = set()
+        for held in record.reservations:
+            recorded.add(held.id)
+            if self._holds_capacity(held, now):
+                yield held.allocations, 0, 0
+        for claim in self._inflight.values():
+            if claim.reservation.node == name and claim.reservation.id not in recorded:
+                yield claim.reservation.allocations, claim.cpu_milli, claim.memory_mib
+
+    def _holds_capacity(self, held: Reservation, now: float) -> bool:
+        """Whether a reservation still holds capacity: not expired, not yet a live pod, and
+        not the reservation of a pod that has already come and gone."""
+        return (
+            held.id not in self._live_reservations
+            and held.id not in self._departed
+            and held.expires_at > now
+        )
+
+    def prunable(self, held: Reservation, now: float) -> bool:
+        """Whether a reservation can leave its GPUNode: its pod has been live for the settle
+        time (every replica's pod cache has it by then), its pod came and went, or it expired
+        without a pod. The controllers and every reservation write apply this same rule."""
+        if held.id in self._departed:
+            return True
+        if held.id in self._live_reservations:
+            made_at = held.expires_at - self._settings.reservation_ttl_s
+            return now - made_at >= self._settings.settle_s
+        return now >= held.expires_at
 
     def node(self, name: str) -> NodeRecord | None:
         return self.nodes.get(name)
+
+
+def _find(record: GPUNodeRecord | None, reservation_id: str) -> Reservation | None:
+    if record is not None:
+        for held in record.reservations:
+            if held.id == reservation_id:
+                return held
+    return None

@@ -55,6 +55,9 @@ class WatchCache(Generic[T]):
         self._settings = settings
         self._name = name or path
         self._items: dict[str, T] = {}
+        # resourceVersion of each cached object: an event for the version already held (our
+        # own write, applied by ``put``) is not transformed again.
+        self._versions: dict[str, str] = {}
         self._listeners: list[Listener[T]] = []
         self.synced = asyncio.Event()
         self.relists = 0
@@ -68,7 +71,7 @@ class WatchCache(Generic[T]):
         An older version arriving later from the watch is harmless: every write that
         depends on the cache is guarded by resourceVersion, so staleness costs a retry.
         """
-        self._set(object_key(obj), self._transform(obj))
+        self._store(object_key(obj), obj)
 
     def get(self, key: str) -> T | None:
         return self._items.get(key)
@@ -99,16 +102,12 @@ class WatchCache(Generic[T]):
         if self._selector:
             params["labelSelector"] = self._selector
         listed = await self._api.list(self._path, **params)
-        fresh: dict[str, T] = {}
-        for obj in listed.get("items", []):
-            value = self._transform(obj)
-            if value is not None:
-                fresh[object_key(obj)] = value
+        objects = {object_key(obj): obj for obj in listed.get("items", [])}
         for key in list(self._items):
-            if key not in fresh:
+            if key not in objects:
                 self._set(key, None)
-        for key, value in fresh.items():
-            self._set(key, value)
+        for key, obj in objects.items():
+            self._store(key, obj)
         self.relists += 1
         self.synced.set()
         return str(listed.get("metadata", {}).get("resourceVersion", ""))
@@ -137,12 +136,24 @@ class WatchCache(Generic[T]):
         if kind == "DELETED":
             self._set(key, None)
         else:
-            self._set(key, self._transform(obj))
+            self._store(key, obj)
         return new_version
+
+    def _store(self, key: str, obj: Obj) -> None:
+        version = str(obj.get("metadata", {}).get("resourceVersion", ""))
+        if version and key in self._items and self._versions.get(key) == version:
+            return  # the same object version: nothing changed
+        value = self._transform(obj)
+        self._set(key, value)
+        if value is not None and version:
+            self._versions[key] = version
+        else:
+            self._versions.pop(key, None)
 
     def _set(self, key: str, value: T | None) -> None:
         old = self._items.get(key)
         if value is None:
+            self._versions.pop(key, None)
             if key not in self._items:
                 return
             del self._items[key]
