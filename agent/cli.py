@@ -22,7 +22,7 @@ from agent.deviceplugin.state import DeviceState
 from agent.deviceplugin.units import ResourceKind
 from agent.discovery import discover
 from agent.health import HealthMonitor
-from agent.hostfiles import AllocationFiles
+from agent.hostfiles import AllocationFiles, prepare_node_dir
 from agent.housekeeping import Housekeeper
 from agent.inventory import InventoryLoop, InventoryPublisher
 from agent.logs import setup_logging
@@ -106,6 +106,7 @@ class Agent:
         health.add_listener(state.set_health)
         api_client = _kube_api_client(s)
         files = AllocationFiles(s.host_state_dir)
+        prepare_node_dir(s.host_node_dir)
         resources = (s.compute_resource, s.memory_resource)
         # kubelet gives PreStartContainer 30 s: 10 lookups of at most 2 s, 0.5 s apart, fit.
         pod_resources = PodResourcesClient(s.pod_resources_socket, timeout_seconds=2.0)
@@ -121,7 +122,13 @@ class Agent:
         )
         plugins = [
             DevicePlugin(
-                kind=kind, resource_name=name, state=state, starter=starter, files=files, shim=shim
+                kind=kind,
+                resource_name=name,
+                state=state,
+                starter=starter,
+                files=files,
+                shim=shim,
+                node_dir=s.host_node_dir,
             )
             for kind, name in zip(
                 (ResourceKind.COMPUTE, ResourceKind.MEMORY), resources, strict=True

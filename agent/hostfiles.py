@@ -26,6 +26,13 @@ RUN_DIR = "run"
 REGION_FILE = "region"
 
 
+def prepare_node_dir(path: Path) -> None:
+    """The directory of the node's priority boards: the shims of all containers create and
+    share one board per GPU there, whatever user they run as (sticky, like /tmp)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o1777)
+
+
 def allocation_key(resource: str, device_ids: Iterable[str]) -> str:
     digest = hashlib.sha256()
     digest.update(resource.encode())

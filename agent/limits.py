@@ -8,7 +8,7 @@ shim's ``Limits``. The file format itself belongs to ``fracgpu.shim_abi``.
 from agent.podlookup import PodInfo
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import CodecError
-from fracgpu.model import GPUDevice, virtual_memory_mib
+from fracgpu.model import GPUDevice, Priority, virtual_memory_mib
 from fracgpu.names import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_PRIORITY,
@@ -36,6 +36,9 @@ _PRIORITY_WORDS = (
     (ANNOTATION_PRIORITY, {"high": PRIORITY_HIGH, "low": PRIORITY_LOW}),
     (HAMI_ANNOTATION_PRIORITY, {"0": PRIORITY_HIGH, "1": PRIORITY_LOW}),
 )
+
+
+_PRIORITY_LEVELS = {Priority.HIGH: PRIORITY_HIGH, Priority.LOW: PRIORITY_LOW}
 
 
 def _priority(pod: PodInfo, where: str) -> int:
@@ -99,7 +102,8 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
                 core_limit_max=_elastic_bound(chosen.core_limit, core_limit),
             )
         )
-    priority = _priority(pod, where)
+    # The container's own priority (HAMi's limit) wins over the pod's annotations.
+    priority = _PRIORITY_LEVELS[chosen.priority] if chosen.priority else _priority(pod, where)
     try:
         limits = Limits(
             devices=tuple(devices),
@@ -112,6 +116,8 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
                 assignment.compute_limit and not whole and not best_effort and not all_cores
             ),
             priority=priority,
+            # Memory scaling: past the physical memory, the slice is served from host memory.
+            memory_host_fallback=assignment.memory_scaling > 1.0,
         )
         encode_limits(limits)  # the shim's own checks, so a bad file is never written
     except CodecError as error:

@@ -37,6 +37,7 @@ class AgentSettings:
     # host side: where the shim library and per-container files live
     host_lib_dir: Path = Path("/var/lib/fracgpu/lib")
     host_state_dir: Path = Path("/var/lib/fracgpu/containers")
+    host_node_dir: Path = Path("/var/lib/fracgpu/node")
     shim_source: Path = Path("/usr/local/fracgpu/lib/libfracgpu.so")
     # behaviour
     kubelet_poll_seconds: float = 1.0
@@ -82,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host-lib-dir", type=Path, default=d.host_lib_dir)
     p.add_argument("--host-state-dir", type=Path, default=d.host_state_dir)
+    p.add_argument(
+        "--host-node-dir",
+        type=Path,
+        default=d.host_node_dir,
+        help="host directory of the node's priority boards, mounted into every GPU container",
+    )
     p.add_argument("--shim-source", type=Path, default=d.shim_source)
     p.add_argument("--kubelet-poll-seconds", type=float, default=d.kubelet_poll_seconds)
     p.add_argument("--health-probe-seconds", type=float, default=d.health_probe_seconds)
@@ -199,6 +206,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         memory_scaling=ns.memory_scaling,
         host_lib_dir=ns.host_lib_dir,
         host_state_dir=ns.host_state_dir,
+        host_node_dir=ns.host_node_dir,
         shim_source=ns.shim_source,
         kubelet_poll_seconds=ns.kubelet_poll_seconds,
         health_probe_seconds=ns.health_probe_seconds,

@@ -16,6 +16,7 @@ from fracgpu.model import (
     ContainerAssignment,
     GPUAllocation,
     GPUDevice,
+    Priority,
     Quota,
     Reservation,
     ResourceAmounts,
@@ -51,6 +52,8 @@ def _encode_container(container: ContainerAssignment) -> dict[str, Any]:
     }
     if container.core_limit is not None:
         entry["coreLimit"] = container.core_limit
+    if container.priority is not None:
+        entry["priority"] = container.priority.value
     return entry
 
 
@@ -74,7 +77,9 @@ def decode_assignment(text: str) -> Assignment:
     containers = []
     for i, raw in enumerate(_field(what, obj, "containers", list)):
         where = f"{what} containers[{i}]"
-        entry = _object(where, raw, required={"name", "devices"}, optional={"coreLimit"})
+        entry = _object(
+            where, raw, required={"name", "devices"}, optional={"coreLimit", "priority"}
+        )
         devices = tuple(
             _decode_allocation(f"{where} devices[{j}]", dev)
             for j, dev in enumerate(_field(where, entry, "devices", list))
@@ -86,7 +91,11 @@ def decode_assignment(text: str) -> Assignment:
         )
         if core_limit is not None and any(d.cores > core_limit for d in devices):
             raise CodecError(where, f"coreLimit={core_limit} is below the cores it holds")
-        containers.append(ContainerAssignment(_name(where, entry, "name"), devices, core_limit))
+        containers.append(
+            ContainerAssignment(
+                _name(where, entry, "name"), devices, core_limit, _priority(where, entry)
+            )
+        )
     names = [c.container for c in containers]
     if len(set(names)) != len(names):
         raise CodecError(what, "names a container twice")
@@ -97,6 +106,17 @@ def decode_assignment(text: str) -> Assignment:
         memory_scaling=decode_memory_scaling(what, obj.get("memoryScaling", 1.0)),
         compute_limit=_field(what, obj, "computeLimit", bool, True),
     )
+
+
+def _priority(what: str, entry: Mapping[str, Any]) -> Priority | None:
+    if "priority" not in entry:
+        return None
+    raw = _field(what, entry, "priority", str)
+    try:
+        return Priority(raw)
+    except ValueError:
+        allowed = " or ".join(p.value for p in Priority)
+        raise CodecError(what, f"priority={raw!r} is not allowed: use {allowed}") from None
 
 
 def decode_memory_scaling(what: str, raw: object) -> float:

@@ -12,17 +12,18 @@ Kubernetes does not overcommit extended resources, so a request must equal its l
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from fracgpu import names
-from fracgpu.errors import QuantityError, RequestError
+from fracgpu.errors import FracgpuError, QuantityError, RequestError
 from fracgpu.model import (
     WHOLE_CARD,
     ContainerAssignment,
     ContainerRequest,
     Dialect,
     MemoryRequest,
+    Priority,
 )
 from fracgpu.quantity import format_count, parse_count
 
@@ -46,6 +47,8 @@ class ResourceNames:
     hami_gpucores: str = names.RESOURCE_HAMI_GPUCORES
     gpushare_mem: str = names.RESOURCE_GPUSHARE_MEM
     gpushare_count: str = names.RESOURCE_GPUSHARE_COUNT
+    # Not a GPU request by itself: a HAMi container's priority, read beside its GPUs.
+    hami_priority: str = names.RESOURCE_HAMI_PRIORITY
 
     def by_dialect(self) -> dict[Dialect, tuple[str, ...]]:
         return {
@@ -60,7 +63,12 @@ class ResourceNames:
         }
 
     def all(self) -> frozenset[str]:
+        """The names that ask for GPUs."""
         return frozenset(n for group in self.by_dialect().values() for n in group)
+
+    def everything(self) -> frozenset[str]:
+        """Every configured name: the GPU ones and the priority; fracgpu rewrites them all."""
+        return self.all() | {self.hami_priority}
 
 
 @dataclass(frozen=True)
@@ -135,11 +143,63 @@ def parse_container(
         )
     counts = {key: _count(name, key, raw) for key, raw in values.items()}
     dialect = used[0]
+    request: ContainerRequest | None
     if dialect is Dialect.TKESTACK:
-        return _parse_tkestack(name, counts, config)
-    if dialect is Dialect.HAMI:
-        return _parse_hami(name, counts, config)
-    return _parse_gpushare(name, counts, config)
+        request = _parse_tkestack(name, counts, config)
+    elif dialect is Dialect.HAMI:
+        request = _parse_hami(name, counts, config)  # None: nvidia.com/gpu 0 asks for none
+    else:
+        request = _parse_gpushare(name, counts, config)
+    priority = _container_priority(name, container, config)
+    if request is None or priority is None:
+        return request
+    return replace(request, priority=priority)
+
+
+# HAMi's priority limit: 0 = high, 1 = low.
+_HAMI_PRIORITIES: Final = {0: Priority.HIGH, 1: Priority.LOW}
+
+
+def _container_priority(
+    name: str, container: Mapping[str, object], config: DialectConfig
+) -> Priority | None:
+    key = config.names.hami_priority
+    resources = container.get("resources") or {}
+    assert isinstance(resources, Mapping)  # gpu_resource_values checked it
+    limits = _resource_map(name, resources, "limits")
+    requests = _resource_map(name, resources, "requests")
+    if key not in limits and key not in requests:
+        return None
+    raw = limits.get(key, requests.get(key))
+    value = _count(name, key, raw)
+    if key in limits and key in requests and _count(name, key, requests[key]) != value:
+        raise RequestError(name, f"requests[{key}]", requests[key], "make it equal the limit")
+    if value not in _HAMI_PRIORITIES:
+        raise RequestError(name, key, raw, "use 0 (high priority) or 1 (low priority)")
+    return _HAMI_PRIORITIES[value]
+
+
+def with_pod_core_limit(
+    requests: tuple[ContainerRequest, ...], annotations: Mapping[str, str], config: DialectConfig
+) -> tuple[ContainerRequest, ...]:
+    """Apply TKEStack's pod annotation ``vcuda-core-limit`` to the pod's shared TKEStack
+    containers (a container's own ``vcuda-core-limit`` resource wins; whole GPUs have none)."""
+    key = config.names.vcuda_core_limit
+    raw = annotations.get(key)
+    if raw is None:
+        return requests
+    if not raw.isdigit() or not 1 <= int(raw) <= names.CORES_PER_GPU:
+        raise FracgpuError(
+            f"annotation {key}={raw!r} is not allowed: use a whole number 1-100, the compute "
+            "share each shared GPU container may use while its GPU is otherwise idle"
+        )
+    bound = int(raw)
+    return tuple(
+        _with_core_limit(r.container, f"annotation {key}", bound, r)
+        if r.dialect is Dialect.TKESTACK and r.core_limit is None and not r.exclusive
+        else r
+        for r in requests
+    )
 
 
 def _parse_tkestack(name: str, counts: dict[str, int], config: DialectConfig) -> ContainerRequest:

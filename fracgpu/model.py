@@ -109,6 +109,8 @@ class ContainerRequest:
     dialect: Dialect = Dialect.TKESTACK
     # Elastic upper bound on compute (TKEStack vcuda-core-limit); None = same as cores.
     core_limit: int | None = None
+    # This container's own priority (HAMi's nvidia.com/priority limit); None = the pod's.
+    priority: Priority | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -130,6 +132,8 @@ class ContainerAssignment:
     devices: tuple[GPUAllocation, ...]
     # Elastic compute bound per GPU (TKEStack vcuda-core-limit); None = the cores held.
     core_limit: int | None = None
+    # The container's own priority; None = the pod's priority annotations decide.
+    priority: Priority | None = None
 
 
 @dataclass(frozen=True)

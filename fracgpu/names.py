@@ -46,6 +46,8 @@ HAMI_ANNOTATION_NOUSE_GPUTYPE: Final = "nvidia.com/nouse-gputype"
 HAMI_ANNOTATION_USE_GPUUUID: Final = "nvidia.com/use-gpuuuid"
 HAMI_ANNOTATION_NOUSE_GPUUUID: Final = "nvidia.com/nouse-gpuuuid"
 HAMI_ANNOTATION_PRIORITY: Final = "nvidia.com/priority"
+# HAMi's own form is a container limit of the same name (its resourcePriority).
+RESOURCE_HAMI_PRIORITY: Final = HAMI_ANNOTATION_PRIORITY
 USER_ANNOTATIONS: Final = frozenset(
     {ANNOTATION_POLICY, ANNOTATION_USE_MODELS, ANNOTATION_AVOID_MODELS, ANNOTATION_PRIORITY}
 )
@@ -71,6 +73,8 @@ RESERVED_ENV: Final = frozenset({ENV_VISIBLE_DEVICES, ENV_LD_PRELOAD})
 CONTAINER_LIMITS_PATH: Final = "/etc/fracgpu/limits"
 CONTAINER_REGION_DIR: Final = "/var/run/fracgpu"
 CONTAINER_REGION_PATH: Final = f"{CONTAINER_REGION_DIR}/region"
+# The node's priority boards, one file per GPU, shared by every container on the node.
+CONTAINER_NODE_DIR: Final = "/var/run/fracgpu-node"
 CONTAINER_LIBRARY_PATH: Final = "/usr/local/fracgpu/lib/libfracgpu.so"
 CONTAINER_PRELOAD_PATH: Final = "/etc/ld.so.preload"
 

@@ -109,7 +109,7 @@ SLOT_STATE_FREE: Final = 0
 SLOT_STATE_ACTIVE: Final = 1
 
 # ---- node priority board (one file per GPU in NODE_DIR) ----
-NODE_DIR: Final = "/var/run/fracgpu-node"
+NODE_DIR: Final = names.CONTAINER_NODE_DIR
 BOARD_MAGIC: Final = 0x45444F4E43415246  # "FRACNODE" little-endian
 BOARD_VERSION: Final = 1
 BOARD_SIZE: Final = 4096

@@ -23,7 +23,7 @@ from fracgpu.placement import NoFit, NoFitReason, PodDemand
 from webhook import assignments, responses, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
-from webhook.demand import PodAsk, gpu_container_names, gpu_requests, read_ask
+from webhook.demand import PodAsk, gpu_container_names, read_ask
 from webhook.metrics import Metrics
 from webhook.mutate import canonical_resources, decide, make_patch
 from webhook.nodeaffinity import allowed_nodes
@@ -317,10 +317,7 @@ class Admission:
         )
         if not trusted:
             findings += assignments.findings(
-                assignment,
-                gpu_requests(pod, self._settings.dialects),
-                await self._state.view(),
-                self._settings.disable_core_limit,
+                assignment, await self._state.view(), self._settings.disable_core_limit
             )
         if findings:
             return self._forged(pod, "; ".join(findings))

@@ -22,15 +22,24 @@ def build(
     view: ClusterView,
     disable_core_limit: bool,
 ) -> Assignment:
-    bounds = {r.container: r.core_limit for r in requests}
+    asked = {r.container: r for r in requests}
     return Assignment(
         node,
         reservation_id,
-        tuple(
-            ContainerAssignment(c.container, c.devices, bounds.get(c.container)) for c in containers
-        ),
+        tuple(_with_requested(c, asked.get(c.container)) for c in containers),
         memory_scaling=view.memory_scaling(node),
         compute_limit=compute_limited(node, view, disable_core_limit),
+    )
+
+
+def _with_requested(
+    container: ContainerAssignment, request: ContainerRequest | None
+) -> ContainerAssignment:
+    """The container's GPUs plus what it asked for besides: its elastic bound and priority."""
+    if request is None:
+        return container
+    return ContainerAssignment(
+        container.container, container.devices, request.core_limit, request.priority
     )
 
 
@@ -40,38 +49,25 @@ def compute_limited(node: str, view: ClusterView, disable_core_limit: bool) -> b
     return (not disable_core_limit) if own is None else own
 
 
-def findings(
-    assignment: Assignment,
-    requests: Sequence[ContainerRequest],
-    view: ClusterView,
-    disable_core_limit: bool,
-) -> list[str]:
-    """Where the assignment's settings differ from what fracgpu would write for this pod now."""
-    expected = build(
-        assignment.node,
-        assignment.reservation_id,
-        assignment.containers,
-        requests=requests,
-        view=view,
-        disable_core_limit=disable_core_limit,
-    )
+def findings(assignment: Assignment, view: ClusterView, disable_core_limit: bool) -> list[str]:
+    """Where the assignment's node settings differ from that node's settings now.
+
+    A container's ``coreLimit`` and ``priority`` are not checked: the pod could ask for any
+    of them itself, and the rewrite removes the resources that asked (no node offers them).
+    """
+    node = assignment.node
+    if view.inventory(node) is None:
+        return []  # the node left the view: its settings are unknown, the GPUs decide
     found = []
-    for got, want in zip(assignment.containers, expected.containers, strict=True):
-        if got.core_limit != want.core_limit:
-            found.append(
-                f"container {got.container} has coreLimit {got.core_limit} but asks for "
-                f"{want.core_limit}"
-            )
-    if view.inventory(assignment.node) is None:
-        return found  # the node left the view: its settings are unknown, the GPUs decide
-    if assignment.memory_scaling != expected.memory_scaling:
+    scaling = view.memory_scaling(node)
+    if assignment.memory_scaling != scaling:
         found.append(
-            f"memoryScaling {assignment.memory_scaling:g} is not node {assignment.node}'s "
-            f"{expected.memory_scaling:g}"
+            f"memoryScaling {assignment.memory_scaling:g} is not node {node}'s {scaling:g}"
         )
-    if assignment.compute_limit != expected.compute_limit:
+    limited = compute_limited(node, view, disable_core_limit)
+    if assignment.compute_limit != limited:
         found.append(
-            f"computeLimit {str(assignment.compute_limit).lower()} is not node "
-            f"{assignment.node}'s {str(expected.compute_limit).lower()}"
+            f"computeLimit {str(assignment.compute_limit).lower()} is not node {node}'s "
+            f"{str(limited).lower()}"
         )
     return found

@@ -12,7 +12,12 @@ from fractions import Fraction
 from typing import Any, Final
 
 from fracgpu import names
-from fracgpu.dialects import DialectConfig, gpu_resource_values, parse_container
+from fracgpu.dialects import (
+    DialectConfig,
+    gpu_resource_values,
+    parse_container,
+    with_pod_core_limit,
+)
 from fracgpu.errors import FracgpuError, QuantityError
 from fracgpu.model import ContainerRequest
 from fracgpu.placement import Constraints, PodDemand, Policy
@@ -65,8 +70,8 @@ def gpu_container_names(pod: Mapping[str, Any], config: DialectConfig) -> list[s
 
 
 def read_ask(pod: Mapping[str, Any], config: DialectConfig, default_policy: Policy) -> PodAsk:
-    requests = gpu_requests(pod, config)
     annotations = podlib.annotations(pod)
+    requests = with_pod_core_limit(gpu_requests(pod, config), annotations, config)
     policy = _policy(annotations, default_policy)
     if not requests:
         return PodAsk((), None, policy)

@@ -90,8 +90,9 @@ def _write_resources(
     """Replace dialect resources by the canonical ones, in limits and requests alike."""
     rn = config.names
     values = canonical_resources(held, config)
-    # The elastic bound is itself canonical (TKEStack); everything else is rewritten.
-    replaced = rn.all() - {rn.vcuda_core_limit}
+    # No node advertises vcuda-core-limit or the HAMi priority: left in place they would keep
+    # the pod Pending. The assignment carries both; the agent applies them.
+    replaced = rn.everything()
     resources = _child(container, "resources")
     for section in ("limits", "requests"):
         current = _child(resources, section)

@@ -349,7 +349,7 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
     resource_names = ResourceNames(
         **{f.name: values[f"resource_{f.name}"] for f in dataclasses.fields(ResourceNames)}
     )
-    if len(resource_names.all()) != len(dataclasses.fields(ResourceNames)):
+    if len(resource_names.everything()) != len(dataclasses.fields(ResourceNames)):
         raise SettingsError("resource names must all differ from each other")
     if values["cluster_file"] is not None and (values["kubeconfig"] or values["in_cluster"]):
         raise SettingsError(

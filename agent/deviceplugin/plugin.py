@@ -2,6 +2,7 @@
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 
@@ -15,6 +16,7 @@ from agent.shim_install import InstalledShim
 from fracgpu.names import (
     CONTAINER_LIBRARY_PATH,
     CONTAINER_LIMITS_PATH,
+    CONTAINER_NODE_DIR,
     CONTAINER_PRELOAD_PATH,
     CONTAINER_REGION_DIR,
 )
@@ -37,6 +39,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         starter: ContainerStarter,
         files: AllocationFiles,
         shim: InstalledShim,
+        node_dir: Path,
     ) -> None:
         self.kind = kind
         self.resource_name = resource_name
@@ -44,6 +47,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self._starter = starter
         self._files = files
         self._shim = shim
+        self._node_dir = node_dir
         # Bumped to end the open ListAndWatch streams (server restart, shutdown).
         self._generation = 0
 
@@ -130,6 +134,12 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                             container_path=CONTAINER_LIMITS_PATH,
                             host_path=str(self._files.limits_path(key)),
                             read_only=True,
+                        ),
+                        # Priority and burst-when-alone need the node's view of each GPU.
+                        pb.Mount(
+                            container_path=CONTAINER_NODE_DIR,
+                            host_path=str(self._node_dir),
+                            read_only=False,
                         ),
                     ]
                 )

@@ -13,7 +13,7 @@ from agent.deviceplugin.plugin import DevicePlugin
 from agent.deviceplugin.server import PluginManager
 from agent.deviceplugin.state import DeviceState
 from agent.deviceplugin.units import ResourceKind
-from agent.hostfiles import AllocationFiles
+from agent.hostfiles import AllocationFiles, prepare_node_dir
 from agent.podlookup import PodInfo, PodLookupError
 from agent.podresources import PodResourcesClient
 from agent.shim_install import InstalledShim, install_shim
@@ -94,6 +94,8 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     kubelet.start()
     state = DeviceState([GPU_A, GPU_B])
     files = AllocationFiles(short_dir / "state")
+    node_dir = short_dir / "node"
+    prepare_node_dir(node_dir)
     shim = install_shim(fake_shim_library(short_dir / "image" / "libfracgpu.so"), short_dir / "lib")
     pods = PodTable()
     resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
@@ -115,6 +117,7 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
             starter=starter,
             files=files,
             shim=shim,
+            node_dir=node_dir,
         )
         for kind, resource in zip(
             (ResourceKind.COMPUTE, ResourceKind.MEMORY), resources, strict=True

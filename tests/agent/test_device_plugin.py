@@ -13,6 +13,7 @@ from fracgpu.model import GPUAllocation
 from fracgpu.names import (
     CONTAINER_LIBRARY_PATH,
     CONTAINER_LIMITS_PATH,
+    CONTAINER_NODE_DIR,
     CONTAINER_PRELOAD_PATH,
     CONTAINER_REGION_DIR,
     RESOURCE_VCUDA_CORE,
@@ -69,11 +70,15 @@ def test_allocate_mounts_the_shim_without_host_paths_in_the_pod(rig: AgentRig) -
         CONTAINER_PRELOAD_PATH,
         CONTAINER_REGION_DIR,
         CONTAINER_LIMITS_PATH,
+        CONTAINER_NODE_DIR,
     }
     assert mounts[CONTAINER_LIBRARY_PATH].read_only
     assert mounts[CONTAINER_PRELOAD_PATH].read_only
     assert mounts[CONTAINER_LIMITS_PATH].read_only
     assert not mounts[CONTAINER_REGION_DIR].read_only
+    node_dir = Path(mounts[CONTAINER_NODE_DIR].host_path)
+    assert not mounts[CONTAINER_NODE_DIR].read_only
+    assert node_dir.stat().st_mode & 0o7777 == 0o1777  # any container user, sticky
     assert Path(mounts[CONTAINER_LIBRARY_PATH].host_path) == rig.shim.library
     assert (
         Path(mounts[CONTAINER_PRELOAD_PATH].host_path).read_text() == CONTAINER_LIBRARY_PATH + "\n"

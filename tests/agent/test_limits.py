@@ -9,7 +9,7 @@ import pytest
 from agent.limits import LimitsError, limits_for, render_limits
 from agent.podlookup import PodInfo
 from fracgpu.codec import encode_assignment
-from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
+from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Priority
 from fracgpu.shim_abi import DeviceLimits, decode_limits
 from tests.agent.conftest import GPU_A, GPU_B, NODE, assigned_pod
 from tests.agent.nvml_double import SHIM_BUILD, ensure_shim_built
@@ -156,15 +156,17 @@ def _pod_with(
     core_limit: int | None = None,
     memory_scaling: float = 1.0,
     compute_limit: bool = True,
+    priority: Priority | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> PodInfo:
     assignment = Assignment(
         NODE,
         "r-p",
-        (ContainerAssignment("main", tuple(devices), core_limit),),
+        (ContainerAssignment("main", tuple(devices), core_limit, priority),),
         memory_scaling=memory_scaling,
         compute_limit=compute_limit,
     )
-    return PodInfo("team-a", "p", "uid-p", NODE, encode_assignment(assignment))
+    return PodInfo("team-a", "p", "uid-p", NODE, encode_assignment(assignment), annotations or {})
 
 
 def _shim_reads(tmp_path: Path, pod: PodInfo) -> dict[str, str]:
@@ -225,3 +227,27 @@ def test_memory_scaling_lets_a_slice_pass_the_physical_memory(
     limits = limits_for(pod, "main", NODE, GPUS)
     assert limits.whole is whole
     assert limits.devices[0].memory_limit_bytes == limit_mib * MIB
+    assert limits.memory_host_fallback is (scaling > 1)
+
+
+def test_the_shim_reads_host_fallback_on_a_scaled_node(tmp_path: Path) -> None:
+    pod = _pod_with([GPUAllocation(GPU_A.uuid, 30, GPU_A.memory_mib * 2)], memory_scaling=2.0)
+    assert _shim_reads(tmp_path, pod)["memory_host_fallback"] == "1"
+    plain = _pod_with([GPUAllocation(GPU_A.uuid, 30, 4096)])
+    assert _shim_reads(tmp_path, plain)["memory_host_fallback"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("own", "annotations", "level"),
+    [
+        (Priority.HIGH, {"fracgpu.io/priority": "low"}, 0),  # the container's own wins
+        (Priority.LOW, {"nvidia.com/priority": "0"}, 1),
+        (None, {"nvidia.com/priority": "0"}, 0),  # else the pod's annotations
+        (None, {}, 1),
+    ],
+)
+def test_a_containers_own_priority_wins_over_the_pods(
+    own: Priority | None, annotations: dict[str, str], level: int
+) -> None:
+    pod = _pod_with([GPUAllocation(GPU_A.uuid, 30, 4096)], priority=own, annotations=annotations)
+    assert limits_for(pod, "main", NODE, GPUS).priority == level

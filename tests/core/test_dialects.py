@@ -8,8 +8,9 @@ from fracgpu.dialects import (
     canonical_quantities,
     gpu_resource_values,
     parse_container,
+    with_pod_core_limit,
 )
-from fracgpu.errors import RequestError
+from fracgpu.errors import FracgpuError, RequestError
 from fracgpu.model import (
     WHOLE_CARD,
     ContainerAssignment,
@@ -17,6 +18,7 @@ from fracgpu.model import (
     Dialect,
     GPUAllocation,
     MemoryRequest,
+    Priority,
 )
 
 CONFIG = DialectConfig()
@@ -253,3 +255,80 @@ def test_memory_percentage_resolves_per_card() -> None:
     assert MemoryRequest(percent=1).resolve(1024) == 256  # never below one block
     with pytest.raises(ValueError, match="exactly one"):
         MemoryRequest()
+
+
+# -- HAMi's per-container priority limit ----------------------------------------------------------
+@pytest.mark.parametrize(("value", "priority"), [("0", Priority.HIGH), ("1", Priority.LOW)])
+def test_hami_priority_limit_is_the_containers_priority(value: str, priority: Priority) -> None:
+    request = parse_container(
+        container(
+            {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30", "nvidia.com/priority": value}
+        ),
+        CONFIG,
+    )
+    assert request is not None and request.priority is priority
+
+
+def test_priority_alone_asks_for_no_gpu() -> None:
+    assert parse_container(container({"nvidia.com/priority": "0"}), CONFIG) is None
+
+
+@pytest.mark.parametrize(
+    ("limits", "requests", "message"),
+    [
+        ({"nvidia.com/priority": "2"}, None, "nvidia.com/priority=2 is not allowed: use 0 (high"),
+        ({"nvidia.com/priority": "x"}, None, "nvidia.com/priority=x is not allowed"),
+        ({"nvidia.com/priority": "0"}, {"nvidia.com/priority": "1"}, "make it equal the limit"),
+    ],
+)
+def test_bad_hami_priorities_are_refused(
+    limits: dict[str, str], requests: dict[str, str] | None, message: str
+) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_container(container({"nvidia.com/gpu": "1", **limits}, requests), CONFIG)
+    assert message in str(info.value)
+
+
+# -- TKEStack's pod annotation vcuda-core-limit ---------------------------------------------------
+def _tk(name: str, cores: int, **extra: str) -> ContainerRequest:
+    request = parse_container(
+        {
+            "name": name,
+            "resources": {
+                "limits": {"tencent.com/vcuda-core": str(cores), "tencent.com/vcuda-memory": "4"}
+                | extra
+            },
+        },
+        CONFIG,
+    )
+    assert request is not None
+    return request
+
+
+def test_the_pod_annotation_bounds_every_shared_tkestack_container() -> None:
+    requests = (_tk("a", 20), _tk("b", 30, **{"tencent.com/vcuda-core-limit": "40"}), _tk("c", 100))
+    bounded = with_pod_core_limit(requests, {"tencent.com/vcuda-core-limit": "70"}, CONFIG)
+    assert [r.core_limit for r in bounded] == [70, 40, None]  # own bound wins; whole GPU: none
+
+
+def test_without_the_annotation_nothing_changes() -> None:
+    requests = (_tk("a", 20),)
+    assert with_pod_core_limit(requests, {}, CONFIG) == requests
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("abc", "annotation tencent.com/vcuda-core-limit='abc' is not allowed: use a whole number"),
+        ("0", "use a whole number 1-100"),
+        ("101", "use a whole number 1-100"),
+        (
+            "10",
+            'container "a": annotation tencent.com/vcuda-core-limit=10 is not allowed: use 20-100',
+        ),
+    ],
+)
+def test_bad_pod_core_limits_are_refused(value: str, message: str) -> None:
+    with pytest.raises(FracgpuError) as info:
+        with_pod_core_limit((_tk("a", 20),), {"tencent.com/vcuda-core-limit": value}, CONFIG)
+    assert message in str(info.value)

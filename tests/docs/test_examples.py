@@ -193,7 +193,12 @@ def check_assignment(
         held = assignment.for_container(container["name"])
         if held is None:
             continue
-        bound = limits.get(names.RESOURCE_VCUDA_CORE_LIMIT)
+        # A container's own bound, else the pod's TKEStack annotation (shared GPUs only).
+        bound = limits.get(names.RESOURCE_VCUDA_CORE_LIMIT) or (
+            annotations.get(names.RESOURCE_VCUDA_CORE_LIMIT)
+            if all(d.cores < names.CORES_PER_GPU for d in held.devices)
+            else None
+        )
         assert held.core_limit == (int(bound) if bound is not None else None), name
         count = limits.get(names.RESOURCE_GPUSHARE_COUNT) or limits.get(names.RESOURCE_HAMI_GPU)
         if count is not None:

@@ -35,7 +35,8 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
 DIALECT_CASES = [
     ({CORE: "30", MEM: "16"}, 1, 30, 4096, {CORE: "30", MEM: "16"}),
     ({CORE: "200"}, 2, 100, 1.0, {CORE: "200"}),
-    ({CORE: "20", MEM: "4", LIMIT: "50"}, 1, 20, 1024, {CORE: "20", MEM: "4", LIMIT: "50"}),
+    # vcuda-core-limit moves into the assignment: no node offers it as a resource
+    ({CORE: "20", MEM: "4", LIMIT: "50"}, 1, 20, 1024, {CORE: "20", MEM: "4"}),
     (
         {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "20"},
         1,
@@ -81,7 +82,8 @@ async def test_every_dialect_becomes_canonical_resources_and_a_matching_assignme
     resources = container["resources"]
     total_blocks = sum(d.memory_mib for d in held.devices) // names.MEMORY_BLOCK_MIB
     assert resources["limits"] == canonical | {MEM: str(total_blocks)}
-    assert resources["requests"] == {k: v for k, v in resources["limits"].items() if k != LIMIT}
+    assert resources["requests"] == resources["limits"]
+    assert held.core_limit == (int(limits[LIMIT]) if LIMIT in limits else None)
     assert env_of(container)[names.ENV_VISIBLE_DEVICES] == ",".join(d.uuid for d in held.devices)
     meta = result.pod["metadata"]
     assert meta["annotations"][names.ANNOTATION_RESERVATION_ID] == assignment.reservation_id

@@ -36,9 +36,7 @@ def with_node(**overrides: Any) -> dict[str, Any]:
 
 def t4_pod(name: str, memory_units: int, **extra: str) -> dict[str, Any]:
     """A TKEStack share of the T4 (memory in 256 MiB units)."""
-    return gpu_pod(
-        {CORE: "10", MEM: str(memory_units), **extra}, name=name, annotations=ON_T4
-    )
+    return gpu_pod({CORE: "10", MEM: str(memory_units), **extra}, name=name, annotations=ON_T4)
 
 
 # -- vcuda-core-limit -----------------------------------------------------------------------------
@@ -112,9 +110,7 @@ async def test_disable_core_limit_is_written_into_the_assignment(start: StartWeb
 async def test_a_node_may_keep_compute_limits_when_the_cluster_disables_them(
     start: StartWebhook,
 ) -> None:
-    hook = await start(
-        cluster_state(with_node(disableCoreLimit=False)), disable_core_limit="true"
-    )
+    hook = await start(cluster_state(with_node(disableCoreLimit=False)), disable_core_limit="true")
     on_t4 = await hook.admit(t4_pod("a", 8))
     assert on_t4.allowed, on_t4.message
     assert "computeLimit" not in assignment_of(on_t4.pod)
@@ -133,11 +129,10 @@ async def test_a_node_may_disable_compute_limits_on_its_own(start: StartWebhook)
 @pytest.mark.parametrize(
     ("forge", "message"),
     [
-        (lambda a: a["containers"][0].update(coreLimit=100), "has coreLimit 100 but asks for 70"),
         (lambda a: a.update(computeLimit=False), "computeLimit false is not node"),
         (lambda a: a.update(memoryScaling=8), "memoryScaling 8 is not node"),
     ],
-    ids=["core-limit", "compute-limit", "memory-scaling"],
+    ids=["compute-limit", "memory-scaling"],
 )
 async def test_validate_denies_forged_settings(webhook: Webhook, forge: Any, message: str) -> None:
     admitted = await webhook.admit(
@@ -185,3 +180,47 @@ def test_bad_cluster_defaults_are_refused(key: str, value: str, message: str) ->
         settings.from_mapping({key: value})
     assert f"FRACGPU_{key.upper()}={value!r} is not allowed" in str(info.value)
     assert message in str(info.value)
+
+
+# -- TKEStack's annotation, HAMi's priority limit: recorded, and removed from the container -------
+async def test_the_pod_annotation_vcuda_core_limit_is_recorded(webhook: Webhook) -> None:
+    pod = gpu_pod({CORE: "30", MEM: "8"}, annotations={names.RESOURCE_VCUDA_CORE_LIMIT: "80"})
+    admitted = await webhook.admit(pod)
+    assert admitted.allowed, admitted.message
+    assert assignment_of(admitted.pod)["containers"][0]["coreLimit"] == 80
+
+
+async def test_resources_no_node_offers_are_removed_from_the_container(webhook: Webhook) -> None:
+    pod = gpu_pod(
+        {
+            "nvidia.com/gpu": "1",
+            "nvidia.com/gpumem": "2048",
+            "nvidia.com/gpucores": "20",
+            names.RESOURCE_HAMI_PRIORITY: "0",
+        }
+    )
+    admitted = await webhook.admit(pod)
+    assert admitted.allowed, admitted.message
+    container = assignment_of(admitted.pod)["containers"][0]
+    assert container["priority"] == "high"
+    resources = admitted.pod["spec"]["containers"][0]["resources"]
+    for section in ("limits", "requests"):
+        assert set(resources[section]) == {CORE, MEM}  # only what the device plugin offers
+    tk = await webhook.admit(
+        gpu_pod({CORE: "30", MEM: "8", names.RESOURCE_VCUDA_CORE_LIMIT: "50"}, name="tk")
+    )
+    assert set(tk.pod["spec"]["containers"][0]["resources"]["limits"]) == {CORE, MEM}
+
+
+async def test_two_containers_of_one_pod_keep_their_own_priorities(webhook: Webhook) -> None:
+    share = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048", "nvidia.com/gpucores": "10"}
+    second = {
+        "name": "low",
+        "image": "cuda",
+        "resources": {"limits": {**share, names.RESOURCE_HAMI_PRIORITY: "1"}},
+    }
+    pod = gpu_pod({**share, names.RESOURCE_HAMI_PRIORITY: "0"}, extra_containers=[second])
+    admitted = await webhook.admit(pod)
+    assert admitted.allowed, admitted.message
+    priorities = {c["name"]: c["priority"] for c in assignment_of(admitted.pod)["containers"]}
+    assert priorities == {"main": "high", "low": "low"}
