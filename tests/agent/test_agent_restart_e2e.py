@@ -8,8 +8,9 @@ double) with the limits file and region directory the agent handed to kubelet.
 What must survive the restart: the container's limits file (same bytes, mode 0444, same
 inode), its accounting (region counters unchanged, further allocations still refused at
 the slice), its metrics (the new agent reports the same usage), its files (housekeeping
-of the new agent removes only the directories of a container that ended meanwhile), and
-the GPUNode (devices as before; allocated equal to a recount from live pods).
+of the new agent removes only the directories of a container that ended meanwhile), kubelet
+(the new agent registers again and starts a new container with its limits), and the
+GPUNode (devices as before; allocated equal to a recount from live pods).
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ GIB = 1 << 30
 RESOURCES = (names.RESOURCE_VCUDA_CORE, names.RESOURCE_VCUDA_MEMORY)
 WORKLOAD = SHIM_BUILD / "tests" / "mem_ops"
 SHIM_TEST_LIBRARY = SHIM_BUILD / "libfracgpu-test.so"
-# The restarted agent looks for stale directories often and gives them no grace, so a
-# live container's files survive only because the agent knows the container is live.
-RESTART_FLAGS = ("--stale-grace-seconds=0", "--housekeeping-seconds=0.5")
+# The restarted agent looks for stale directories often and gives them a grace far shorter
+# than the running container's age, so its files survive only because the agent knows the
+# container is live (a second still covers a directory kubelet is allocating right now).
+RESTART_FLAGS = ("--stale-grace-seconds=1", "--housekeeping-seconds=0.5")
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
@@ -427,6 +429,12 @@ def test_sigkilled_agent_comes_back_without_disturbing_running_containers(
         assert (restarted_scrape[used], restarted_scrape[limit]) == (3 * GIB, 4 * GIB)
         assert not any('pod="ended"' in series for series in restarted_scrape)
 
+        # The new agent serves kubelet: a container started now gets its limits.
+        late = node.start_container(namespace, "late", cores=10, memory_blocks=4)
+        (late_slice,) = late.assignment.allocations()
+        late_limits = decode_limits(node.files.limits_path(late.keys[0]).read_bytes())
+        assert (late_limits.pod, late_limits.devices[0].uuid) == ("late", late_slice.uuid)
+
         # The running process keeps its slice: 2 GiB more would pass it, 1 GiB fits.
         workload.resume()
         assert workload.next_steps(3) == [["alloc", "2", "-1"], ["alloc", "0", "1"], ["waiting"]]
@@ -448,7 +456,11 @@ def test_sigkilled_agent_comes_back_without_disturbing_running_containers(
             wait_for(settled, "GPUNode allocated equal to a recount after the restart")
         except AssertionError as error:
             raise AssertionError(f"{error}: {differences}") from None
-        assert recount(node.core, node.name) == {slice_.uuid: (30, 4096)}
+        expected: dict[str, tuple[int, int]] = {}
+        for alloc in (slice_, late_slice):
+            cores, memory = expected.get(alloc.uuid, (0, 0))
+            expected[alloc.uuid] = (cores + alloc.cores, memory + alloc.memory_mib)
+        assert recount(node.core, node.name) == expected
         assert [file_state(p) for p in limits_paths] == files_before
     finally:
         workload.finish()
