@@ -281,7 +281,9 @@ def test_gpuquota_schema_rejects_invalid_spec(
     [
         ({"splitCount": 0}, "spec.splitCount"),
         ({"memoryScaling": 0}, "spec.memoryScaling"),
-        ({"memoryScaling": 1.5}, "spec.memoryScaling"),
+        ({"memoryScaling": 0.5}, "spec.memoryScaling"),
+        ({"memoryScaling": 17}, "spec.memoryScaling"),
+        ({"disableCoreLimit": "yes"}, "spec.disableCoreLimit"),
         ({"pool": "UPPER"}, "spec.pool"),
     ],
 )
