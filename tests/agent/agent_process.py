@@ -29,6 +29,7 @@ class AgentProcess:
         self.pod_resources = directory / "pr.sock"
         self.state_dir = directory / "state"
         self.lib_dir = directory / "lib"
+        self.node_dir = directory / "node"
         args = [
             sys.executable,
             "-m",
@@ -38,6 +39,7 @@ class AgentProcess:
             f"--pod-resources-socket={self.pod_resources}",
             f"--host-lib-dir={self.lib_dir}",
             f"--host-state-dir={self.state_dir}",
+            f"--host-node-dir={self.node_dir}",
             f"--shim-source={SHIM_LIBRARY}",
             f"--kubeconfig={kubeconfig}",
             "--metrics-address=127.0.0.1",
