@@ -1,11 +1,13 @@
 """Housekeeping: remove the allocation directories of containers that are gone.
 
 A directory goes once no live container has owned it for the whole grace period, as this
-agent saw it in kubelet's pod-resources answers, and it is itself older than the grace
-period. One answer without the container is not enough: right after a kubelet restart,
-pod-resources answers before kubelet has read its pods back, so a container that is still
-running can be missing from it for a moment. A restarted agent starts counting afresh, so
-a restart never makes a directory removable sooner.
+agent saw it in kubelet's pod-resources answers (and at least two sweeps in a row), and it
+is itself older than the grace period. One answer without the container is not enough:
+right after a kubelet restart, pod-resources answers before kubelet has read its pods back,
+so a container that is still running can be missing from it for a moment; and a directory
+Allocate has just made belongs to no container until kubelet records the allocation. A
+restarted agent starts counting afresh, so a restart never makes a directory removable
+sooner.
 """
 
 import time
@@ -35,7 +37,9 @@ class Housekeeper:
         missing = present - keep
         self._missing_since = {key: self._missing_since.get(key, now) for key in sorted(missing)}
         unowned_long = {
-            key for key, since in self._missing_since.items() if now - since >= self._grace
+            key
+            for key, since in self._missing_since.items()
+            if since < now and now - since >= self._grace  # seen missing before, too
         }
         removed = remove_stale(self._files, present - unowned_long, self._grace)
         for key in removed:

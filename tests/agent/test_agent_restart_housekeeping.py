@@ -74,16 +74,22 @@ def test_a_restarted_agent_counts_the_grace_period_afresh(rig: AgentRig, short_d
     assert restarted.sweep(live_keys(source, RESOURCES)) == [key]
 
 
-def test_without_grace_an_unlisted_directory_goes_at_the_first_sweep(
+def test_without_grace_an_unlisted_directory_goes_when_two_sweeps_agree(
     rig: AgentRig, short_dir: Path
 ) -> None:
-    live_ref, live_key = _start(rig, "live")
+    _, live_key = _start(rig, "live")
     ended_ref, ended_key = _start(rig, "ended")
-    rig.kubelet.release(ended_ref)
+    keeper = Housekeeper(rig.files, 0)
     source = PodResourcesClient(short_dir / "pr.sock")
-    assert Housekeeper(rig.files, 0).sweep(live_keys(source, RESOURCES)) == [ended_key]
+    # Allocate has made a directory kubelet has not recorded yet: one sweep sees it unowned.
+    fresh = allocation_key(RESOURCE_VCUDA_MEMORY, ["GPU-fresh-mem-0"])
+    rig.files.prepare(fresh)
+    assert keeper.sweep(live_keys(source, RESOURCES)) == []
+    assert rig.files.run_dir(fresh).is_dir()
+    rig.kubelet.release(ended_ref)
+    assert keeper.sweep(live_keys(source, RESOURCES)) == [fresh]  # two sweeps: unowned
+    assert keeper.sweep(live_keys(source, RESOURCES)) == [ended_key]
     assert rig.files.limits_path(live_key).is_file()
-    del live_ref
 
 
 def test_housekeeping_interval_is_a_setting() -> None:
