@@ -46,6 +46,9 @@ HAMI_ANNOTATION_NOUSE_GPUTYPE: Final = "nvidia.com/nouse-gputype"
 HAMI_ANNOTATION_USE_GPUUUID: Final = "nvidia.com/use-gpuuuid"
 HAMI_ANNOTATION_NOUSE_GPUUUID: Final = "nvidia.com/nouse-gpuuuid"
 HAMI_ANNOTATION_PRIORITY: Final = "nvidia.com/priority"
+# HAMi's placement policies (binpack or spread) for nodes and for GPUs within a node.
+HAMI_ANNOTATION_NODE_POLICY: Final = "hami.io/node-scheduler-policy"
+HAMI_ANNOTATION_GPU_POLICY: Final = "hami.io/gpu-scheduler-policy"
 # HAMi's own form is a container limit of the same name (its resourcePriority).
 RESOURCE_HAMI_PRIORITY: Final = HAMI_ANNOTATION_PRIORITY
 USER_ANNOTATIONS: Final = frozenset(

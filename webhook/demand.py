@@ -130,16 +130,25 @@ def check_priority(annotations: Mapping[str, str]) -> None:
 
 
 def _policy(annotations: Mapping[str, str], default: Policy) -> Policy:
-    raw = annotations.get(names.ANNOTATION_POLICY)
-    if raw is None:
-        return default
-    try:
+    """fracgpu's own annotation, else HAMi's (node policy first: one policy here chooses the
+    node and the GPU together), else the configured default."""
+    for key, allowed in _POLICY_ANNOTATIONS:
+        raw = annotations.get(key)
+        if raw is None:
+            continue
+        if raw not in allowed:
+            raise DemandError(
+                f"annotation {key}={raw!r} is not allowed: use one of {', '.join(allowed)}"
+            )
         return Policy(raw)
-    except ValueError:
-        raise DemandError(
-            f"annotation {names.ANNOTATION_POLICY}={raw!r} is not allowed: use one of "
-            f"{', '.join(p.value for p in Policy)}"
-        ) from None
+    return default
+
+
+_POLICY_ANNOTATIONS: Final = (
+    (names.ANNOTATION_POLICY, tuple(p.value for p in Policy)),
+    (names.HAMI_ANNOTATION_NODE_POLICY, (Policy.BINPACK.value, Policy.SPREAD.value)),
+    (names.HAMI_ANNOTATION_GPU_POLICY, (Policy.BINPACK.value, Policy.SPREAD.value)),
+)
 
 
 def cpu_and_memory(pod: Mapping[str, Any]) -> tuple[int, int]:

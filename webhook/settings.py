@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from fracgpu import names
-from fracgpu.dialects import DialectConfig, ResourceNames
+from fracgpu.dialects import MAX_GPUS_PER_CONTAINER, DialectConfig, ResourceNames
 from fracgpu.errors import QuantityError
 from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
@@ -155,6 +155,13 @@ def _memory_scaling(text: str) -> float:
     return value
 
 
+def _gpu_count(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_GPUS_PER_CONTAINER:
+        raise ValueError(f"use 1-{MAX_GPUS_PER_CONTAINER}")
+    return value
+
+
 def _gpushare_unit(text: str) -> int:
     units = {"GiB": 1024, "MiB": 1}
     if text not in units:
@@ -236,6 +243,14 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "0",
         "compute per GPU when a dialect omits it (0 = best effort)",
         _cores,
+    ),
+    Option(
+        "default_gpu_count",
+        "1",
+        "GPUs for a container that names memory but no GPU count: HAMi gpumem/gpucores "
+        "without nvidia.com/gpu (HAMi defaultGPUNum), TKEStack vcuda-memory alone, gpushare "
+        "gpu-mem without gpu-count",
+        _gpu_count,
     ),
     Option("gpushare_memory_unit", "GiB", "unit of aliyun.com/gpu-mem: GiB or MiB", _gpushare_unit),
     Option(
@@ -375,6 +390,7 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
             names=resource_names,
             default_memory=values["default_gpu_memory"],
             default_cores=values["default_gpu_cores"],
+            default_gpu_count=values["default_gpu_count"],
             gpushare_memory_unit_mib=values["gpushare_memory_unit"],
         ),
         split_count=values["split_count"],

@@ -346,6 +346,7 @@ def test_every_dialect_knob_of_fracgpu_is_mapped(rows: list[Row]) -> None:
         in {
             "default_gpu_memory",
             "default_gpu_cores",
+            "default_gpu_count",
             "gpushare_memory_unit",
             "split_count",
             "memory_scaling",

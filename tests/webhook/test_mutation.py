@@ -267,15 +267,41 @@ async def test_model_and_uuid_annotations_steer_placement(
 
 
 @pytest.mark.parametrize(("policy", "same_gpu"), [("binpack", True), ("spread", False)])
+@pytest.mark.parametrize(
+    "key",
+    ["fracgpu.io/policy", "hami.io/node-scheduler-policy", "hami.io/gpu-scheduler-policy"],
+)
 async def test_policy_annotation_chooses_binpack_or_spread(
-    webhook: Webhook, policy: str, same_gpu: bool
+    webhook: Webhook, key: str, policy: str, same_gpu: bool
 ) -> None:
-    steer = {"fracgpu.io/policy": policy, "fracgpu.io/use-gpu-models": "A100"}
+    steer = {key: policy, "fracgpu.io/use-gpu-models": "A100"}
     first = await webhook.admit(gpu_pod({CORE: "10", MEM: "2"}, name="one", annotations=steer))
     second = await webhook.admit(gpu_pod({CORE: "10", MEM: "2"}, name="two", annotations=steer))
     assert first.allowed and second.allowed
     uuids = [assignment_of(r.pod).containers[0].devices[0].uuid for r in (first, second)]
     assert (uuids[0] == uuids[1]) is same_gpu
+
+
+async def test_fracgpus_policy_annotation_wins_over_hamis(webhook: Webhook) -> None:
+    steer = {
+        "fracgpu.io/policy": "binpack",
+        "hami.io/node-scheduler-policy": "spread",
+        "fracgpu.io/use-gpu-models": "A100",
+    }
+    first = await webhook.admit(gpu_pod({CORE: "10", MEM: "2"}, name="one", annotations=steer))
+    second = await webhook.admit(gpu_pod({CORE: "10", MEM: "2"}, name="two", annotations=steer))
+    uuids = {assignment_of(r.pod).containers[0].devices[0].uuid for r in (first, second)}
+    assert len(uuids) == 1
+
+
+@pytest.mark.parametrize(("count", "gpus"), [("1", 1), ("2", 2)])
+async def test_the_default_gpu_count_applies_when_hami_names_no_count(
+    start: StartWebhook, count: str, gpus: int
+) -> None:
+    hook = await start(default_gpu_count=count)
+    result = await hook.admit(gpu_pod({"nvidia.com/gpumem": "1024", "nvidia.com/gpucores": "10"}))
+    assert result.allowed, result.message
+    assert len(assignment_of(result.pod).containers[0].devices) == gpus
 
 
 async def test_the_default_policy_comes_from_settings(start: StartWebhook) -> None:

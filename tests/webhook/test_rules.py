@@ -129,6 +129,13 @@ STEERING = [
         "annotation fracgpu.io/policy='fastest' is not allowed: use one of binpack, spread",
     ),
     Case(
+        "bad-policy-hami",
+        gpu_pod(SHARE, annotations={"hami.io/node-scheduler-policy": "fragmentation"}),
+        False,
+        "annotation hami.io/node-scheduler-policy='fragmentation' is not allowed: use one of "
+        "binpack, spread",
+    ),
+    Case(
         "empty-model-list",
         gpu_pod(SHARE, annotations={"fracgpu.io/use-gpu-models": " , "}),
         False,
