@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from agent.hostfiles import AllocationFiles, allocation_key
-from agent.limits import LimitsError, limits_for, render_limits
+from agent.limits import AllocatedTokens, LimitsError, limits_for, render_limits
 from agent.podlookup import PodLookup, PodLookupError
 from agent.podresources import ContainerDevices, PodResourcesError, find_holder
 from fracgpu.model import GPUDevice
@@ -61,7 +61,12 @@ class ContainerStarter:
         holder = self._identify(resource, ids)
         try:
             pod = self._pods.get(holder.namespace, holder.pod)
-            limits = limits_for(pod, holder.container, self._node, self._gpus())
+            compute, memory = self._resources
+            allocated = AllocatedTokens(
+                compute=len(holder.devices.get(compute, ())),
+                memory_blocks=len(holder.devices.get(memory, ())),
+            )
+            limits = limits_for(pod, holder.container, self._node, self._gpus(), allocated)
         except (PodLookupError, LimitsError) as error:
             raise ContainerStartError(str(error)) from None
         content = render_limits(limits)

@@ -5,15 +5,20 @@ pod's assignment annotation; this module checks it against this node and builds 
 shim's ``Limits``. The file format itself belongs to ``fracgpu.shim_abi``.
 """
 
+from dataclasses import dataclass
+
 from agent.podlookup import PodInfo
 from fracgpu.codec import decode_assignment
+from fracgpu.dialects import canonical_quantities
 from fracgpu.errors import CodecError
-from fracgpu.model import GPUDevice, Priority, virtual_memory_mib
+from fracgpu.model import ContainerAssignment, GPUDevice, Priority, virtual_memory_mib
 from fracgpu.names import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_PRIORITY,
     CORES_PER_GPU,
     HAMI_ANNOTATION_PRIORITY,
+    RESOURCE_VCUDA_CORE,
+    RESOURCE_VCUDA_MEMORY,
 )
 from fracgpu.shim_abi import (
     DEFAULT_PRIORITY,
@@ -54,7 +59,24 @@ def _priority(pod: PodInfo, where: str) -> int:
     return DEFAULT_PRIORITY
 
 
-def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPUDevice]) -> Limits:
+@dataclass(frozen=True)
+class AllocatedTokens:
+    """How many compute and memory device IDs kubelet allocated the container."""
+
+    compute: int
+    memory_blocks: int
+
+
+def limits_for(
+    pod: PodInfo,
+    container: str,
+    node_name: str,
+    gpus: dict[str, GPUDevice],
+    allocated: AllocatedTokens | None = None,
+) -> Limits:
+    """The container's limits from its pod's assignment, checked against this node and, when
+    given, against the device IDs kubelet allocated it (so an assignment written past the
+    webhook, e.g. through pods/status, cannot claim more than the container was counted)."""
     where = f"pod {pod.namespace}/{pod.name} container {container}"
     if pod.assignment is None:
         raise LimitsError(
@@ -72,6 +94,8 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
     chosen = assignment.for_container(container)
     if chosen is None:
         raise LimitsError(f"{where} holds fracgpu resources but the assignment has no entry for it")
+    if allocated is not None:
+        _check_allocated(where, chosen, allocated)
     devices = []
     whole = True
     best_effort = False
@@ -123,6 +147,18 @@ def limits_for(pod: PodInfo, container: str, node_name: str, gpus: dict[str, GPU
     except CodecError as error:
         raise LimitsError(f"{where}: {error}") from None
     return limits
+
+
+def _check_allocated(where: str, chosen: ContainerAssignment, allocated: AllocatedTokens) -> None:
+    counted = canonical_quantities(chosen)
+    cores = int(counted[RESOURCE_VCUDA_CORE])
+    blocks = int(counted[RESOURCE_VCUDA_MEMORY])
+    if (cores, blocks) != (allocated.compute, allocated.memory_blocks):
+        raise LimitsError(
+            f"{where}: its assignment holds {cores} cores and {blocks} memory blocks, but "
+            f"kubelet allocated it {allocated.compute} and {allocated.memory_blocks}: the "
+            "assignment was not written for this container's resources, refusing to start it"
+        )
 
 
 def _elastic_bound(core_limit_max: int | None, core_limit: int) -> int | None:

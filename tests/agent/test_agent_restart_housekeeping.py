@@ -22,18 +22,21 @@ RESOURCES = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
 GRACE = 0.5
 
 
-def _start(rig: AgentRig, pod: str) -> tuple[ContainerRef, str]:
+def _start(rig: AgentRig, pod: str) -> tuple[ContainerRef, str, list[str]]:
+    """A started container: its ref, its compute allocation's key, and both its keys."""
     rig.pods.add(assigned_pod(pod, {"main": [GPUAllocation(GPU_A.uuid, 30, 4096)]}))
     ref = ContainerRef("team-a", pod, "main")
     ids, _ = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    memory_ids, _ = rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 16)
     rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
-    return ref, allocation_key(RESOURCE_VCUDA_CORE, ids)
+    key = allocation_key(RESOURCE_VCUDA_CORE, ids)
+    return ref, key, sorted([key, allocation_key(RESOURCE_VCUDA_MEMORY, memory_ids)])
 
 
 def test_a_container_missing_from_one_kubelet_answer_keeps_its_files(
     rig: AgentRig, short_dir: Path
 ) -> None:
-    ref, key = _start(rig, "train")
+    ref, key, keys = _start(rig, "train")
     limits = rig.files.limits_path(key)
     written = (limits.read_bytes(), limits.stat().st_ino)
     source = PodResourcesClient(short_dir / "pr.sock")
@@ -58,12 +61,12 @@ def test_a_container_missing_from_one_kubelet_answer_keeps_its_files(
     rig.kubelet.release(ref)
     assert keeper.sweep(live_keys(source, RESOURCES)) == []
     time.sleep(GRACE + 0.1)
-    assert keeper.sweep(live_keys(source, RESOURCES)) == [key]
+    assert sorted(keeper.sweep(live_keys(source, RESOURCES))) == keys
     assert not rig.files.directory(key).exists()
 
 
 def test_a_restarted_agent_counts_the_grace_period_afresh(rig: AgentRig, short_dir: Path) -> None:
-    ref, key = _start(rig, "done")
+    ref, key, keys = _start(rig, "done")
     rig.kubelet.release(ref)
     time.sleep(GRACE + 0.1)  # unlisted and old, but this agent has not seen it unlisted yet
     source = PodResourcesClient(short_dir / "pr.sock")
@@ -71,14 +74,14 @@ def test_a_restarted_agent_counts_the_grace_period_afresh(rig: AgentRig, short_d
     assert restarted.sweep(live_keys(source, RESOURCES)) == []
     assert rig.files.directory(key).is_dir()
     time.sleep(GRACE + 0.1)
-    assert restarted.sweep(live_keys(source, RESOURCES)) == [key]
+    assert sorted(restarted.sweep(live_keys(source, RESOURCES))) == keys
 
 
 def test_without_grace_an_unlisted_directory_goes_when_two_sweeps_agree(
     rig: AgentRig, short_dir: Path
 ) -> None:
-    _, live_key = _start(rig, "live")
-    ended_ref, ended_key = _start(rig, "ended")
+    _, live_key, _ = _start(rig, "live")
+    ended_ref, _, ended_keys = _start(rig, "ended")
     keeper = Housekeeper(rig.files, 0)
     source = PodResourcesClient(short_dir / "pr.sock")
     # Allocate has made a directory kubelet has not recorded yet: one sweep sees it unowned.
@@ -88,7 +91,7 @@ def test_without_grace_an_unlisted_directory_goes_when_two_sweeps_agree(
     assert rig.files.run_dir(fresh).is_dir()
     rig.kubelet.release(ended_ref)
     assert keeper.sweep(live_keys(source, RESOURCES)) == [fresh]  # two sweeps: unowned
-    assert keeper.sweep(live_keys(source, RESOURCES)) == [ended_key]
+    assert sorted(keeper.sweep(live_keys(source, RESOURCES))) == ended_keys
     assert rig.files.limits_path(live_key).is_file()
 
 

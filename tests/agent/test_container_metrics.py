@@ -74,6 +74,7 @@ def test_container_usage_and_ooms_from_the_shim_region(
     rig.pods.add(assigned_pod("train", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]}))
     ref = ContainerRef("team-a", "train", "main")
     ids, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 16)  # as kubelet would
     rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
     key = allocation_key(RESOURCE_VCUDA_CORE, ids)
     mounts = {m.container_path: m.host_path for m in reply.mounts}
@@ -140,6 +141,7 @@ def test_host_backed_memory_of_a_container_on_a_full_gpu(
     rig.pods.add(assigned_pod("spill", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]}))
     ref = ContainerRef("team-a", "spill", "main")
     _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 16)  # as kubelet would
     rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
     mounts = {m.container_path: m.host_path for m in reply.mounts}
     # The node oversubscribes GPU memory: the 4 GiB slice is larger than what GPU B has
@@ -195,6 +197,7 @@ def test_container_utilization_follows_its_paced_kernels(
     rig.pods.add(assigned_pod("infer", {"main": [GPUAllocation(GPU_A.uuid, 30, 2048)]}))
     ref = ContainerRef("team-a", "infer", "main")
     _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 8)  # as kubelet would
     rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
     mounts = {m.container_path: m.host_path for m in reply.mounts}
     region = Path(mounts["/var/run/fracgpu"]) / "region"
@@ -274,6 +277,7 @@ def test_gpu_manager_names_mirror_the_container_metrics(
     rig.pods.add(assigned_pod("train", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]}))
     ref = ContainerRef("team-a", "train", "main")
     _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 16)  # as kubelet would
     rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
     mounts = {m.container_path: m.host_path for m in reply.mounts}
     env = {
@@ -353,6 +357,7 @@ def test_gpu_manager_utilization_is_the_paced_kernel_time_in_percent(
     rig.pods.add(assigned_pod("infer", {"main": [GPUAllocation(GPU_A.uuid, 30, 2048)]}))
     ref = ContainerRef("team-a", "infer", "main")
     _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
+    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 8)  # as kubelet would
     rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
     mounts = {m.container_path: m.host_path for m in reply.mounts}
     region = Path(mounts["/var/run/fracgpu"]) / "region"

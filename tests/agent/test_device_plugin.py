@@ -131,6 +131,8 @@ def test_prestart_tells_two_containers_apart(rig: AgentRig) -> None:
     left, right = ContainerRef("team-a", "duo", "left"), ContainerRef("team-a", "duo", "right")
     left_ids, _ = rig.kubelet.allocate(left, CORE, 20)
     right_ids, _ = rig.kubelet.allocate(right, CORE, 50)
+    rig.kubelet.allocate(left, MEM, 4)  # as kubelet would: 1024 and 2048 MiB
+    rig.kubelet.allocate(right, MEM, 8)
     rig.kubelet.pre_start(right, CORE)
     rig.kubelet.pre_start(left, CORE)
     left_text = rig.files.limits_path(allocation_key(CORE, left_ids)).read_text()
@@ -149,6 +151,22 @@ def test_prestart_refuses_a_pod_without_assignment(rig: AgentRig) -> None:
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "fracgpu.io/assignment" in str(raised.value.details())
     assert not rig.files.limits_path(allocation_key(CORE, ids)).exists()
+
+
+def test_prestart_refuses_an_assignment_larger_than_what_kubelet_allocated(
+    rig: AgentRig,
+) -> None:
+    # e.g. an assignment rewritten through pods/status after admission: 90 cores claimed
+    rig.pods.add(assigned_pod("greedy", {"main": [GPUAllocation(GPU_A.uuid, 90, 4096)]}))
+    ref = ContainerRef("team-a", "greedy", "main")
+    rig.kubelet.allocate(ref, CORE, 30)
+    rig.kubelet.allocate(ref, MEM, 16)
+    with pytest.raises(grpc.RpcError) as refused:
+        rig.kubelet.pre_start(ref, CORE)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "holds 90 cores and 16 memory blocks, but kubelet allocated it 30 and 16" in str(
+        refused.value.details()
+    )
 
 
 def test_prestart_refuses_devices_no_container_holds(rig: AgentRig) -> None:
