@@ -2,21 +2,20 @@
 
 ``decide`` is a fixed point: applied to a pod it already wrote, it changes nothing. The
 validating webhook relies on that to check that a pod carries exactly what fracgpu wrote.
-Patches are always ``jsonpatch.make_patch`` of original vs mutated, never hand-written ops;
-only the parts ``decide`` writes are compared (the rest of a pod is copied unchanged, and
-diffing it was most of the cost of an admission).
+Patches are always a diff of original vs mutated (``webhook.jsondiff``), never hand-written
+ops; only the parts ``decide`` writes are compared (the rest of a pod is copied unchanged,
+and diffing it was most of the cost of an admission).
 """
 
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-import jsonpatch
-
 from fracgpu import names
 from fracgpu.codec import encode_assignment
 from fracgpu.dialects import DialectConfig, canonical_quantities
 from fracgpu.model import Assignment, ContainerAssignment
+from webhook import jsondiff
 from webhook import pod as podlib
 
 # matchFields on metadata.name pins to the Node object itself (the hostname label can differ).
@@ -48,15 +47,12 @@ def decide(
 def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The JSONPatch from ``original`` to ``mutated``, where they can differ: metadata
     annotations and labels, spec.affinity, and containers' env and resources."""
-    ops: list[dict[str, Any]] = jsonpatch.make_patch(
-        _written_parts(original), _written_parts(mutated)
-    ).patch
-    return ops
+    return jsondiff.diff(_written_parts(original), _written_parts(mutated))
 
 
 def _written_parts(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The members ``decide`` may write, at their paths in the pod (not copied). Containers
-    keep their names, so no two list items are equal and the diff pairs them by position."""
+    keep their names: the diff pairs them by position, and a name change would show."""
     parts: dict[str, Any] = {}
     for key, members in (("metadata", ("annotations", "labels")), ("spec", _SPEC_WRITTEN)):
         if key in pod:

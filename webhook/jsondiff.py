@@ -1,0 +1,59 @@
+"""A JSONPatch (RFC 6902) that turns one JSON document into another, computed by comparing them.
+
+Objects are compared member by member and arrays item by item at the same index (items past
+the shorter array are added or removed at its end), so the patch is computed in one pass
+without the item matching a general-purpose differ does: fracgpu's mutation never moves
+array items, and that matching was most of the cost of an admission. Values in the
+operations are the target document's own objects, not copies.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Operation = dict[str, Any]
+
+
+def diff(source: Any, target: Any) -> list[Operation]:
+    """Operations that, applied in order to ``source``, give ``target``."""
+    ops: list[Operation] = []
+    _diff(source, target, "", ops)
+    return ops
+
+
+def _diff(source: Any, target: Any, path: str, ops: list[Operation]) -> None:
+    if isinstance(source, Mapping) and isinstance(target, Mapping):
+        for key in source:
+            if key not in target:
+                ops.append({"op": "remove", "path": _join(path, key)})
+        for key, value in target.items():
+            if key in source:
+                _diff(source[key], value, _join(path, key), ops)
+            else:
+                ops.append({"op": "add", "path": _join(path, key), "value": value})
+    elif _is_array(source) and _is_array(target):
+        shared = min(len(source), len(target))
+        for index in range(shared):
+            _diff(source[index], target[index], f"{path}/{index}", ops)
+        for index in range(shared, len(target)):
+            ops.append({"op": "add", "path": f"{path}/{index}", "value": target[index]})
+        # Each removal at the new end shifts the next surplus item into that index.
+        ops.extend(
+            {"op": "remove", "path": f"{path}/{shared}"} for _ in range(len(source) - shared)
+        )
+    elif not _same(source, target):
+        ops.append({"op": "replace", "path": path, "value": target})
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality of values that are not both objects or both arrays: the same type too,
+    because Python's 1 == True and 1 == 1.0 are different JSON."""
+    return type(a) is type(b) and a == b
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
+
+
+def _join(path: str, key: Any) -> str:
+    """``path`` plus one member name, escaped as a JSON Pointer token (RFC 6901)."""
+    return f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
