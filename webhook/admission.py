@@ -20,7 +20,7 @@ from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
 from fracgpu.placement import NoFit, NoFitReason, PodDemand
-from webhook import assignments, responses, validate
+from webhook import assignments, ephemeral, responses, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
 from webhook.demand import PodAsk, gpu_container_names, read_ask
@@ -64,6 +64,8 @@ class Admission:
 
     # -- mutating ------------------------------------------------------------------------------
     async def mutate(self, request: AdmissionRequest) -> responses.Verdict:
+        if ephemeral.is_ephemeral_update(request):
+            return await self._ephemeral(request, ephemeral.mutate)
         if (
             request.operation != "CREATE"
             or not request.is_pod
@@ -232,6 +234,10 @@ class Admission:
 
     # -- validating ----------------------------------------------------------------------------
     async def validate(self, request: AdmissionRequest) -> responses.Verdict:
+        if ephemeral.is_ephemeral_update(request):
+            if request.username in self._settings.service_accounts:
+                return responses.allowed()
+            return await self._ephemeral(request, ephemeral.validate_update)
         if (
             request.operation not in ("CREATE", "UPDATE")
             or not request.is_pod
@@ -277,6 +283,19 @@ class Admission:
                     "IfNeeded when other webhooks inject containers)"
                 )
             return responses.allowed()
+        except FracgpuError as error:
+            return responses.invalid(str(error))
+
+    async def _ephemeral(
+        self,
+        request: AdmissionRequest,
+        check: Callable[[AdmissionRequest], responses.Verdict],
+    ) -> responses.Verdict:
+        """Debug containers added to a running pod in a managed namespace."""
+        if not await self._state.namespace_managed(_namespace(request)):
+            return responses.allowed()
+        try:
+            return check(request)
         except FracgpuError as error:
             return responses.invalid(str(error))
 

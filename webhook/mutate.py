@@ -37,10 +37,10 @@ def decide(
         container = _child_list(_child(mutated, "spec"), field)[index]
         held = assignment.for_container(container["name"]) if assignment else None
         if held is None:
-            _set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
+            set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
         else:
             _write_resources(container, held, config)
-            _set_env(container, names.ENV_VISIBLE_DEVICES, ",".join(d.uuid for d in held.devices))
+            set_env(container, names.ENV_VISIBLE_DEVICES, ",".join(d.uuid for d in held.devices))
     return mutated
 
 
@@ -145,8 +145,9 @@ def canonical_resources(held: ContainerAssignment, config: DialectConfig) -> dic
     return values
 
 
-def _set_env(container: dict[str, Any], name: str, value: str) -> None:
-    """Set one variable, replacing any entry of that name (explicit env beats envFrom)."""
+def set_env(container: dict[str, Any], name: str, value: str) -> None:
+    """Set one variable, replacing any entry of that name (explicit env beats envFrom).
+    Also used for ephemeral containers (``webhook.ephemeral``)."""
     env = _child_list(container, "env")
     entry = {"name": name, "value": value}
     matches = [i for i, e in enumerate(env) if isinstance(e, dict) and e.get("name") == name]

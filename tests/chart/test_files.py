@@ -31,7 +31,14 @@ def test_mutating_webhook_definition() -> None:
             "operations": ["CREATE"],
             "resources": ["pods"],
             "scope": "Namespaced",
-        }
+        },
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["pods/ephemeralcontainers"],
+            "scope": "Namespaced",
+        },
     ]
     assert hook["reinvocationPolicy"] == "IfNeeded"
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate"
@@ -42,7 +49,7 @@ def test_validating_webhook_definition() -> None:
     assert validating["metadata"]["name"] == "fracgpu-validating"
     (hook,) = validating["webhooks"]
     assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
-    assert hook["rules"][0]["resources"] == ["pods"]
+    assert hook["rules"][0]["resources"] == ["pods", "pods/ephemeralcontainers"]
     assert "reinvocationPolicy" not in hook  # only mutating webhooks have it
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:9443/validate"
 

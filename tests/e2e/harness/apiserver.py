@@ -87,6 +87,8 @@ class KubeApiserver:
             # The `kubernetes` Endpoints would point at loopback, which validation refuses.
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
+            # Alpha in 1.20: the pods/ephemeralcontainers subresource fracgpu's webhooks guard.
+            "--feature-gates=EphemeralContainers=true",
             "--profiling=false",
             "--v=1",
         ]

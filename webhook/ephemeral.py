@@ -1,0 +1,100 @@
+"""Ephemeral (debug) containers, added to a running pod through ``pods/ephemeralcontainers``.
+
+They are never placed and get no GPU: mutation writes ``NVIDIA_VISIBLE_DEVICES=void`` into
+every container the update adds (a CUDA image's own ``all`` would otherwise show every GPU of
+the node), and validation refuses an added container with any other reserved variable. The
+subresource's object is the Pod from Kubernetes 1.22; 1.20 and 1.21 send an
+``EphemeralContainers`` object holding the list at its top level.
+"""
+
+import copy
+from collections.abc import Mapping
+from typing import Any, Final
+
+import jsonpatch
+
+from fracgpu import names
+from webhook import pod as podlib
+from webhook import responses, validate
+from webhook.mutate import set_env
+from webhook.review import AdmissionRequest
+
+SUB_RESOURCE: Final = "ephemeralcontainers"
+EPHEMERAL_KIND: Final = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+_VOID_ENTRY: Final = {"name": names.ENV_VISIBLE_DEVICES, "value": names.VISIBLE_DEVICES_NONE}
+
+
+def is_ephemeral_update(request: AdmissionRequest) -> bool:
+    return (
+        request.operation == "UPDATE"
+        and request.sub_resource == SUB_RESOURCE
+        and request.obj is not None
+        and (request.is_pod or request.kind == EPHEMERAL_KIND)
+    )
+
+
+def mutate(request: AdmissionRequest) -> responses.Verdict:
+    """``void`` on every ephemeral container the update adds; the patch is a diff."""
+    assert request.obj is not None
+    added = _added(request.obj, request.old_obj)
+    findings = _tampering(added)
+    if findings:
+        return responses.denied(validate.tamper_message(findings, "this debug container"))
+    mutated = copy.deepcopy(request.obj)
+    for container in _added(mutated, request.old_obj):
+        set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
+    return responses.patched(jsonpatch.make_patch(request.obj, mutated).patch)
+
+
+def validate_update(request: AdmissionRequest) -> responses.Verdict:
+    """An added ephemeral container carries fracgpu's ``void`` and no other reserved variable."""
+    assert request.obj is not None
+    added = _added(request.obj, request.old_obj)
+    findings = _tampering(added)
+    if findings:
+        return responses.denied(validate.tamper_message(findings, "this debug container"))
+    unmutated = [c["name"] for c in added if _reserved(c).get(names.ENV_VISIBLE_DEVICES) is None]
+    if unmutated:
+        return responses.denied(
+            f"ephemeral container(s) {', '.join(unmutated)} lack NVIDIA_VISIBLE_DEVICES=void: "
+            "the fracgpu mutating webhook did not see this update. Check that its "
+            "MutatingWebhookConfiguration names pods/ephemeralcontainers, then try again"
+        )
+    return responses.allowed()
+
+
+def _reserved(container: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    where = f"ephemeral container {container['name']}"
+    return {
+        e["name"]: dict(e)
+        for e in podlib.env_entries(container, where)
+        if names.is_reserved_env(e["name"])
+    }
+
+
+def _tampering(added: list[dict[str, Any]]) -> list[str]:
+    """Reserved variables a user set on added containers (fracgpu's own ``void`` aside)."""
+    return [
+        f'variable {name} in container "{container["name"]}"'
+        for container in added
+        for name, entry in sorted(_reserved(container).items())
+        if entry != _VOID_ENTRY
+    ]
+
+
+def _added(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The ephemeral containers of ``obj`` that ``old`` does not have, by name."""
+    before = {c["name"] for c in _ephemeral(old)} if old is not None else set()
+    return [c for c in _ephemeral(obj) if c["name"] not in before]
+
+
+def _ephemeral(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    holder = obj if obj.get("kind") == EPHEMERAL_KIND["kind"] else podlib.spec(obj)
+    items = holder.get(podlib.EPHEMERAL_CONTAINERS) or []
+    where = f".{podlib.EPHEMERAL_CONTAINERS}"
+    if not isinstance(items, list):
+        raise podlib.PodShapeError(where, f"must be a list, not {type(items).__name__}")
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise podlib.PodShapeError(f"{where}[{index}]", "must be an object with a name")
+    return items
