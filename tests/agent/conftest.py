@@ -58,12 +58,17 @@ class PodTable:
 
 
 def assigned_pod(
-    name: str, containers: dict[str, list[GPUAllocation]], namespace: str = "team-a"
+    name: str,
+    containers: dict[str, list[GPUAllocation]],
+    namespace: str = "team-a",
+    *,
+    memory_scaling: float = 1.0,
 ) -> PodInfo:
     assignment = Assignment(
         node=NODE,
         reservation_id=f"r-{name}",
         containers=tuple(ContainerAssignment(c, tuple(devs)) for c, devs in containers.items()),
+        memory_scaling=memory_scaling,
     )
     return PodInfo(namespace, name, f"uid-{name}", NODE, encode_assignment(assignment))
 

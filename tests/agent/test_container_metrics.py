@@ -6,8 +6,10 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -18,9 +20,10 @@ from agent.metrics import AgentCollector, build_registry
 from agent.nvml_backend import PynvmlBackend
 from agent.podresources import PodResourcesClient
 from agent.settings import AgentSettings, SettingsError, parse_settings
+from fracgpu import names
 from fracgpu.model import GPUAllocation
 from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
-from fracgpu.shim_abi import decode_limits, encode_limits
+from fracgpu.shim_abi import decode_limits
 from tests.agent.conftest import GPU_A, GPU_B, AgentRig, assigned_pod
 from tests.agent.kubelet import ContainerRef
 from tests.agent.nvml_double import (
@@ -32,6 +35,7 @@ from tests.agent.nvml_double import (
 
 GIB = 1 << 30
 WORKLOAD = SHIM_BUILD / "tests" / "mem_ops"
+LAUNCHER = SHIM_BUILD / "tests" / "launch_ops"
 SHIM_TEST_LIBRARY = SHIM_BUILD / "libfracgpu-test.so"
 
 
@@ -68,46 +72,95 @@ def _samples(collector: AgentCollector) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class Started:
+    """A container kubelet allocated and started: where its files are mounted from."""
+
+    ref: ContainerRef
+    key: str  # its first allocation's directory
+    limits: Path
+    region: Path
+
+    def shim_env(self) -> dict[str, str]:
+        """The environment of a process in it: the shim, reading the mounted files."""
+        return {
+            **os.environ,
+            "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
+            "FRACGPU_TEST_LIMITS_PATH": str(self.limits),
+            "FRACGPU_TEST_REGION_PATH": str(self.region),
+        }
+
+
+def _start(rig: AgentRig, pod: str, alloc: GPUAllocation, memory_scaling: float = 1.0) -> Started:
+    """Kubelet's part for container "main" of a team-a pod: allocate both canonical
+    resources as the webhook wrote them (none for compute when best effort), then start it."""
+    rig.pods.add(assigned_pod(pod, {"main": [alloc]}, memory_scaling=memory_scaling))
+    ref = ContainerRef("team-a", pod, "main")
+    replies = []
+    if alloc.cores:
+        ids, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, alloc.cores)
+        replies.append((allocation_key(RESOURCE_VCUDA_CORE, ids), reply))
+    ids, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, alloc.memory_mib // 256)
+    replies.append((allocation_key(RESOURCE_VCUDA_MEMORY, ids), reply))
+    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE if alloc.cores else RESOURCE_VCUDA_MEMORY)
+    key, first = replies[0]
+    mounts = {m.container_path: m.host_path for m in first.mounts}
+    return Started(
+        ref,
+        key,
+        Path(mounts[names.CONTAINER_LIMITS_PATH]),
+        Path(mounts[names.CONTAINER_REGION_DIR]) / "region",
+    )
+
+
+@contextmanager
+def _running(argv: list[str], started: Started, lines: int = 0) -> Iterator[list[list[str]]]:
+    """A workload process in the container; yields its first ``lines`` output lines split."""
+    workload = subprocess.Popen(argv, env=started.shim_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert workload.stdout is not None
+        yield [workload.stdout.readline().split() for _ in range(lines)]
+    finally:
+        workload.kill()
+        workload.wait()
+        if workload.stdout is not None:
+            workload.stdout.close()
+
+
+def _collector(
+    rig: AgentRig, backend: PynvmlBackend, short_dir: Path, **options: Any
+) -> AgentCollector:
+    pod_resources = PodResourcesClient(short_dir / "pr.sock")
+    resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
+    return AgentCollector(
+        backend,
+        lambda: rig.state.gpus().values(),
+        lambda: {},
+        lambda: live_containers(pod_resources, resources, rig.files),
+        **options,
+    )
+
+
+def _wait_for(path: Path) -> None:
+    for _ in range(100):
+        if path.exists():
+            return
+        time.sleep(0.05)
+
+
 def test_container_usage_and_ooms_from_the_shim_region(
     rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
 ) -> None:
-    rig.pods.add(assigned_pod("train", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]}))
-    ref = ContainerRef("team-a", "train", "main")
-    ids, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
-    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 16)  # as kubelet would
-    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
-    key = allocation_key(RESOURCE_VCUDA_CORE, ids)
-    mounts = {m.container_path: m.host_path for m in reply.mounts}
-
     # The "container": a CUDA program under the shim, reading the mounted limits file and
     # keeping its region in the mounted run directory. It uses CUDA device 1, GPU B, the one
     # assigned (in a real container NVIDIA_VISIBLE_DEVICES shows it only its GPUs).
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
-        "FRACGPU_TEST_LIMITS_PATH": mounts["/etc/fracgpu/limits"],
-        "FRACGPU_TEST_REGION_PATH": str(Path(mounts["/var/run/fracgpu"]) / "region"),
-    }
-    workload = subprocess.Popen(
-        [str(WORKLOAD), "ctx", "1", "alloc", "1Gi", "alloc", "8Gi", "sleep", "20000"],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert workload.stdout is not None
-        lines = [workload.stdout.readline().split() for _ in range(3)]
+    started = _start(rig, "train", GPUAllocation(GPU_B.uuid, 30, 4096))
+    argv = [str(WORKLOAD), "ctx", "1", "alloc", "1Gi", "alloc", "8Gi", "sleep", "20000"]
+    collector = _collector(rig, backend, short_dir)
+    gpu_b = f'gpu="{GPU_B.uuid}",index="1",model="NVIDIA A10"'
+    with _running(argv, started, lines=3) as lines:
         assert lines[1][:2] == ["alloc", "0"]  # 1 GiB fits in the 4 GiB slice
         assert lines[2][:2] == ["alloc", "2"]  # 8 GiB does not: CUDA_ERROR_OUT_OF_MEMORY
-
-        pod_resources = PodResourcesClient(short_dir / "pr.sock")
-        resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
-        collector = AgentCollector(
-            backend,
-            lambda: rig.state.gpus().values(),
-            lambda: {},
-            lambda: live_containers(pod_resources, resources, rig.files),
-        )
         samples = _samples(collector)
         labels = f'container="main",gpu="{GPU_B.uuid}",namespace="team-a",pod="train"'
         assert samples[f"fracgpu_container_memory_used_bytes{{{labels}}}"] == GIB
@@ -116,126 +169,53 @@ def test_container_usage_and_ooms_from_the_shim_region(
         assert samples[f"fracgpu_container_oom_rejections_total{{{labels}}}"] == 1
         assert samples[f"fracgpu_container_memory_host_bytes{{{labels}}}"] == 0
         assert samples[f"fracgpu_container_memory_host_allocations_total{{{labels}}}"] == 0
-        gpu_b = f'gpu="{GPU_B.uuid}",index="1",model="NVIDIA A10"'
         assert samples[f"fracgpu_gpu_allocated_memory_bytes{{{gpu_b}}}"] == 4 * GIB
         assert samples[f"fracgpu_gpu_containers{{{gpu_b}}}"] == 1
-    finally:
-        workload.kill()
-        workload.wait()
-        if workload.stdout is not None:
-            workload.stdout.close()
 
     # The pod ends: kubelet frees its devices; its series vanish and its files are cleaned.
-    rig.kubelet.release(ref)
+    rig.kubelet.release(started.ref)
     samples = _samples(collector)
     assert not any('pod="train"' in name for name in samples)
     assert samples[f"fracgpu_gpu_containers{{{gpu_b}}}"] == 0
-    assert rig.files.directory(key).exists()
+    assert rig.files.directory(started.key).exists()
     removed = remove_stale(rig.files, [], grace_seconds=0)
-    assert key in removed and not rig.files.directory(key).exists()
+    assert started.key in removed and not rig.files.directory(started.key).exists()
 
 
 def test_host_backed_memory_of_a_container_on_a_full_gpu(
     rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
 ) -> None:
-    rig.pods.add(assigned_pod("spill", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]}))
-    ref = ContainerRef("team-a", "spill", "main")
-    _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
-    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 16)  # as kubelet would
-    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
-    mounts = {m.container_path: m.host_path for m in reply.mounts}
-    # The node oversubscribes GPU memory: the 4 GiB slice is larger than what GPU B has
-    # left (2 GiB here), and the limits file turns host fallback on. (Writing the key is
-    # the agent's job on such a node; setting it here keeps this test about the metrics.)
-    limits_file = Path(mounts["/etc/fracgpu/limits"])
-    limits = replace(decode_limits(limits_file.read_bytes()), memory_host_fallback=True)
-    staged = limits_file.with_name("limits.test")
-    staged.write_bytes(encode_limits(limits))
-    os.replace(staged, limits_file)
+    # The node oversubscribes GPU memory (memory scaling 2, so the agent turns host fallback
+    # on), and GPU B has only 2 GiB left for this 4 GiB slice.
+    started = _start(rig, "spill", GPUAllocation(GPU_B.uuid, 30, 4096), memory_scaling=2.0)
+    assert decode_limits(started.limits.read_bytes()).memory_host_fallback
     double.set("device.1.memory_bytes", 2 * GIB)
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
-        "FRACGPU_TEST_LIMITS_PATH": str(limits_file),
-        "FRACGPU_TEST_REGION_PATH": str(Path(mounts["/var/run/fracgpu"]) / "region"),
-    }
     # 1 GiB fits on the GPU, the next 2 GiB only within the slice: they come from the host.
-    workload = subprocess.Popen(
-        [str(WORKLOAD), "ctx", "1", "alloc", "1Gi", "alloc", "2Gi", "sleep", "20000"],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert workload.stdout is not None
-        lines = [workload.stdout.readline().split() for _ in range(3)]
+    argv = [str(WORKLOAD), "ctx", "1", "alloc", "1Gi", "alloc", "2Gi", "sleep", "20000"]
+    with _running(argv, started, lines=3) as lines:
         assert [line[:2] for line in lines[1:]] == [["alloc", "0"], ["alloc", "0"]]
-        pod_resources = PodResourcesClient(short_dir / "pr.sock")
-        resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
-        collector = AgentCollector(
-            backend,
-            lambda: rig.state.gpus().values(),
-            lambda: {},
-            lambda: live_containers(pod_resources, resources, rig.files),
-        )
-        samples = _samples(collector)
+        samples = _samples(_collector(rig, backend, short_dir))
         labels = f'container="main",gpu="{GPU_B.uuid}",namespace="team-a",pod="spill"'
         assert samples[f"fracgpu_container_memory_used_bytes{{{labels}}}"] == 3 * GIB
         assert samples[f"fracgpu_container_memory_host_bytes{{{labels}}}"] == 2 * GIB
         assert samples[f"fracgpu_container_memory_host_allocations_total{{{labels}}}"] == 1
         assert samples[f"fracgpu_container_oom_rejections_total{{{labels}}}"] == 0
-    finally:
-        workload.kill()
-        workload.wait()
-        if workload.stdout is not None:
-            workload.stdout.close()
 
 
 def test_container_utilization_follows_its_paced_kernels(
     rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
 ) -> None:
-    rig.pods.add(assigned_pod("infer", {"main": [GPUAllocation(GPU_A.uuid, 30, 2048)]}))
-    ref = ContainerRef("team-a", "infer", "main")
-    _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
-    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 8)  # as kubelet would
-    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
-    mounts = {m.container_path: m.host_path for m in reply.mounts}
-    region = Path(mounts["/var/run/fracgpu"]) / "region"
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
-        "FRACGPU_TEST_LIMITS_PATH": mounts["/etc/fracgpu/limits"],
-        "FRACGPU_TEST_REGION_PATH": str(region),
-    }
+    started = _start(rig, "infer", GPUAllocation(GPU_A.uuid, 30, 2048))
+    collector = _collector(rig, backend, short_dir)
     # 1 ms kernels back to back on CUDA device 0 (GPU A) for 6 s; the shim paces them to 30 %.
-    workload = subprocess.Popen(
-        [str(SHIM_BUILD / "tests" / "launch_ops"), "1000", "6", "launch"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        pod_resources = PodResourcesClient(short_dir / "pr.sock")
-        collector = AgentCollector(
-            backend,
-            lambda: rig.state.gpus().values(),
-            lambda: {},
-            lambda: live_containers(
-                pod_resources, (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY), rig.files
-            ),
-        )
-        for _ in range(100):
-            if region.exists():
-                break
-            time.sleep(0.05)
+    with _running([str(LAUNCHER), "1000", "6", "launch"], started):
+        _wait_for(started.region)
         labels = f'container="main",gpu="{GPU_A.uuid}",namespace="team-a",pod="infer"'
         name = f"fracgpu_container_utilization_ratio{{{labels}}}"
         assert name not in _samples(collector)  # one sample is not yet a rate
         time.sleep(1.5)
         utilization = _samples(collector)[name]
         assert 0.05 <= utilization <= 0.45  # paced to its 30 % (unpaced would be near 1)
-    finally:
-        workload.kill()
-        workload.wait()
 
 
 MIB = 1 << 20
@@ -274,33 +254,13 @@ def test_gpu_manager_metrics_setting_from_flag_and_environment() -> None:
 def test_gpu_manager_names_mirror_the_container_metrics(
     rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
 ) -> None:
-    rig.pods.add(assigned_pod("train", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]}))
-    ref = ContainerRef("team-a", "train", "main")
-    _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
-    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 16)  # as kubelet would
-    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
-    mounts = {m.container_path: m.host_path for m in reply.mounts}
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
-        "FRACGPU_TEST_LIMITS_PATH": mounts["/etc/fracgpu/limits"],
-        "FRACGPU_TEST_REGION_PATH": str(Path(mounts["/var/run/fracgpu"]) / "region"),
-    }
-    workload = subprocess.Popen(
-        [str(WORKLOAD), "ctx", "1", "alloc", "3Gi", "sleep", "20000"],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    pod_resources = PodResourcesClient(short_dir / "pr.sock")
-    resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
+    started = _start(rig, "train", GPUAllocation(GPU_B.uuid, 30, 4096))
 
     def collector(settings: AgentSettings) -> AgentCollector:
-        return AgentCollector(
+        return _collector(
+            rig,
             backend,
-            lambda: rig.state.gpus().values(),
-            lambda: {},
-            lambda: live_containers(pod_resources, resources, rig.files),
+            short_dir,
             gpu_manager_metrics=settings.gpu_manager_metrics,
             node_name=settings.node_name,
         )
@@ -309,11 +269,9 @@ def test_gpu_manager_names_mirror_the_container_metrics(
         parse_settings([], env={"NODE_NAME": "gpu-7", "FRACGPU_AGENT_GPU_MANAGER_METRICS": "1"})
     )
     off = collector(parse_settings([], env={"NODE_NAME": "gpu-7"}))
-    try:
-        assert workload.stdout is not None
-        lines = [workload.stdout.readline().split() for _ in range(2)]
+    argv = [str(WORKLOAD), "ctx", "1", "alloc", "3Gi", "sleep", "20000"]
+    with _running(argv, started, lines=2) as lines:
         assert lines[1][:2] == ["alloc", "0"]
-
         _samples(on)  # the first scrape is the kernel-time baseline of the utilization rate
         samples = _samples(on)
         ours = f'container="main",gpu="{GPU_B.uuid}",namespace="team-a",pod="train"'
@@ -340,54 +298,19 @@ def test_gpu_manager_names_mirror_the_container_metrics(
         plain = _samples(off)
         assert plain.get(f"fracgpu_container_memory_used_bytes{{{ours}}}") == 3 * GIB
         assert not [name for name in plain if name.startswith("container_")]
-    finally:
-        workload.kill()
-        workload.wait()
-        if workload.stdout is not None:
-            workload.stdout.close()
 
     # The pod ends: its gpu-manager series vanish with the fracgpu ones.
-    rig.kubelet.release(ref)
+    rig.kubelet.release(started.ref)
     assert _gpu_manager_series(_samples(on)) == {}
 
 
 def test_gpu_manager_utilization_is_the_paced_kernel_time_in_percent(
     rig: AgentRig, double: NvmlDouble, backend: PynvmlBackend, short_dir: Path
 ) -> None:
-    rig.pods.add(assigned_pod("infer", {"main": [GPUAllocation(GPU_A.uuid, 30, 2048)]}))
-    ref = ContainerRef("team-a", "infer", "main")
-    _, reply = rig.kubelet.allocate(ref, RESOURCE_VCUDA_CORE, 30)
-    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 8)  # as kubelet would
-    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_CORE)
-    mounts = {m.container_path: m.host_path for m in reply.mounts}
-    region = Path(mounts["/var/run/fracgpu"]) / "region"
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
-        "FRACGPU_TEST_LIMITS_PATH": mounts["/etc/fracgpu/limits"],
-        "FRACGPU_TEST_REGION_PATH": str(region),
-    }
-    workload = subprocess.Popen(
-        [str(SHIM_BUILD / "tests" / "launch_ops"), "1000", "5", "launch"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        pod_resources = PodResourcesClient(short_dir / "pr.sock")
-        collector = AgentCollector(
-            backend,
-            lambda: rig.state.gpus().values(),
-            lambda: {},
-            lambda: live_containers(
-                pod_resources, (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY), rig.files
-            ),
-            gpu_manager_metrics=True,
-            node_name="gpu-7",
-        )
-        for _ in range(100):
-            if region.exists():
-                break
-            time.sleep(0.05)
+    started = _start(rig, "infer", GPUAllocation(GPU_A.uuid, 30, 2048))
+    collector = _collector(rig, backend, short_dir, gpu_manager_metrics=True, node_name="gpu-7")
+    with _running([str(LAUNCHER), "1000", "5", "launch"], started):
+        _wait_for(started.region)
         theirs = _gpu_manager_labels("infer")
         per_gpu = _series("container_gpu_utilization", **theirs, gpu="gpu0")
         assert per_gpu not in _samples(collector)  # one sample is not yet a rate
@@ -399,9 +322,6 @@ def test_gpu_manager_utilization_is_the_paced_kernel_time_in_percent(
         assert samples[per_gpu] == pytest.approx(ratio * 100)
         total = _series("container_gpu_utilization", **theirs, gpu="total")
         assert samples[total] == samples[per_gpu]
-    finally:
-        workload.kill()
-        workload.wait()
 
 
 def test_gpu_manager_request_is_what_was_promised_not_the_pacing(
@@ -409,21 +329,8 @@ def test_gpu_manager_request_is_what_was_promised_not_the_pacing(
 ) -> None:
     # A memory-only (best effort) container runs unpaced but was promised no compute:
     # gpu-manager reports its vcuda-core request, 0, where fracgpu's pacing ratio reads 1.
-    rig.pods.add(assigned_pod("notebook", {"main": [GPUAllocation(GPU_A.uuid, 0, 2048)]}))
-    ref = ContainerRef("team-a", "notebook", "main")
-    rig.kubelet.allocate(ref, RESOURCE_VCUDA_MEMORY, 8)
-    rig.kubelet.pre_start(ref, RESOURCE_VCUDA_MEMORY)
-    pod_resources = PodResourcesClient(short_dir / "pr.sock")
-    collector = AgentCollector(
-        backend,
-        lambda: rig.state.gpus().values(),
-        lambda: {},
-        lambda: live_containers(
-            pod_resources, (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY), rig.files
-        ),
-        gpu_manager_metrics=True,
-        node_name="gpu-7",
-    )
+    _start(rig, "notebook", GPUAllocation(GPU_A.uuid, 0, 2048))
+    collector = _collector(rig, backend, short_dir, gpu_manager_metrics=True, node_name="gpu-7")
     samples = _samples(collector)
     ours = f'container="main",gpu="{GPU_A.uuid}",namespace="team-a",pod="notebook"'
     assert samples[f"fracgpu_container_compute_limit_ratio{{{ours}}}"] == 1
