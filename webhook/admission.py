@@ -125,10 +125,13 @@ class Admission:
         demand = ask.demand
         quotas = await self._state.quotas(namespace)
         pools = quotalib.allowed_pools(quotas)
+        pool_note = ""
         if pools is not None:
             demand = dataclasses.replace(
                 demand, constraints=dataclasses.replace(demand.constraints, pools=pools)
             )
+            allowed = ", ".join(pools) or "none (its GPUQuotas share no pool)"
+            pool_note = f" (namespace {namespace}'s GPUQuota allows only pools {allowed})"
         restricted = await self._restrict_to_allowed_nodes(pod, demand)
         if isinstance(restricted, str):
             self._metrics.placement_failure(NoFitReason.NEVER.value)
@@ -146,7 +149,7 @@ class Admission:
                 if quota_block is not None:  # the models left after quota exclusions are full
                     return self._quota_denial(quota_block)
                 self._metrics.placement_failure(placed.reason.value)
-                return responses.denied(placed.message + node_note)
+                return responses.denied(placed.message + node_note + pool_note)
             assignment = assignments.build(
                 placed.node,
                 self._new_id(),

@@ -4,7 +4,7 @@ that says what was asked and which GPUs came closest."""
 import numpy as np
 
 from fracgpu.model import ContainerRequest
-from fracgpu.placement.api import NoFit, NoFitReason, PodDemand
+from fracgpu.placement.api import Constraints, NoFit, NoFitReason, PodDemand
 from fracgpu.placement.candidates import CandidateFinder, fit_on_node
 from fracgpu.placement.state import ClusterState
 
@@ -14,6 +14,9 @@ MAX_CANDIDATES_IN_MESSAGE = 3
 def explain(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> NoFit:
     asked = "; ".join(describe(c) for c in demand.containers) or "no GPU"
     pod = f"{asked}, {demand.cpu_milli}m CPU, {demand.memory_mib} MiB memory"
+    limited = describe_constraints(demand.constraints)
+    if limited:
+        pod += f"; {limited}"
     if not _could_ever_fit(state, finder, demand):
         return NoFit(
             NoFitReason.NEVER,
@@ -56,6 +59,23 @@ def _could_ever_fit(state: ClusterState, finder: CandidateFinder, demand: PodDem
         if fit_on_node(state, int(row), demand, gpus, needs, empty=True) is not None:
             return True
     return False
+
+
+def describe_constraints(constraints: Constraints) -> str:
+    """The pod's steering and quota constraints, in words (UUID lists only counted: the
+    webhook narrows them to the allowed nodes' GPUs, which may be thousands)."""
+    parts = []
+    if constraints.include_models:
+        parts.append(f"only GPU models {', '.join(constraints.include_models)}")
+    if constraints.exclude_models:
+        parts.append(f"no GPU models {', '.join(constraints.exclude_models)}")
+    if constraints.include_uuids:
+        parts.append(f"only {len(constraints.include_uuids)} GPUs named by UUID or node")
+    if constraints.exclude_uuids:
+        parts.append(f"not {len(constraints.exclude_uuids)} GPUs named by UUID")
+    if constraints.pools:
+        parts.append(f"only pools {', '.join(constraints.pools)}")
+    return "; ".join(parts)
 
 
 def describe(request: ContainerRequest) -> str:

@@ -34,6 +34,20 @@ def test_never_when_the_model_is_missing() -> None:
     assert "GPU model" in result.message
 
 
+def test_the_message_names_the_constraints_that_narrowed_the_choice() -> None:
+    view = ClusterView([node("a", 1)])
+    constraints = Constraints(
+        include_models=("H100", "H200"),
+        exclude_models=("PCIe",),
+        include_uuids=("u1", "u2", "u3"),
+        pools=("train",),
+    )
+    message = no_fit(view, share(10, constraints=constraints)).message
+    assert "only GPU models H100, H200; no GPU models PCIe" in message
+    assert "only 3 GPUs named by UUID or node" in message  # counted, never listed
+    assert "only pools train" in message
+
+
 def test_never_when_node_cpu_is_too_small() -> None:
     view = ClusterView([node("a", 1, cpu_milli=4000)])
     result = no_fit(view, share(10, cpu_milli=8000))
