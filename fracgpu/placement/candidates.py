@@ -33,6 +33,20 @@ class Candidates:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def subset(self, chosen: IntArray) -> "Candidates":
+        """Single-GPU candidates ``chosen`` (indices), in that order."""
+        if self.pair_cand is not None:
+            raise ValueError("subset() takes single-GPU candidates (pair_cand is None)")
+        return Candidates(
+            self.rows[chosen],
+            None,
+            self.slots[chosen],
+            self.take_units[chosen],
+            self.take_mem[chosen],
+            self.take_cont[chosen],
+            lambda i: self.assignment(int(chosen[i])),
+        )
+
 
 class CandidateFinder:
     """Finds the candidates of a demand in a ``ClusterState``; caches constraint masks."""

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fracgpu.placement.candidates import Candidates
+from fracgpu.placement.classes import StateClasses
 from fracgpu.placement.state import BoolArray, ClusterState, FloatArray, IntArray
 from fracgpu.placement.workload import Shape
 
@@ -37,6 +38,8 @@ class FragmentationIndex:
         self.shapes: tuple[Shape, ...] = ()
         self.weights: FloatArray = np.zeros(0)
         self._topology = -1
+        self._classes = StateClasses()
+        self._classes_topology = -1
         self._empty_state()
 
     def _empty_state(self) -> None:
@@ -122,10 +125,14 @@ class FragmentationIndex:
         self.effective_now = self._effective(
             self.usable, self.pods, state.n_cpu_free, state.n_mem_free
         )
+        if self._classes_topology != state.topology_version:
+            self._classes.rebuild(state)
+            self._classes_topology = state.topology_version
 
     # -- incremental -----------------------------------------------------------------------------
     def update_node(self, state: ClusterState, row: int) -> None:
         if not self.active or self._topology != state.topology_version:
+            self._classes_topology = -1  # not kept up to date: rebuilt with the index
             return
         s = state.slots_of_row(row)
         slots = np.arange(s.start, s.stop)
@@ -141,6 +148,23 @@ class FragmentationIndex:
             state.n_cpu_free[row : row + 1],
             state.n_mem_free[row : row + 1],
         )[0]
+        self._classes.update_node(state, row)
+
+    def representatives(self, state: ClusterState, cands: Candidates) -> IntArray | None:
+        """The first candidate of each (node class, GPU class) pair, in candidate order: the
+        others score and tie exactly like the first of theirs, so choosing among these picks
+        the same winner. None when the index is not current."""
+        current = state.topology_version
+        if not self.active or self._topology != current or self._classes_topology != current:
+            return None
+        if cands.pair_cand is not None:
+            return None  # multi-GPU candidates: one class per combination, not worth it
+        classes = self._classes
+        key = classes.node_ids[cands.rows] * classes.slot_span + classes.slot_ids[cands.slots]
+        _, first = np.unique(key, return_index=True)
+        first.sort()
+        result: IntArray = first
+        return result
 
     def usable_for(
         self,

@@ -1,9 +1,13 @@
 """Choosing one candidate: each policy is an ordered list of keys, smallest wins.
 
 Ties on every key go to the lowest GPU slot / node row, so a decision is deterministic.
+A key is computed only for the candidates still tied after the keys before it (usually a
+handful of the thousands of GPUs that fit), with the same arithmetic per candidate as over
+all of them, so the choice does not depend on how many were evaluated.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -11,6 +15,9 @@ from fracgpu.placement.api import PodDemand, Policy
 from fracgpu.placement.candidates import Candidates
 from fracgpu.placement.fragmentation import TIE_TOLERANCE, FragmentationIndex
 from fracgpu.placement.state import ClusterState, FloatArray, IntArray
+
+# A key's values for the candidates at the given indices (None: for all of them).
+Key = Callable[[IntArray | None], FloatArray]
 
 
 def choose(
@@ -21,63 +28,125 @@ def choose(
     demand: PodDemand,
 ) -> int:
     """Index of the winning candidate (``cands`` must not be empty)."""
-    rows = cands.rows
-    n = len(rows)
-    u = state.gpu_units
-    free = state.g_free[cands.slots]
-    gpu_left_pairs: FloatArray = (free - cands.take_units) / u + (
-        state.g_mem_free[cands.slots] - cands.take_mem
-    ) / np.maximum(state.g_mem_total[cands.slots], 1)
-    taken_pairs = cands.take_units * state.g_live[cands.slots]
-    gpu_less = not demand.containers
-    if gpu_less:
-        gpu_left: FloatArray = np.zeros(n)
-        taken: IntArray = np.zeros(n, np.int64)
-    elif cands.pair_cand is None:
-        gpu_left = gpu_left_pairs
-        taken = taken_pairs.astype(np.int64)
-    else:
-        gpu_left = np.bincount(cands.pair_cand, weights=gpu_left_pairs, minlength=n).astype(
-            np.float64
-        )
-        taken = np.bincount(cands.pair_cand, weights=taken_pairs, minlength=n).astype(np.int64)
-    node_free_after = state.n_free_units[rows] - taken
-    if n == 1:
+    if len(cands.rows) == 1:
         return 0
-
-    def node_left() -> FloatArray:
-        # Best-fit's "remaining resources": CPU, memory and GPU left, each as a fraction.
-        return (
-            (state.n_cpu_free[rows] - demand.cpu_milli) / np.maximum(state.n_cpu_total[rows], 1)
-            + (state.n_mem_free[rows] - demand.memory_mib) / np.maximum(state.n_mem_total[rows], 1)
-            + node_free_after / np.maximum(state.n_unit_capacity[rows], 1)
-        )
-
-    keys: list[FloatArray]
+    keys = _Keys(cands, state, demand)
+    chain: list[Key]
     if policy is Policy.BINPACK:
-        keys = [node_left()] if gpu_less else [node_free_after.astype(float), gpu_left]
+        chain = [keys.node_left] if keys.gpu_less else [keys.node_free_after, keys.gpu_left]
     elif policy is Policy.SPREAD:
-        keys = [-node_left()] if gpu_less else [-node_free_after.astype(float), -gpu_left]
+        chain = (
+            [_negated(keys.node_left)]
+            if keys.gpu_less
+            else [_negated(keys.node_free_after), _negated(keys.gpu_left)]
+        )
     elif policy is Policy.BEST_FIT:
-        keys = [node_left(), gpu_left]
+        chain = [keys.node_left, keys.gpu_left]
     else:
-        if gpu_less:
-            loss = frag.node_loss_cpu_only(state, rows, demand.cpu_milli, demand.memory_mib)
+        reps = None if keys.gpu_less else frag.representatives(state, cands)
+        if reps is not None and len(reps) < len(cands.rows):
+            # Score one candidate per class: the others score and tie exactly like it.
+            return int(reps[choose(policy, cands.subset(reps), state, frag, demand)])
+        if keys.gpu_less:
+            loss = frag.node_loss_cpu_only(state, cands.rows, demand.cpu_milli, demand.memory_mib)
         else:
             loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib)
         # Ties (the same capacity lost) go to the node with the least GPU left, then the GPU
         # left fullest: packing keeps whole nodes free for multi-GPU pods.
-        keys = [loss, node_free_after.astype(float), gpu_left]
-    return lexmin(keys)
+        chain = [
+            lambda idx: loss if idx is None else loss[idx],
+            keys.node_free_after,
+            keys.gpu_left,
+        ]
+    return lexmin(chain, len(cands.rows))
 
 
-def lexmin(keys: Sequence[FloatArray]) -> int:
-    """Index of the lexicographically smallest row; near-equal floats count as ties."""
-    alive = np.arange(len(keys[0]))
+class _Keys:
+    """The policies' keys for a subset of the candidates (indices into ``cands``)."""
+
+    def __init__(self, cands: Candidates, state: ClusterState, demand: PodDemand) -> None:
+        self._cands = cands
+        self._state = state
+        self._demand = demand
+        self.gpu_less = not demand.containers
+        self._sums: tuple[FloatArray, IntArray] | None = None
+
+    def _left(self, idx: IntArray | None) -> FloatArray:
+        """GPU left as a fraction, per (slot, take) pair."""
+        c, st = self._cands, self._state
+        slots = _at(c.slots, idx)
+        left: FloatArray = (st.g_free[slots] - _at(c.take_units, idx)) / st.gpu_units + (
+            st.g_mem_free[slots] - _at(c.take_mem, idx)
+        ) / np.maximum(st.g_mem_total[slots], 1)
+        return left
+
+    def _taken(self, idx: IntArray | None) -> IntArray:
+        """Compute taken from live GPUs, per (slot, take) pair."""
+        c = self._cands
+        taken: IntArray = _at(c.take_units, idx) * self._state.g_live[_at(c.slots, idx)]
+        return taken
+
+    def _summed(self) -> tuple[FloatArray, IntArray]:
+        """Multi-GPU candidates sum over their GPUs: computed for all of them at once."""
+        if self._sums is None:
+            c, n = self._cands, len(self._cands.rows)
+            assert c.pair_cand is not None
+            self._sums = (
+                np.bincount(c.pair_cand, weights=self._left(None), minlength=n).astype(np.float64),
+                np.bincount(c.pair_cand, weights=self._taken(None), minlength=n).astype(np.int64),
+            )
+        return self._sums
+
+    def gpu_left(self, idx: IntArray | None) -> FloatArray:
+        if self.gpu_less:
+            return np.zeros(len(self._cands.rows) if idx is None else len(idx))
+        if self._cands.pair_cand is None:
+            return self._left(idx)
+        summed: FloatArray = _at(self._summed()[0], idx)
+        return summed
+
+    def _free_after(self, idx: IntArray | None) -> IntArray:
+        c = self._cands
+        free: IntArray = self._state.n_free_units[_at(c.rows, idx)]
+        if self.gpu_less:
+            return free
+        if c.pair_cand is None:
+            taken = self._taken(idx).astype(np.int64)
+        else:
+            taken = _at(self._summed()[1], idx)
+        result: IntArray = free - taken
+        return result
+
+    def node_free_after(self, idx: IntArray | None) -> FloatArray:
+        return self._free_after(idx).astype(float)
+
+    def node_left(self, idx: IntArray | None) -> FloatArray:
+        """Best-fit's "remaining resources": CPU, memory and GPU left, each as a fraction."""
+        st, demand, rows = self._state, self._demand, _at(self._cands.rows, idx)
+        left: FloatArray = (
+            (st.n_cpu_free[rows] - demand.cpu_milli) / np.maximum(st.n_cpu_total[rows], 1)
+            + (st.n_mem_free[rows] - demand.memory_mib) / np.maximum(st.n_mem_total[rows], 1)
+            + self._free_after(idx) / np.maximum(st.n_unit_capacity[rows], 1)
+        )
+        return left
+
+
+def _at(array: Any, idx: IntArray | None) -> Any:
+    return array if idx is None else array[idx]
+
+
+def _negated(key: Key) -> Key:
+    return lambda idx: -key(idx)
+
+
+def lexmin(keys: Sequence[Key], n: int) -> int:
+    """Index of the lexicographically smallest of ``n`` candidates; near-equal floats tie."""
+    alive: IntArray | None = None  # every candidate
     for key in keys:
-        values = key[alive]
+        values = key(alive)
         best = values.min()
-        alive = alive[values <= best + TIE_TOLERANCE * max(1.0, abs(float(best)))]
+        tied = np.flatnonzero(values <= best + TIE_TOLERANCE * max(1.0, abs(float(best))))
+        alive = tied if alive is None else alive[tied]
         if len(alive) == 1:
             break
-    return int(alive[0])
+    return 0 if alive is None else int(alive[0])

@@ -1,0 +1,74 @@
+"""Equivalence classes of GPUs and nodes by their raw state, kept as the state changes.
+
+Two GPUs are in one class when everything scoring reads from a GPU is equal (model, free
+compute, containers, free and total memory, split count, usable at all); two nodes when their
+free CPU and memory are equal and their GPUs are in the same classes, in order. Scoring a
+candidate reads only its GPU and its node, so candidates of one (node class, GPU class) pair
+score alike and one of them stands for all (``FragmentationIndex.representatives``).
+Classes depend on state only, not on the workload, so they survive workload changes.
+"""
+
+import numpy as np
+
+from fracgpu.placement.state import ClusterState, IntArray
+
+
+class StateClasses:
+    """A small integer class id per GPU slot and per node row."""
+
+    def __init__(self) -> None:
+        self.slot_ids: IntArray = np.zeros(0, np.int64)
+        self.node_ids: IntArray = np.zeros(0, np.int64)
+        self._slot_table: dict[tuple[int, ...], int] = {}
+        self._node_table: dict[tuple[int, ...], int] = {}
+
+    @property
+    def slot_span(self) -> int:
+        """One more than the largest GPU class id."""
+        return len(self._slot_table) + 1
+
+    def rebuild(self, state: ClusterState) -> None:
+        """Classes of every GPU and node from scratch (after a topology change)."""
+        self._slot_table, self._node_table = {}, {}
+        self.slot_ids = np.zeros(len(state.g_free), np.int64)
+        self.node_ids = np.zeros(len(state.n_first), np.int64)
+        self._set_slots(state, np.arange(len(state.g_free)))
+        for row in range(len(state.n_first)):
+            self._set_node(state, row)
+
+    def update_node(self, state: ClusterState, row: int) -> None:
+        """Re-class one node and its GPUs after their state changed."""
+        s = state.slots_of_row(row)
+        self._set_slots(state, np.arange(s.start, s.stop))
+        self._set_node(state, row)
+        # Ids of states no GPU or node has any more pile up; renumber now and then.
+        if (
+            len(self._slot_table) + len(self._node_table)
+            > 2 * (len(self.slot_ids) + len(self.node_ids)) + 64
+        ):
+            self.rebuild(state)
+
+    def _set_slots(self, state: ClusterState, slots: IntArray) -> None:
+        features = np.column_stack(
+            [
+                state.g_model[slots],
+                state.g_free[slots],
+                state.g_cont[slots],
+                state.g_mem_free[slots],
+                state.g_mem_total[slots],
+                state.g_split[slots],
+                state.g_live[slots],
+            ]
+        ).tolist()
+        table = self._slot_table
+        for slot, feature in zip(slots.tolist(), features, strict=True):
+            self.slot_ids[slot] = table.setdefault(tuple(feature), len(table))
+
+    def _set_node(self, state: ClusterState, row: int) -> None:
+        s = state.slots_of_row(row)
+        key = (
+            int(state.n_cpu_free[row]),
+            int(state.n_mem_free[row]),
+            *self.slot_ids[s.start : s.stop].tolist(),
+        )
+        self.node_ids[row] = self._node_table.setdefault(key, len(self._node_table))

@@ -1,0 +1,76 @@
+"""Scoring one candidate per class (equal node aggregates, equal GPU state) picks exactly the
+winner that scoring every candidate picks."""
+
+import random
+
+import pytest
+
+from fracgpu.model import GPUAllocation
+from fracgpu.placement import ClusterView, Placement, PodDemand, Policy
+from fracgpu.placement.fragmentation import FragmentationIndex
+from tests.placement.helpers import node, share
+
+
+def random_cluster(seed: int) -> tuple[ClusterView, list[PodDemand]]:
+    """Many alike nodes (so classes hold several candidates) that differ in every feature
+    scoring reads: model, card memory, split count, free CPU, host memory and GPU use."""
+    rng = random.Random(seed)
+    nodes = [
+        node(
+            f"n{i}",
+            rng.choice([2, 4]),
+            model=rng.choice(["Tesla T4", "A100"]),
+            memory_mib=rng.choice([16384, 40960]),
+            cpu_milli=rng.choice([8000, 16000]),
+            host_memory_mib=rng.choice([65536, 131072]),
+            split_count=rng.choice([None, 3]),
+        )
+        for i in range(60)
+    ]
+    view = ClusterView(nodes)
+    demands = [
+        share(
+            rng.choice([10, 25, 50, 100]),
+            rng.choice([0, 1024, 8192]),
+            cpu_milli=rng.choice([0, 2000, 6000]),
+            host_memory_mib=rng.choice([0, 32768]),
+        )
+        for _ in range(10)
+    ]
+    for demand in demands * 3:
+        view.observe(demand)
+    for n in nodes:
+        roll = rng.random()
+        if roll < 0.3:  # CPU and memory taken by pods without GPUs
+            view.allocate(n.name, [], rng.choice([4000, 6000]), rng.choice([0, 65536]))
+        elif roll < 0.6:
+            device = rng.choice(n.devices)
+            allocation = GPUAllocation(device.uuid, rng.choice([10, 50]), rng.choice([1024, 4096]))
+            view.allocate(n.name, [allocation], rng.choice([0, 2000]))
+        elif roll < 0.8:  # the same compute and memory in one slice or in two
+            device = n.devices[0]
+            halves = rng.random() < 0.5
+            for _ in range(2 if halves else 1):
+                view.allocate(n.name, [GPUAllocation(device.uuid, 20 if halves else 40, 0)])
+    return view, demands
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_class_representatives_choose_like_every_candidate(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast, demands = random_cluster(seed)
+    full, _ = random_cluster(seed)
+    placed = 0
+    for step, demand in enumerate(demands * 6):
+        got = fast.place(demand, Policy.FRAGMENTATION)
+        with monkeypatch.context() as patch:
+            patch.setattr(FragmentationIndex, "representatives", lambda *_: None)
+            expected = full.place(demand, Policy.FRAGMENTATION)
+        assert got == expected, f"seed {seed} step {step}"
+        if isinstance(got, Placement):
+            placed += 1
+            for view in (fast, full):
+                for held in got.containers:
+                    view.allocate(got.node, held.devices, demand.cpu_milli, demand.memory_mib)
+    assert placed > 10  # the walk really placed pods and changed the classes
