@@ -61,6 +61,10 @@ class Admission:
         self._state = state
         self._metrics = metrics
         self._new_id = new_id
+        # Checked once: isinstance against a runtime Protocol is slow, and admission asks on
+        # every pod.
+        self._labels = state if isinstance(state, NodeLabels) else None
+        self._taints = state if isinstance(state, NodeTaints) else None
 
     # -- mutating ------------------------------------------------------------------------------
     async def mutate(self, request: AdmissionRequest) -> responses.Verdict:
@@ -201,11 +205,11 @@ class Admission:
         it may use."""
         view = await self._state.view()
         allowed: set[str] | None = None
-        if isinstance(self._state, NodeLabels):
-            allowed = allowed_nodes(pod, await self._state.node_labels())
-        if isinstance(self._state, NodeTaints):
+        if self._labels is not None:
+            allowed = allowed_nodes(pod, await self._labels.node_labels())
+        if self._taints is not None:
             # Most nodes carry no taint: find the few excluded ones rather than the many allowed.
-            excluded = untolerated_nodes(pod, await self._state.node_taints())
+            excluded = untolerated_nodes(pod, await self._taints.node_taints())
             if excluded:
                 everyone = {n.name for n in view.nodes()} if allowed is None else allowed
                 allowed = everyone - excluded

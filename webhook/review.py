@@ -193,13 +193,15 @@ def _string(obj: Mapping[str, Any], key: str) -> str:
 
 def _depth_exceeds(value: object, limit: int) -> bool:
     """Iterative depth check, so a hostile document cannot exhaust the stack here either."""
-    stack: list[tuple[object, int]] = [(value, 0)]
+    if not isinstance(value, dict | list):
+        return limit < 0
+    stack: list[tuple[dict[str, object] | list[object], int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
+        if item and depth >= limit:
+            return True  # its members are deeper than the limit
+        # Only objects and arrays are pushed: most members are strings and numbers.
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
     return False

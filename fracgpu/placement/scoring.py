@@ -46,18 +46,26 @@ def choose(
         reps = None if keys.gpu_less else frag.representatives(state, cands)
         if reps is not None and len(reps) < len(cands.rows):
             # Score one candidate per class: the others score and tie exactly like it.
-            return int(reps[choose(policy, cands.subset(reps), state, frag, demand)])
-        if keys.gpu_less:
-            loss = frag.node_loss_cpu_only(state, cands.rows, demand.cpu_milli, demand.memory_mib)
-        else:
-            loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib)
-        # Ties (the same capacity lost) go to the node with the least GPU left, then the GPU
-        # left fullest: packing keeps whole nodes free for multi-GPU pods.
-        chain = [
-            lambda idx: loss if idx is None else loss[idx],
-            keys.node_free_after,
-            keys.gpu_left,
-        ]
+            return int(reps[_by_fragmentation(cands.subset(reps), state, frag, demand)])
+        return _by_fragmentation(cands, state, frag, demand)
+    return lexmin(chain, len(cands.rows))
+
+
+def _by_fragmentation(
+    cands: Candidates, state: ClusterState, frag: FragmentationIndex, demand: PodDemand
+) -> int:
+    keys = _Keys(cands, state, demand)
+    if keys.gpu_less:
+        loss = frag.node_loss_cpu_only(state, cands.rows, demand.cpu_milli, demand.memory_mib)
+    else:
+        loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib)
+    # Ties (the same capacity lost) go to the node with the least GPU left, then the GPU
+    # left fullest: packing keeps whole nodes free for multi-GPU pods.
+    chain: list[Key] = [
+        lambda idx: loss if idx is None else loss[idx],
+        keys.node_free_after,
+        keys.gpu_left,
+    ]
     return lexmin(chain, len(cands.rows))
 
 
