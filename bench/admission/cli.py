@@ -8,6 +8,7 @@ Servers run in their own processes; the load generator here is closed-loop.
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import socket
 import subprocess
@@ -16,14 +17,14 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.admission.load import Result, post_load, timed_calls
+from bench.admission.load import Result, post_load, process_cpu_seconds, timed_calls
 from webhook import selfsigned
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,6 +125,22 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.kill()
 
 
+def _with_server_cpu(server: subprocess.Popen[bytes], run: Callable[[], Result]) -> Result:
+    """The load's result plus the server's own CPU time per request: unlike throughput, it
+    does not depend on what else runs on the machine."""
+    before = process_cpu_seconds(server.pid)
+    result = run()
+    used = process_cpu_seconds(server.pid) - before
+    return dataclasses.replace(result, server_cpu_ms=1000 * used / max(result.requests, 1))
+
+
+def _cpu_of(pid: int, run: Callable[[], Result]) -> tuple[Result, float]:
+    """The result of ``run`` and the CPU seconds process ``pid`` used meanwhile."""
+    before = process_cpu_seconds(pid)
+    result = run()
+    return result, process_cpu_seconds(pid) - before
+
+
 def _measure_servers(
     work: Path, tls: tuple[Path, Path, Path], options: argparse.Namespace
 ) -> list[Result]:
@@ -136,11 +153,11 @@ def _measure_servers(
         port, ca_file,
     )  # fmt: skip
     try:
-        results.append(asyncio.run(post_load(
+        results.append(_with_server_cpu(empty, lambda: asyncio.run(post_load(
             "(a) empty aiohttp handler, TLS", f"https://127.0.0.1:{port}/mutate", str(ca_file),
             _review, workers=options.workers, seconds=options.seconds,
             check=lambda r: bool(r["response"]["allowed"]),
-        )))  # fmt: skip
+        ))))  # fmt: skip
     finally:
         _stop(empty)
     cluster = work / "cluster.yaml"
@@ -154,12 +171,12 @@ def _measure_servers(
         port, ca_file,
     )  # fmt: skip
     try:
-        results.append(asyncio.run(post_load(
+        results.append(_with_server_cpu(mutate, lambda: asyncio.run(post_load(
             f"(b) /mutate, embedded, {options.nodes} nodes x {options.gpus} GPUs",
             f"https://127.0.0.1:{port}/mutate", str(ca_file), _review,
             workers=options.workers, seconds=options.seconds,
             check=lambda r: bool(r["response"]["allowed"] and r["response"].get("patch")),
-        )))  # fmt: skip
+        ))))  # fmt: skip
     finally:
         _stop(mutate)
     return results
@@ -210,7 +227,13 @@ def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
         def create(prefix: str) -> Any:
             return lambda i: core.create_namespaced_pod("bench", body(_pod(f"{prefix}-{i}")))
 
-        results = [timed_calls("(c) pod create, no webhook", create("plain"), options.creates)]
+        apiserver = plane.apiserver.process.pid
+        assert apiserver is not None
+        plain, plain_cpu = _cpu_of(
+            apiserver,
+            lambda: timed_calls("(c) pod create, no webhook", create("plain"), options.creates),
+        )
+        results = [plain]
         tls_dir = work / "webhook-tls"
         webhook_tls = WebhookTLS.create(tls_dir)
         replica = WebhookReplica(
@@ -220,8 +243,19 @@ def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
             replica.wait_ready(120)
             register_webhooks(client, f"https://127.0.0.1:{replica.port}", webhook_tls.ca_pem)
             time.sleep(1.0)
-            results.append(
-                timed_calls("(c) pod create, with webhook", create("gpu"), options.creates)
+            assert replica.process is not None
+            webhook_pid = replica.process.pid
+            before = process_cpu_seconds(webhook_pid)
+            hooked, hooked_cpu = _cpu_of(
+                apiserver,
+                lambda: timed_calls("(c) pod create, with webhook", create("gpu"), options.creates),
+            )
+            webhook_ms = 1000 * (process_cpu_seconds(webhook_pid) - before) / options.creates
+            results.append(dataclasses.replace(hooked, server_cpu_ms=webhook_ms))
+            print(
+                f"kube-apiserver CPU per pod create: {plain_cpu / options.creates * 1000:.2f} ms "
+                f"without the webhook, {hooked_cpu / options.creates * 1000:.2f} ms with it "
+                "(the server CPU column of the row with the webhook is the webhook's)"
             )
         finally:
             replica.stop()
@@ -244,8 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = _measure_servers(work, tls, options)
         if not options.no_apiserver:
             results += _measure_apiserver(work, options)
-    print("| case | requests | throughput | p50 ms | p99 ms | errors |")
-    print("|---|---|---|---|---|---|")
+    print("| case | requests | throughput | p50 ms | p99 ms | server CPU ms/request | errors |")
+    print("|---|---|---|---|---|---|---|")
     for result in results:
         print(result.row())
     empty, mutate = results[0], results[1]
@@ -253,6 +287,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n/mutate throughput / empty handler throughput = "
         f"{mutate.throughput / empty.throughput:.2f} (target >= 0.5)"
     )
+    if mutate.server_cpu_ms and empty.server_cpu_ms:
+        print(
+            f"server CPU per request: /mutate {mutate.server_cpu_ms:.2f} ms, empty handler "
+            f"{empty.server_cpu_ms:.2f} ms (ratio {empty.server_cpu_ms / mutate.server_cpu_ms:.2f})"
+        )
     if len(results) == 4:
         added = results[3].quantile(0.99) - results[2].quantile(0.99)
         print(

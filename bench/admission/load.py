@@ -1,6 +1,7 @@
 """Closed-loop load: N workers post reviews back to back for a fixed time; latencies in ms."""
 
 import asyncio
+import os
 import ssl
 import statistics
 import time
@@ -18,6 +19,8 @@ class Result:
     seconds: float
     latencies_ms: tuple[float, ...]
     errors: int
+    # CPU time the server process spent per request (from /proc), when measured
+    server_cpu_ms: float | None = None
 
     @property
     def throughput(self) -> float:
@@ -30,9 +33,10 @@ class Result:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     def row(self) -> str:
+        cpu = "" if self.server_cpu_ms is None else f"{self.server_cpu_ms:.2f}"
         return (
             f"| {self.name} | {self.requests} | {self.throughput:,.0f}/s | "
-            f"{self.quantile(0.5):.2f} | {self.quantile(0.99):.2f} | {self.errors} |"
+            f"{self.quantile(0.5):.2f} | {self.quantile(0.99):.2f} | {cpu} | {self.errors} |"
         )
 
 
@@ -89,3 +93,10 @@ def timed_calls(name: str, call: Callable[[int], None], count: int) -> Result:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

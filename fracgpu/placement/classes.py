@@ -27,6 +27,11 @@ class StateClasses:
         """One more than the largest GPU class id."""
         return len(self._slot_table) + 1
 
+    @property
+    def node_span(self) -> int:
+        """One more than the largest node class id."""
+        return len(self._node_table) + 1
+
     def rebuild(self, state: ClusterState) -> None:
         """Classes of every GPU and node from scratch (after a topology change)."""
         self._slot_table, self._node_table = {}, {}

@@ -161,10 +161,15 @@ class FragmentationIndex:
             return None  # multi-GPU candidates: one class per combination, not worth it
         classes = self._classes
         key = classes.node_ids[cands.rows] * classes.slot_span + classes.slot_ids[cands.slots]
-        _, first = np.unique(key, return_index=True)
+        n, size = len(key), classes.node_span * classes.slot_span
+        if size <= 4 * n + 1024:  # few classes: a lowest-index table beats sorting
+            lowest = np.full(size, n, np.int64)
+            np.minimum.at(lowest, key, np.arange(n))
+            first: IntArray = lowest[lowest < n]
+        else:
+            first = np.unique(key, return_index=True)[1]
         first.sort()
-        result: IntArray = first
-        return result
+        return first
 
     def usable_for(
         self,
@@ -213,16 +218,23 @@ class FragmentationIndex:
 
     # -- scoring ---------------------------------------------------------------------------------
     def loss(
-        self, state: ClusterState, cands: Candidates, cpu_milli: int, memory_mib: int
+        self,
+        state: ClusterState,
+        cands: Candidates,
+        cpu_milli: int,
+        memory_mib: int,
+        *,
+        distinct: bool = False,
     ) -> FloatArray:
-        """Usable capacity (weighted by frequency) each candidate would destroy."""
+        """Usable capacity (weighted by frequency) each candidate would destroy.
+        ``distinct``: no two candidates are in the same state (``representatives``)."""
         rows, pair_cand, slots = cands.rows, cands.pair_cand, cands.slots
         n = len(rows)
         if not self.active or n == 0:
             return np.zeros(n)
         take_units, take_mem, take_cont = cands.take_units, cands.take_mem, cands.take_cont
         expand: IntArray | None = None
-        if pair_cand is None:
+        if pair_cand is None and not distinct:
             # GPUs of one node in the same state score the same: score one of each.
             key = _state_key(state, slots)
             if key is not None:

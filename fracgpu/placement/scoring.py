@@ -46,19 +46,25 @@ def choose(
         reps = None if keys.gpu_less else frag.representatives(state, cands)
         if reps is not None and len(reps) < len(cands.rows):
             # Score one candidate per class: the others score and tie exactly like it.
-            return int(reps[_by_fragmentation(cands.subset(reps), state, frag, demand)])
+            subset = cands.subset(reps)
+            return int(reps[_by_fragmentation(subset, state, frag, demand, distinct=True)])
         return _by_fragmentation(cands, state, frag, demand)
     return lexmin(chain, len(cands.rows))
 
 
 def _by_fragmentation(
-    cands: Candidates, state: ClusterState, frag: FragmentationIndex, demand: PodDemand
+    cands: Candidates,
+    state: ClusterState,
+    frag: FragmentationIndex,
+    demand: PodDemand,
+    *,
+    distinct: bool = False,
 ) -> int:
     keys = _Keys(cands, state, demand)
     if keys.gpu_less:
         loss = frag.node_loss_cpu_only(state, cands.rows, demand.cpu_milli, demand.memory_mib)
     else:
-        loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib)
+        loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib, distinct=distinct)
     # Ties (the same capacity lost) go to the node with the least GPU left, then the GPU
     # left fullest: packing keeps whole nodes free for multi-GPU pods.
     chain: list[Key] = [
