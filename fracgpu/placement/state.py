@@ -177,6 +177,24 @@ class ClusterState:
         self.n_free_units[row] = self.n_unit_capacity[row]
         return row
 
+    def take(
+        self, row: int, cpu_milli: int, memory_mib: int, per_gpu: dict[str, list[int]]
+    ) -> None:
+        """Count use on node ``row``: CPU, memory, and per GPU UUID [cores, MiB, containers]
+        (unknown UUIDs are ignored, as in ``apply``)."""
+        self.n_cpu_free[row] -= cpu_milli
+        self.n_mem_free[row] -= memory_mib
+        name = self.node_names[row]
+        for uuid, (cores, memory, containers) in per_gpu.items():
+            slot = self._slot_of.get((name, uuid))
+            if slot is None:
+                continue
+            self.g_free[slot] -= cores
+            if self.g_live[slot]:
+                self.n_free_units[row] -= cores
+            self.g_mem_free[slot] -= memory
+            self.g_cont[slot] += containers
+
     # -- lookups ---------------------------------------------------------------------------------
     def has_node(self, name: str) -> bool:
         return name in self._records

@@ -96,8 +96,21 @@ class ClusterView:
         row = self._state.reset_usage(node)
         if row is None:
             return
+        # Summed per GPU first: one array update per GPU, not one per pod.
+        cpu = memory = 0
+        per_gpu: dict[str, list[int]] = {}
         for allocations, cpu_milli, memory_mib in uses:
-            self._state.apply(node, allocations, cpu_milli, memory_mib, 1)
+            cpu += cpu_milli
+            memory += memory_mib
+            for alloc in allocations:
+                held = per_gpu.get(alloc.uuid)
+                if held is None:
+                    per_gpu[alloc.uuid] = [alloc.cores, alloc.memory_mib, 1]
+                else:
+                    held[0] += alloc.cores
+                    held[1] += alloc.memory_mib
+                    held[2] += 1
+        self._state.take(row, cpu, memory, per_gpu)
         self._frag.update_node(self._state, row)
 
     def _apply(

@@ -11,7 +11,7 @@ from typing import Any
 
 from fracgpu import codec, names
 from fracgpu.errors import FracgpuError
-from fracgpu.model import Assignment, GPUDevice, NodeInventory, Reservation
+from fracgpu.model import Assignment, GPUAllocation, GPUDevice, NodeInventory, Reservation
 from fracgpu.quantity import parse_quantity
 from webhook.demand import cpu_and_memory
 from webhook.tolerations import Taint
@@ -32,6 +32,8 @@ class PodRecord:
     assignment: Assignment | None
     reservation_id: str
     terminal: bool
+    # The assignment's allocations, flattened once (the view recounts them often).
+    allocations: tuple[GPUAllocation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
         assignment=assignment,
         reservation_id=str(annotations.get(names.ANNOTATION_RESERVATION_ID, "")),
         terminal=obj.get("status", {}).get("phase") in TERMINAL_PHASES,
+        allocations=assignment.allocations() if assignment else (),
     )
 
 

@@ -422,8 +422,7 @@ class KubeState:
             pod = self.pods.get(key)
             if pod is None or pod.terminal:
                 continue
-            allocations = pod.assignment.allocations() if pod.assignment else ()
-            yield allocations, pod.cpu_milli, pod.memory_mib
+            yield pod.allocations, pod.cpu_milli, pod.memory_mib
         recorded = set()
         for held in record.reservations:
             recorded.add(held.id)
