@@ -1,5 +1,6 @@
 """The cluster back end's per-pod bookkeeping stays bounded by one reservation TTL."""
 
+from dataclasses import replace
 from typing import Any
 
 from fracgpu import codec, names
@@ -169,3 +170,26 @@ def test_an_object_version_already_cached_is_not_decoded_again() -> None:
     state.gpunodes.put(gpunode("n1", "8", [held("r1", "n1", 0, 10, later)]))
     record = state.gpunodes.get("n1")
     assert record is not None and len(record.reservations) == 1 and seen == ["n1", "n1"]
+
+
+def test_a_written_gpunode_is_cached_as_written_without_decoding_the_answer() -> None:
+    now = [1_000.0]
+    state = cluster_state(now)
+    state.gpunodes.put(gpunode("n1", "3", []))
+    record = state.gpunodes.get("n1")
+    assert record is not None
+    mine = held("r1", "n1", 0, 10, now[0] + TTL)
+    # the API server's answer to the guarded patch: the object at its new version
+    state.store_written(record, gpunode("n1", "4", [mine]), (mine,))
+    cached = state.gpunodes.get("n1")
+    assert cached is not None
+    assert (cached.resource_version, cached.reservations, cached.devices) == (
+        "4",
+        (mine,),
+        record.devices,
+    )
+    assert cached == replace(record, resource_version="4", reservations=(mine,))
+    # equal to decoding the answer, which the watch event of that version would do
+    decoded = cluster_state(now)
+    decoded.gpunodes.put(gpunode("n1", "4", [mine]))
+    assert decoded.gpunodes.get("n1") == cached

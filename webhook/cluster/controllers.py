@@ -95,7 +95,7 @@ class Controllers:
                 report.conflicts += 1
                 log.info("pruning reservations of %s deferred: %s", name, error)
                 return
-            self._state.gpunodes.put(written)
+            self._state.store_written(record, written, tuple(keep))
             report.reservations_pruned += len(record.reservations) - len(keep)
 
     # -- quota recount ----------------------------------------------------------------------------

@@ -227,9 +227,10 @@ class KubeState:
             if problem:
                 raise ReserveRejected(RejectKind.CAPACITY, problem)
             self._hold_inflight(claim)
+            reservations = (*self._kept(record), held)
             try:
                 written = await stores.write_reservations(
-                    self._api, held.node, record.resource_version, (*self._kept(record), held)
+                    self._api, held.node, record.resource_version, reservations
                 )
             except ConflictError:
                 self._drop_inflight(held.id)
@@ -238,7 +239,7 @@ class KubeState:
             except BaseException:
                 self._drop_inflight(held.id)
                 raise
-            self.gpunodes.put(written)
+            self.store_written(record, written, reservations)
             self._drop_inflight(held.id)
             return
         raise ReserveRejected(
@@ -265,7 +266,7 @@ class KubeState:
             record = self.gpunodes.get(node)
             if record is None or all(r.id != reservation_id for r in record.reservations):
                 return
-            keep = [r for r in self._kept(record) if r.id != reservation_id]
+            keep = tuple(r for r in self._kept(record) if r.id != reservation_id)
             try:
                 written = await stores.write_reservations(
                     self._api, node, record.resource_version, keep
@@ -273,9 +274,25 @@ class KubeState:
             except ConflictError:
                 await self._reload_gpunode(node)
                 continue
-            self.gpunodes.put(written)
+            self.store_written(record, written, keep)
             return
         log.warning("could not remove reservation %s from %s; it will expire", reservation_id, node)
+
+    def store_written(
+        self, record: GPUNodeRecord, written: Obj, reservations: tuple[Reservation, ...]
+    ) -> None:
+        """Cache the GPUNode that a guarded write of ``reservations`` onto ``record`` made:
+        the patch applied to exactly that version, so only the list and the version changed
+        (decoding the whole answer again cost more than the rest of the write)."""
+        version = str(written.get("metadata", {}).get("resourceVersion", ""))
+        if not version:
+            self.gpunodes.put(written)
+            return
+        self.gpunodes.put_record(
+            record.name,
+            version,
+            replace(record, resource_version=version, reservations=reservations),
+        )
 
     def _kept(self, record: GPUNodeRecord) -> list[Reservation]:
         """The node's reservations minus the prunable ones: every write drops those on the

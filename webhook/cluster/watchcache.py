@@ -73,6 +73,12 @@ class WatchCache(Generic[T]):
         """
         self._store(object_key(obj), obj)
 
+    def put_record(self, key: str, version: str, value: T) -> None:
+        """Like ``put``, for a write whose resulting record the caller already knows (a
+        resourceVersion-guarded patch of a known version): no decoding of the answer."""
+        self._set(key, value)
+        self._versions[key] = version
+
     def get(self, key: str) -> T | None:
         return self._items.get(key)
 
