@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -242,6 +242,7 @@ def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
         try:
             replica.wait_ready(120)
             register_webhooks(client, f"https://127.0.0.1:{replica.port}", webhook_tls.ca_pem)
+            _wait_first_summaries(client, options.nodes)
             time.sleep(1.0)
             assert replica.process is not None
             webhook_pid = replica.process.pid
@@ -260,6 +261,24 @@ def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
         finally:
             replica.stop()
     return results
+
+
+def _wait_first_summaries(client: Any, nodes: int, timeout_s: float = 300) -> None:
+    """Wait for the new leader's first controller round (a summary on every GPUNode, one
+    write each): a one-off burst at start-up, not part of admitting a pod."""
+    import kubernetes.client  # noqa: PLC0415
+
+    custom = kubernetes.client.CustomObjectsApi(client)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        listed = cast(
+            dict[str, Any], custom.list_cluster_custom_object("fracgpu.io", "v1alpha1", "gpunodes")
+        )
+        done = len([i for i in listed["items"] if (i.get("status") or {}).get("summary")])
+        if done >= nodes:
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"the webhook's controllers did not summarise {nodes} GPUNodes in time")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
