@@ -130,14 +130,18 @@ async def test_view_recounts_a_changed_node_like_a_fresh_replica() -> None:
 def test_prunable_reservations_settled_expired_or_departed() -> None:
     now = [1_000.0]
     state = cluster_state(now, settle_s=5.0)
-    expires = now[0] + TTL  # made now
+    expires = now[0] - 10 + TTL  # made 10 s ago; its pod shows up only now
     state.pods.put(placed_pod("live", "r-live", "n1", 0, 10))
     state.pods.put(placed_pod("gone", "r-gone", "n1", 0, 10))
     state.pods.put({**placed_pod("gone", "r-gone", "n1", 0, 10), "status": {"phase": "Failed"}})
     live, gone = held("r-live", "n1", 0, 10, expires), held("r-gone", "n1", 0, 10, expires)
     waiting = held("r-wait", "n1", 0, 10, expires)
-    assert not state.prunable(live, now[0] + 4.9)  # other replicas may not see the pod yet
-    assert state.prunable(live, now[0] + 5.0)
+    # the settle time runs from the pod's appearance: other replicas may not see it yet
+    assert not state.prunable(live, now[0] + 4.9)
+    now[0] += 3.0
+    state.pods.put({**placed_pod("live", "r-live", "n1", 0, 10), "status": {"phase": "Pending"}})
+    assert not state.prunable(live, now[0] + 1.9)  # an update of the pod does not restart it
+    assert state.prunable(live, now[0] + 2.0)
     assert state.prunable(gone, now[0])
     assert not state.prunable(waiting, expires - 1)
     assert state.prunable(waiting, expires)

@@ -87,6 +87,9 @@ class KubeState:
         )
         self._pods_by_node: dict[str, set[str]] = {}
         self._live_reservations: dict[str, str] = {}  # reservation ID -> pod key
+        # Reservation ID -> when this replica first saw its pod live: the settle time runs
+        # from there (other replicas' pod caches lag behind the pod's appearance).
+        self._live_since: dict[str, float] = {}
         # Reservation IDs whose pod was seen and then deleted or finished -> when
         self._departed: dict[str, float] = {}
         self._last_forget = 0.0
@@ -392,6 +395,9 @@ class KubeState:
             self._pods_by_node.setdefault(new.node, set()).add(key)
             if new.reservation_id:
                 self._live_reservations[new.reservation_id] = key
+                self._live_since.setdefault(new.reservation_id, self._clock())
+        if old is not None and old.reservation_id not in self._live_reservations:
+            self._live_since.pop(old.reservation_id, None)
 
     def live_reservation_ids(self) -> dict[str, str]:
         return dict(self._live_reservations)
@@ -459,14 +465,14 @@ class KubeState:
         )
 
     def prunable(self, held: Reservation, now: float) -> bool:
-        """Whether a reservation can leave its GPUNode: its pod has been live for the settle
-        time (every replica's pod cache has it by then), its pod came and went, or it expired
-        without a pod. The controllers and every reservation write apply this same rule."""
+        """Whether a reservation can leave its GPUNode: this replica has seen its pod live for
+        the settle time (every replica's pod cache has it by then), its pod came and went, or
+        it expired without a pod. The controllers and every reservation write apply this
+        same rule."""
         if held.id in self._departed:
             return True
         if held.id in self._live_reservations:
-            made_at = held.expires_at - self._settings.reservation_ttl_s
-            return now - made_at >= self._settings.settle_s
+            return now - self._live_since.get(held.id, now) >= self._settings.settle_s
         return now >= held.expires_at
 
     def node(self, name: str) -> NodeRecord | None:
