@@ -257,3 +257,18 @@ def test_a_node_split_count_limits_containers_per_gpu(
         assert _assignment(_create(kube_client, namespace, _pod(f"s{index}", tiny, steer)))
     message = _denial(kube_client, namespace, _pod("third", tiny, steer))
     assert "2 of 2 slices" in message or node.name in message
+
+
+def test_two_containers_of_one_pod_may_share_one_gpu(
+    kube_client: kubernetes.client.ApiClient, namespace: str, nodes: NodeFactory, tag: str
+) -> None:
+    (node,) = _nodes(nodes, tag, gpus=1, model=f"NVIDIA A2-{tag}", memory_mib=15360)
+    share = {names.RESOURCE_VCUDA_CORE: "20", names.RESOURCE_VCUDA_MEMORY: "4"}
+    sidecar = {"name": "side", "image": "cuda:12", "resources": {"limits": share}}
+    pod = _create(
+        kube_client,
+        namespace,
+        _pod("pair", share, {names.ANNOTATION_USE_MODELS: tag}, [sidecar]),
+    )
+    held = _assignment(pod).allocations()
+    assert len(held) == 2 and held[0].uuid == held[1].uuid == node.devices[0]["uuid"]
