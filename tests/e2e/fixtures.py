@@ -27,6 +27,7 @@ from .harness import (
     require_binaries,
 )
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION
+from .webhook_harness import Webhooks, running_webhooks
 
 
 @pytest.fixture(scope="session")
@@ -150,3 +151,22 @@ def nodes(
     factory = NodeFactory(kube_client)
     yield factory
     factory.cleanup()
+
+
+@pytest.fixture(scope="module")
+def one_webhook(
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    fracgpu_crds: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Webhooks]:
+    """One `fracgpu serve` replica in cluster mode with default settings, registered with the
+    chart's webhook configurations and running as fracgpu's service account (chart RBAC)."""
+    with running_webhooks(
+        kube_client,
+        control_plane.kubeconfig("webhook"),
+        tmp_path_factory.mktemp("webhooks"),
+        [],
+        replicas=1,
+    ) as running:
+        yield running

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import kubernetes.client
@@ -19,33 +18,15 @@ from fracgpu import codec, names
 from fracgpu.model import Assignment
 
 from .fixtures import GPUNodeInfo, NodeFactory
-from .harness import ControlPlane
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION
-from .webhook_harness import Webhooks, running_webhooks
+from .webhook_harness import Webhooks
 
 pytestmark = pytest.mark.e2e
 CACHE_SETTLE_S = 1.5  # the webhook's watch caches see new nodes and quotas
 
 
-@pytest.fixture(scope="module")
-def webhooks(
-    control_plane: ControlPlane,
-    kube_client: kubernetes.client.ApiClient,
-    fracgpu_crds: list[str],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Webhooks]:
-    with running_webhooks(
-        kube_client,
-        control_plane.kubeconfig("webhook"),
-        tmp_path_factory.mktemp("webhooks"),
-        [],
-        replicas=1,
-    ) as running:
-        yield running
-
-
 @pytest.fixture
-def tag(webhooks: Webhooks) -> str:
+def tag(one_webhook: Webhooks) -> str:
     """A model suffix only this test's nodes carry."""
     return f"P{uuid.uuid4().hex[:6].upper()}"
 

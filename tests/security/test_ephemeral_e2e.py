@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import kubernetes.client
@@ -17,27 +16,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from fracgpu import names
-from tests.e2e.harness import ControlPlane
-from tests.e2e.webhook_harness import Webhooks, running_webhooks
+from tests.e2e.webhook_harness import Webhooks
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def webhooks(
-    control_plane: ControlPlane,
-    kube_client: kubernetes.client.ApiClient,
-    fracgpu_crds: list[str],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Webhooks]:
-    with running_webhooks(
-        kube_client,
-        control_plane.kubeconfig("webhook"),
-        tmp_path_factory.mktemp("webhooks"),
-        [],
-        replicas=1,
-    ) as running:
-        yield running
 
 
 def _ephemeral_path(namespace: str, pod: str) -> str:
@@ -74,7 +55,7 @@ def _add_debug_container(
 
 @pytest.fixture
 def running_pod(
-    kube_client: kubernetes.client.ApiClient, namespace: str, webhooks: Webhooks
+    kube_client: kubernetes.client.ApiClient, namespace: str, one_webhook: Webhooks
 ) -> str:
     name = f"web-{uuid.uuid4().hex[:6]}"
     body = {
