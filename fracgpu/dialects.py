@@ -95,15 +95,19 @@ def gpu_resource_values(
     container: Mapping[str, object], config: DialectConfig
 ) -> dict[str, object]:
     """The container's GPU resources (limits), after checking requests equal limits."""
+    return _extended_resources(container, config.names.all())
+
+
+def _extended_resources(container: Mapping[str, object], keys: frozenset[str]) -> dict[str, object]:
+    """The container's limits of ``keys``, after checking each request equals its limit."""
     name = _container_name(container)
     resources = container.get("resources") or {}
     if not isinstance(resources, Mapping):
         raise RequestError(name, "resources", type(resources).__name__, "use a mapping")
     limits = _resource_map(name, resources, "limits")
     requests = _resource_map(name, resources, "requests")
-    gpu_names = config.names.all()
     values: dict[str, object] = {}
-    for key in sorted(gpu_names & (limits.keys() | requests.keys())):
+    for key in sorted(keys & (limits.keys() | requests.keys())):
         if key not in limits:
             raise RequestError(
                 name,
@@ -164,16 +168,10 @@ def _container_priority(
     name: str, container: Mapping[str, object], config: DialectConfig
 ) -> Priority | None:
     key = config.names.hami_priority
-    resources = container.get("resources") or {}
-    assert isinstance(resources, Mapping)  # gpu_resource_values checked it
-    limits = _resource_map(name, resources, "limits")
-    requests = _resource_map(name, resources, "requests")
-    if key not in limits and key not in requests:
+    raw = _extended_resources(container, frozenset({key})).get(key)
+    if raw is None:
         return None
-    raw = limits.get(key, requests.get(key))
     value = _count(name, key, raw)
-    if key in limits and key in requests and _count(name, key, requests[key]) != value:
-        raise RequestError(name, f"requests[{key}]", requests[key], "make it equal the limit")
     if value not in _HAMI_PRIORITIES:
         raise RequestError(name, key, raw, "use 0 (high priority) or 1 (low priority)")
     return _HAMI_PRIORITIES[value]

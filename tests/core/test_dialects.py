@@ -278,7 +278,11 @@ def test_priority_alone_asks_for_no_gpu() -> None:
     [
         ({"nvidia.com/priority": "2"}, None, "nvidia.com/priority=2 is not allowed: use 0 (high"),
         ({"nvidia.com/priority": "x"}, None, "nvidia.com/priority=x is not allowed"),
-        ({"nvidia.com/priority": "0"}, {"nvidia.com/priority": "1"}, "make it equal the limit"),
+        (
+            {"nvidia.com/priority": "0"},
+            {"nvidia.com/priority": "1"},
+            "make the request equal the limit 0",
+        ),
     ],
 )
 def test_bad_hami_priorities_are_refused(
