@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from agent.podlookup import PodInfo
 from fracgpu.codec import decode_assignment
-from fracgpu.dialects import canonical_quantities
+from fracgpu.dialects import canonical_counts
 from fracgpu.errors import CodecError
 from fracgpu.model import ContainerAssignment, GPUDevice, Priority, virtual_memory_mib
 from fracgpu.names import (
@@ -17,8 +17,6 @@ from fracgpu.names import (
     ANNOTATION_PRIORITY,
     CORES_PER_GPU,
     HAMI_ANNOTATION_PRIORITY,
-    RESOURCE_VCUDA_CORE,
-    RESOURCE_VCUDA_MEMORY,
 )
 from fracgpu.shim_abi import (
     DEFAULT_PRIORITY,
@@ -150,9 +148,7 @@ def limits_for(
 
 
 def _check_allocated(where: str, chosen: ContainerAssignment, allocated: AllocatedTokens) -> None:
-    counted = canonical_quantities(chosen)
-    cores = int(counted[RESOURCE_VCUDA_CORE])
-    blocks = int(counted[RESOURCE_VCUDA_MEMORY])
+    cores, blocks = canonical_counts(chosen)
     if (cores, blocks) != (allocated.compute, allocated.memory_blocks):
         raise LimitsError(
             f"{where}: its assignment holds {cores} cores and {blocks} memory blocks, but "

@@ -317,10 +317,16 @@ def _parse_gpushare(name: str, counts: dict[str, int], config: DialectConfig) ->
     return ContainerRequest(name, gpus, config.default_cores, memory, Dialect.GPUSHARE)
 
 
-def canonical_quantities(assigned: ContainerAssignment) -> dict[str, str]:
-    """Canonical resource values (cores, 256 MiB blocks) that kubelet and ResourceQuota count."""
+def canonical_counts(assigned: ContainerAssignment) -> tuple[int, int]:
+    """(cores, 256 MiB blocks): what kubelet counts of the canonical resources."""
     cores = sum(dev.cores for dev in assigned.devices)
     blocks = sum(dev.memory_mib // names.MEMORY_BLOCK_MIB for dev in assigned.devices)
+    return cores, blocks
+
+
+def canonical_quantities(assigned: ContainerAssignment) -> dict[str, str]:
+    """Canonical resource values (cores, 256 MiB blocks) that kubelet and ResourceQuota count."""
+    cores, blocks = canonical_counts(assigned)
     return {
         names.RESOURCE_VCUDA_CORE: format_count(cores),
         names.RESOURCE_VCUDA_MEMORY: format_count(blocks),
