@@ -21,7 +21,6 @@ from webhook.review import AdmissionRequest
 
 SUB_RESOURCE: Final = "ephemeralcontainers"
 EPHEMERAL_KIND: Final = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
-_VOID_ENTRY: Final = {"name": names.ENV_VISIBLE_DEVICES, "value": names.VISIBLE_DEVICES_NONE}
 
 
 def is_ephemeral_update(request: AdmissionRequest) -> bool:
@@ -63,13 +62,8 @@ def validate_update(request: AdmissionRequest) -> responses.Verdict:
     return responses.allowed()
 
 
-def _reserved(container: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    where = f"ephemeral container {container['name']}"
-    return {
-        e["name"]: dict(e)
-        for e in podlib.env_entries(container, where)
-        if names.is_reserved_env(e["name"])
-    }
+def _reserved(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return podlib.reserved_variables(container, f"ephemeral container {container['name']}")
 
 
 def _tampering(added: list[dict[str, Any]]) -> list[str]:
@@ -78,7 +72,7 @@ def _tampering(added: list[dict[str, Any]]) -> list[str]:
         f'variable {name} in container "{container["name"]}"'
         for container in added
         for name, entry in sorted(_reserved(container).items())
-        if entry != _VOID_ENTRY
+        if dict(entry) != validate.VOID_ENTRY
     ]
 
 

@@ -102,10 +102,15 @@ def reserved_env(pod: Mapping[str, Any]) -> dict[str, dict[str, Mapping[str, Any
     """container name -> reserved variable name -> its env entry, over every container kind."""
     found: dict[str, dict[str, Mapping[str, Any]]] = {}
     for field, index, container in containers(pod, ALL_FIELDS):
-        for entry in env_entries(container, f".spec.{field}[{index}]"):
-            if names.is_reserved_env(entry["name"]):
-                found.setdefault(container["name"], {})[entry["name"]] = entry
+        variables = reserved_variables(container, f".spec.{field}[{index}]")
+        if variables:
+            found[container["name"]] = variables
     return found
+
+
+def reserved_variables(container: Mapping[str, Any], path: str) -> dict[str, Mapping[str, Any]]:
+    """Reserved variable name -> its env entry, in one container."""
+    return {e["name"]: e for e in env_entries(container, path) if names.is_reserved_env(e["name"])}
 
 
 def reserved_metadata(pod: Mapping[str, Any]) -> dict[str, dict[str, str]]:

@@ -31,6 +31,8 @@ STEERING_ANNOTATIONS: Final = (
     names.HAMI_ANNOTATION_NOUSE_GPUUUID,
 )
 MAX_FINDINGS_SHOWN: Final = 8
+# fracgpu's own entry on a container that holds no GPU.
+VOID_ENTRY: Final = {"name": names.ENV_VISIBLE_DEVICES, "value": names.VISIBLE_DEVICES_NONE}
 
 
 def tamper_findings(
@@ -45,12 +47,11 @@ def tamper_findings(
             if placed_by_fracgpu and (kind, key) in WRITTEN_METADATA:
                 continue
             findings.append(f"{kind[:-1]} {key}")
-    void_entry = {"name": names.ENV_VISIBLE_DEVICES, "value": names.VISIBLE_DEVICES_NONE}
     for container, variables in podlib.reserved_env(pod).items():
         for name, entry in sorted(variables.items()):
             if name == names.ENV_VISIBLE_DEVICES and placed_by_fracgpu:
                 continue  # its value is checked against the assignment
-            if name == names.ENV_VISIBLE_DEVICES and void_allowed and dict(entry) == void_entry:
+            if name == names.ENV_VISIBLE_DEVICES and void_allowed and dict(entry) == VOID_ENTRY:
                 continue
             findings.append(f'variable {name} in container "{container}"')
     return findings
