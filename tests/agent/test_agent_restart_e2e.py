@@ -19,7 +19,6 @@ import os
 import queue
 import subprocess
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,6 +38,7 @@ from tests.agent.agent_process import AgentProcess
 from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import SHIM_BUILD, NvmlDouble, ensure_shim_built
 from tests.agent.test_node_e2e import agent_rbac  # noqa: F401 (fixture)
+from tests.agent.waiting import wait_for
 from tests.e2e.harness import ControlPlane, create_node, gpu_allocatable
 from tests.e2e.harness.kube import body as kube_body
 from tests.e2e.webhook_harness import running_webhooks
@@ -53,16 +53,6 @@ SHIM_TEST_LIBRARY = SHIM_BUILD / "libfracgpu-test.so"
 # than the running container's age, so its files survive only because the agent knows the
 # container is live (a second still covers a directory kubelet is allocating right now).
 RESTART_FLAGS = ("--stale-grace-seconds=1", "--housekeeping-seconds=0.5")
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Workload:

@@ -3,7 +3,6 @@ double) publishes its GPUNode, the real webhook places a pod on it, the test kub
 allocates the pod's canonical resources from the agent's device plugins and starts the
 container, and the limits file the agent wrote matches the pod's assignment."""
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from fracgpu.shim_abi import DeviceLimits, decode_limits
 from tests.agent.agent_process import AgentProcess
 from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import NvmlDouble, ensure_shim_built
+from tests.agent.waiting import wait_for
 from tests.chart.chartfiles import rbac_objects
 from tests.e2e.harness import ControlPlane, create_node, gpu_allocatable
 from tests.e2e.harness.identities import WEBHOOK_NAMESPACE
@@ -87,24 +87,6 @@ def agent_rbac(kube_client: kubernetes.client.ApiClient) -> Iterator[None]:
                 raise
 
 
-def _wait(
-    predicate: Any,
-    what: str,
-    timeout: float = 30.0,
-    denials: list[str] | None = None,
-    explain: Any = None,
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    last = f" (last answer: {denials[-1]})" if denials else ""
-    more = f"\n{explain()}" if explain is not None else ""
-    raise AssertionError(f"timed out waiting for {what}{last}{more}")
-
-
 def _published_devices(custom: Any, node: str) -> list[dict[str, Any]]:
     try:
         obj = custom.get_cluster_custom_object(
@@ -143,7 +125,9 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
     custom = kubernetes.client.CustomObjectsApi(kube_client)
     core = kubernetes.client.CoreV1Api(kube_client)
     try:
-        devices = _wait(lambda: _published_devices(custom, node), "the agent's GPUNode")
+        devices = wait_for(
+            lambda: _published_devices(custom, node), "the agent's GPUNode", timeout=30.0
+        )
         assert [d["memoryMiB"] for d in devices] == [24576, 24576]
         uuids = {d["uuid"] for d in devices}
         # The node's own settings (GPUNode spec): twice its GPU memory offered, no compute
@@ -193,9 +177,10 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
                     return None
                 raise
 
-        pod = _wait(
+        pod = wait_for(
             admitted,
             "admission onto the agent's node",
+            timeout=30.0,
             denials=denials,
             explain=lambda: "webhook log:\n" + webhook.log_tail(40),
         )
@@ -236,9 +221,9 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
             return [d["healthy"] for d in _published_devices(custom, node)]
 
         double.set("device.1.nvml_error.nvmlDeviceGetMemoryInfo", 15)
-        _wait(lambda: healthy_flags() == [True, False], "GPU 1 published unhealthy")
+        wait_for(lambda: healthy_flags() == [True, False], "GPU 1 published unhealthy", 30.0)
         double.set("device.1.nvml_error.nvmlDeviceGetMemoryInfo", None)
-        _wait(lambda: healthy_flags() == [True, True], "GPU 1 published healthy again")
+        wait_for(lambda: healthy_flags() == [True, True], "GPU 1 published healthy again", 30.0)
     finally:
         assert agent.stop() == 0
         kubelet.close()
