@@ -18,7 +18,7 @@ from fracgpu import codec, names
 from fracgpu.model import Assignment
 
 from .fixtures import GPUNodeInfo, NodeFactory
-from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION
+from .harness.resources import create_gpuquota
 from .webhook_harness import Webhooks
 
 pytestmark = pytest.mark.e2e
@@ -67,19 +67,8 @@ def _nodes(nodes: NodeFactory, tag: str, count: int = 1, **kwargs: Any) -> list[
     return made
 
 
-def _quota(client: kubernetes.client.ApiClient, namespace: str, spec: dict[str, Any]) -> None:
-    kubernetes.client.CustomObjectsApi(client).create_namespaced_custom_object(
-        FRACGPU_GROUP,
-        FRACGPU_VERSION,
-        namespace,
-        "gpuquotas",
-        {
-            "apiVersion": f"{FRACGPU_GROUP}/{FRACGPU_VERSION}",
-            "kind": "GPUQuota",
-            "metadata": {"name": "parity"},
-            "spec": spec,
-        },
-    )
+def _quota(client: kubernetes.client.ApiClient, namespace: str, **spec: Any) -> None:
+    create_gpuquota(client, namespace, {}, "parity", **spec)
     time.sleep(CACHE_SETTLE_S)
 
 
@@ -199,7 +188,7 @@ def test_a_per_model_quota_refusal_names_the_model(
     kube_client: kubernetes.client.ApiClient, namespace: str, nodes: NodeFactory, tag: str
 ) -> None:
     _nodes(nodes, tag, gpus=2, model=f"NVIDIA A100-{tag}")
-    _quota(kube_client, namespace, {"models": {f"A100-{tag}": {"cores": 30}}})
+    _quota(kube_client, namespace, models={f"A100-{tag}": {"cores": 30}})
     steer = {names.ANNOTATION_USE_MODELS: tag}
     share = {names.RESOURCE_VCUDA_CORE: "20", names.RESOURCE_VCUDA_MEMORY: "4"}
     assert _create(kube_client, namespace, _pod("first", share, steer))
@@ -217,7 +206,7 @@ def test_a_pool_quota_keeps_pods_in_their_pools(
     )
     nodes.gpu_node(f"par-{tag.lower()}-out", gpus=4, model=f"NVIDIA A30-{tag}")
     time.sleep(CACHE_SETTLE_S)
-    _quota(kube_client, namespace, {"pools": [pool]})
+    _quota(kube_client, namespace, pools=[pool])
     steer = {names.ANNOTATION_USE_MODELS: tag}
     whole = {names.RESOURCE_VCUDA_CORE: "100"}
     assert _assignment(_create(kube_client, namespace, _pod("in", whole, steer))).node == (

@@ -301,9 +301,14 @@ def create_resource_quota(
 
 
 def create_gpuquota(
-    client: kubernetes.client.ApiClient, namespace: str, hard: Mapping[str, int], name: str = "gpu"
+    client: kubernetes.client.ApiClient,
+    namespace: str,
+    hard: Mapping[str, int],
+    name: str = "gpu",
+    **spec: Any,
 ) -> dict[str, Any]:
-    """A GPUQuota with ``spec.hard`` (cores, memoryMiB, gpus) in ``namespace``."""
+    """A GPUQuota with ``spec.hard`` (cores, memoryMiB, gpus) in ``namespace``, plus any other
+    spec fields given (``models``, ``pools``)."""
     return as_dict(
         kubernetes.client.CustomObjectsApi(client).create_namespaced_custom_object(
             FRACGPU_GROUP,
@@ -314,7 +319,7 @@ def create_gpuquota(
                 "apiVersion": f"{FRACGPU_GROUP}/{FRACGPU_VERSION}",
                 "kind": "GPUQuota",
                 "metadata": {"name": name, "namespace": namespace},
-                "spec": {"hard": dict(hard)},
+                "spec": {"hard": dict(hard), **spec},
             },
         )
     )
