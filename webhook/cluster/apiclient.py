@@ -5,6 +5,7 @@ share one connection pool; connection details come from a kubeconfig or the in-c
 service account, read with the ``kubernetes`` package.
 """
 
+import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -17,6 +18,7 @@ JSON_CONTENT: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
 DEFAULT_TIMEOUT_S: Final = 10.0
+TLS_CLOSE_GRACE_S: Final = 0.25
 
 Obj = dict[str, Any]
 
@@ -118,6 +120,9 @@ class KubeApi:
         if self._session is not None:
             await self._session.close()
             self._session = None
+            # TLS connections close asynchronously (close_notify): let them finish before the
+            # caller's event loop may end, or their sockets are left to the garbage collector.
+            await asyncio.sleep(TLS_CLOSE_GRACE_S)
 
     @property
     def session(self) -> aiohttp.ClientSession:
