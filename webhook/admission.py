@@ -126,6 +126,8 @@ class Admission:
         self, pod: Mapping[str, Any], namespace: str, ask: PodAsk, request: AdmissionRequest
     ) -> responses.Verdict:
         assert ask.demand is not None
+        if not request.dry_run:
+            await self._state.check_placing()  # else the leader replica places it
         demand = ask.demand
         quotas = await self._state.quotas(namespace)
         pools = quotalib.allowed_pools(quotas)

@@ -23,13 +23,17 @@ from webhook.admission import Admission
 from webhook.client import build_review
 from webhook.cluster.apiclient import endpoint_from_kubeconfig
 from webhook.cluster.leader import LeaseSettings
-from webhook.cluster.runtime import ClusterMode, kube_state
+from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
 from webhook.cluster.state import KubeStateSettings
 from webhook.embedded import ClusterFileError, EmbeddedState
+from webhook.forward import LeaderForwarder
 from webhook.metrics import Metrics
 from webhook.review import parse_review
 from webhook.state import ClusterState
 from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
+
+# Bind addresses that name no reachable address of this replica.
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 log = logging.getLogger("fracgpu")
 
@@ -130,15 +134,28 @@ async def _serve(config: settings.Settings) -> int:
     )
     if not config.cluster_mode:
         return await _serve_until_signal(config, _state(config), reloader)
-    async with kube_state(_cluster_mode(config)) as state:
-        return await _serve_until_signal(config, state, reloader)
+    forwarder = LeaderForwarder(config.tls_cert_file, config.identity)
+    async with kube_state(_cluster_mode(config)) as runtime:
+        return await _serve_until_signal(config, runtime.state, reloader, forwarder, runtime)
 
 
 async def _serve_until_signal(
-    config: settings.Settings, state: ClusterState, reloader: CertificateReloader
+    config: settings.Settings,
+    state: ClusterState,
+    reloader: CertificateReloader,
+    forwarder: LeaderForwarder | None = None,
+    runtime: ClusterRuntime | None = None,
 ) -> int:
-    running = await server.start(config, state, reloader)
+    running = await server.start(config, state, reloader, forwarder)
     log.info("serving on %s", running.url)
+    if runtime is not None:
+        if config.advertise_url or config.host not in WILDCARD_HOSTS:
+            runtime.advertise(config.advertise_url or running.url)
+        else:
+            log.warning(
+                "no %s: while this replica leads, the others cannot forward GPU pods to it",
+                settings.option_flag("advertise_url"),
+            )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -160,8 +177,14 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
             memory_scaling=config.memory_scaling,
             reservation_ttl_s=config.reservation_ttl_seconds,
             settle_s=config.settle_seconds,
+            write_behind_s=config.write_behind_seconds,
         ),
-        lease=LeaseSettings(config.lease_namespace, config.lease_name, config.identity),
+        lease=LeaseSettings(
+            config.lease_namespace,
+            config.lease_name,
+            config.identity,
+            takeover_grace_s=config.takeover_grace_seconds,
+        ),
         controller_interval_s=config.controller_interval_seconds,
     )
 

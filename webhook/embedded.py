@@ -206,6 +206,9 @@ class EmbeddedState:
     def models(self) -> Mapping[str, str]:
         return dict(self._models)
 
+    async def check_placing(self) -> None:
+        """One process holds the whole state: it always places."""
+
     async def reserve(self, claim: Claim) -> None:
         async with self._lock:
             held = claim.reservation

@@ -17,11 +17,12 @@ from aiohttp import web
 
 from webhook import responses
 from webhook.admission import Admission
+from webhook.forward import FORWARDED_BY_HEADER, ForwardError, LeaderForwarder
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
 from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
 from webhook.settings import Settings
-from webhook.state import ClusterState, StateUnavailable
+from webhook.state import ClusterState, ForwardToLeader, StateUnavailable
 from webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ STATE: Final = web.AppKey("state", ClusterState)
 METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", Settings)
 RELOADER: Final = web.AppKey("reloader", CertificateReloader)
+FORWARDER: Final = web.AppKey("forwarder", LeaderForwarder)
 
 Decide = Callable[[Admission, AdmissionRequest], Awaitable[responses.Verdict]]
 
@@ -40,6 +42,7 @@ def build_app(
     state: ClusterState,
     metrics: Metrics,
     reloader: CertificateReloader | None = None,
+    forwarder: LeaderForwarder | None = None,
 ) -> web.Application:
     # One byte over the cap still reaches parse_review, which names the limit in its answer.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
@@ -55,7 +58,14 @@ def build_app(
     if reloader is not None:
         app[RELOADER] = reloader
         app.cleanup_ctx.append(_watch_certificates)
+    if forwarder is not None:
+        app[FORWARDER] = forwarder
+        app.on_cleanup.append(_close_forwarder)
     return app
+
+
+async def _close_forwarder(app: web.Application) -> None:
+    await app[FORWARDER].close()
 
 
 async def _watch_certificates(app: web.Application) -> AsyncIterator[None]:
@@ -91,6 +101,13 @@ def _admission_handler(
             return _malformed(metrics, endpoint, started, error)
         try:
             verdict = await decide(app[ADMISSION], review)
+        except ForwardToLeader as where:
+            forwarded = await _forward(request, body, review.uid, where)
+            if isinstance(forwarded, bytes):
+                metrics.admission(endpoint, "forwarded", time.perf_counter() - started)
+                log.info("%s uid=%s forwarded to %s", endpoint, review.uid, where.leader_url)
+                return web.Response(body=forwarded, content_type="application/json")
+            verdict = forwarded
         except StateUnavailable as error:
             log.warning("uid=%s cluster state unavailable: %s", review.uid, error)
             verdict = responses.errored(f"fracgpu cannot read cluster state now: {error}", 503)
@@ -115,6 +132,28 @@ def _admission_handler(
         return web.json_response(responses.to_review(review.uid, verdict))
 
     return handle
+
+
+async def _forward(
+    request: web.Request, body: bytes, uid: str, where: ForwardToLeader
+) -> bytes | responses.Verdict:
+    """The leader's answer to this review, or a fail-closed verdict saying why there is none.
+    A review that was itself forwarded is never forwarded again."""
+    forwarder = request.app.get(FORWARDER)
+    why = where.reason
+    if forwarder is not None and where.leader_url and FORWARDED_BY_HEADER not in request.headers:
+        try:
+            return await forwarder.forward(where.leader_url + request.path, body, uid)
+        except ForwardError as error:
+            why = str(error)
+    elif not where.leader_url:
+        why += "; no leader is known"
+    log.warning("uid=%s cannot place here: %s", uid, why)
+    return responses.errored(
+        f"fracgpu cannot place GPU pods right now ({why}): leadership is changing; "
+        "create the pod again in a few seconds",
+        503,
+    )
 
 
 def _malformed(
@@ -164,10 +203,13 @@ class RunningServer:
 
 
 async def start(
-    settings: Settings, state: ClusterState, reloader: CertificateReloader
+    settings: Settings,
+    state: ClusterState,
+    reloader: CertificateReloader,
+    forwarder: LeaderForwarder | None = None,
 ) -> RunningServer:
     """Serve HTTPS on settings.host:port (port 0 picks a free one) until ``stop``."""
-    app = build_app(settings, state, Metrics(), reloader)
+    app = build_app(settings, state, Metrics(), reloader, forwarder)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=reloader.context)

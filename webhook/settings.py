@@ -59,6 +59,9 @@ class Settings:
     lease_name: str = "fracgpu-webhook"
     settle_seconds: float = 5.0
     controller_interval_seconds: float = 5.0
+    advertise_url: str = ""
+    takeover_grace_seconds: float = 30.0
+    write_behind_seconds: float = 0.2
 
     @property
     def cluster_mode(self) -> bool:
@@ -102,6 +105,19 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise ValueError("use a number of seconds above 0")
     return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("use a number of seconds of 0 or more")
+    return value
+
+
+def _https_url(text: str) -> str:
+    if text and (not text.startswith("https://") or len(text) <= len("https://")):
+        raise ValueError("use an https:// URL such as https://10.0.0.7:8443, or leave it empty")
+    return text.rstrip("/")
 
 
 def _optional_path(text: str) -> Path | None:
@@ -307,6 +323,27 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "how often the leader prunes reservations and recounts quotas",
         _positive_float,
     ),
+    Option(
+        "advertise_url",
+        "",
+        "cluster mode: this replica's https:// URL where the others forward GPU pods while it "
+        "leads (default https://HOST:PORT unless HOST is a wildcard; the chart sets the pod IP)",
+        _https_url,
+    ),
+    Option(
+        "takeover_grace_seconds",
+        "30",
+        "cluster mode: how long a new leader waits before placing when its predecessor did not "
+        "hand over (covers admissions of a crashed leader still on their way to storage)",
+        _non_negative_float,
+    ),
+    Option(
+        "write_behind_seconds",
+        "0.2",
+        "cluster mode: how long the leader gathers reservations and quota charges before "
+        "writing them to GPUNodes and GPUQuotas",
+        _positive_float,
+    ),
     *(
         Option(
             f"resource_{f.name}",
@@ -406,11 +443,19 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         lease_name=values["lease_name"],
         settle_seconds=values["settle_seconds"],
         controller_interval_seconds=values["controller_interval_seconds"],
+        advertise_url=values["advertise_url"],
+        takeover_grace_seconds=values["takeover_grace_seconds"],
+        write_behind_seconds=values["write_behind_seconds"],
     )
 
 
 def _option(key: str) -> Option:
     return next(o for o in OPTIONS if o.key == key)
+
+
+def option_flag(key: str) -> str:
+    """The command-line flag of a setting, for messages."""
+    return _option(key).flag
 
 
 def describe(settings: Settings) -> Sequence[str]:

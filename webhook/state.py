@@ -1,8 +1,8 @@
 """The cluster state admission needs, as one small interface with two back ends.
 
 - ``webhook.embedded.EmbeddedState``: a YAML/JSON file (demo, ``fracgpu admit``, tests);
-- the Kubernetes back end (watch caches, GPUNode reservations and GPUQuota status written
-  with resourceVersion compare-and-swap).
+- the Kubernetes back end (watch caches; the leader replica places, holds reservations and
+  quota charges in memory and writes them behind to GPUNode and GPUQuota status).
 
 Admission plans against ``view()`` without holding anything, then calls ``reserve``, which
 must re-check capacity and quota atomically and raise ``ReserveRejected`` when the plan lost
@@ -33,6 +33,16 @@ class ReserveRejected(Exception):  # noqa: N818 - named for what happened; clust
 
 class StateUnavailable(Exception):  # noqa: N818 - a condition, not a bug
     """The back end cannot answer now (caches not synced, API unreachable): fail closed."""
+
+
+class ForwardToLeader(Exception):  # noqa: N818 - a condition, not a bug
+    """Another replica places pods (cluster mode): send this review to ``leader_url``, or
+    fail closed with ``reason`` when no leader can take it now."""
+
+    def __init__(self, leader_url: str, reason: str) -> None:
+        self.leader_url = leader_url
+        self.reason = reason
+        super().__init__(reason)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,11 @@ class ClusterState(Protocol):
         ``node`` is where the pod's assignment says it is: a back end whose cache may lag
         behind another replica's write reads that node's reservations fresh on a miss.
         """
+        ...
+
+    async def check_placing(self) -> None:
+        """Return when this process may place pods; raise ``ForwardToLeader`` where another
+        replica does (cluster mode: only the leader places)."""
         ...
 
     async def reserve(self, claim: Claim) -> None:

@@ -64,6 +64,9 @@ class RacingState:
     async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:
         return await self.inner.reservation(reservation_id)
 
+    async def check_placing(self) -> None:
+        await self.inner.check_placing()
+
     async def reserve(self, claim: Claim) -> None:
         if self.competitor_wins < self.races:
             self.competitor_wins += 1

@@ -100,35 +100,52 @@ class Controllers:
 
     # -- quota recount ----------------------------------------------------------------------------
     async def _recount_quotas(self, report: RoundReport) -> None:
+        """Recount every GPUQuota while no charge of theirs is being written (their locks
+        held), so the count and the unwritten charges it covers are taken at one moment."""
         if not len(self._state.gpuquotas):
             return
-        now = self._clock()
-        models = {d.uuid: d.model for _, r in self._state.gpunodes.items() for d in r.devices}
-        by_namespace = self._allocations_by_namespace(now)
-        for _, quota in self._state.gpuquotas.items():
-            counted = replace(quota, used=ResourceAmounts(), used_by_model={})
-            counted = quotalib.charge(counted, by_namespace.get(quota.namespace, []), models)
-            if _same_use(counted, quota):
-                continue
-            try:
-                written = await stores.write_quota_used(self._api, counted)
-            except ApiError as error:
-                report.conflicts += 1
-                log.info("recount of %s/%s deferred: %s", quota.namespace, quota.name, error)
-                continue
-            self._state.gpuquotas.put(written)
-            report.quotas_corrected += 1
+        keys = sorted(key for key, _ in self._state.gpuquotas.items())
+        async with contextlib.AsyncExitStack() as held:
+            for key in keys:
+                await held.enter_async_context(self._state.node_lock(f"quota:{key}"))
+            models = {d.uuid: d.model for _, r in self._state.gpunodes.items() for d in r.devices}
+            by_namespace = self._allocations_by_namespace(self._clock())
+            covered = self._state.unwritten_charges()
+            for key in keys:
+                quota = self._state.gpuquotas.get(key)
+                if quota is None:
+                    continue
+                counted = replace(quota, used=ResourceAmounts(), used_by_model={})
+                counted = quotalib.charge(counted, by_namespace.get(quota.namespace, []), models)
+                if not _same_use(counted, quota):
+                    try:
+                        written = await stores.write_quota_used(self._api, counted)
+                    except ApiError as error:
+                        report.conflicts += 1
+                        log.info("recount of %s deferred: %s", key, error)
+                        continue
+                    self._state.gpuquotas.put(written)
+                    report.quotas_corrected += 1
+                self._state.charges_written(key, covered.get(key, ()))
 
     def _allocations_by_namespace(self, now: float) -> dict[str, list[GPUAllocation]]:
+        """What holds GPU use, by namespace: live pods, open reservations, and the claims
+        this leader has not written yet."""
         result: dict[str, list[GPUAllocation]] = {}
         live = self._state.live_reservation_ids()
         for _, pod in self._state.pods.items():
             if pod.assignment is not None and not pod.terminal:
                 result.setdefault(pod.namespace, []).extend(pod.assignment.allocations())
+        written = set()
         for _, record in self._state.gpunodes.items():
             for held in record.reservations:
+                written.add(held.id)
                 if held.id not in live and held.expires_at > now:
                     result.setdefault(held.namespace, []).extend(held.allocations)
+        for claim in self._state.unwritten_claims():
+            held = claim.reservation
+            if held.id not in written:
+                result.setdefault(held.namespace, []).extend(held.allocations)
         return result
 
     # -- GPUNode summaries --------------------------------------------------------------------

@@ -1,9 +1,17 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, so one replica runs the controllers.
+"""Leader election on a coordination.k8s.io/v1 Lease: one replica places pods and runs the
+controllers; the others forward placement to it.
 
 A candidate takes the Lease when it is free or its holder has not renewed within
 ``lease_duration_s``; every write is guarded by resourceVersion, so two candidates can never
-both win. The leader renews every ``renew_interval_s``; when a renewal fails or finds
-another holder it stops leading at once (the controllers are cancelled).
+both win. The leader renews every ``renew_interval_s`` and writes its own URL into the Lease
+(annotation ``fracgpu.io/leader-url``), where followers read it. It places only while its
+last renewal is younger than ``renew_deadline_s`` (shorter than the lease), so it has stopped
+placing before anyone else may take the Lease.
+
+A leader keeps reservations in memory and writes them behind (``KubeState``), so a holder that
+died may have admitted pods whose reservations never reached the API server. A successor
+therefore waits ``takeover_grace_s`` before placing, unless the previous holder handed the
+Lease over cleanly (``release``: it stopped placing and wrote every reservation first).
 """
 
 import asyncio
@@ -12,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
@@ -20,6 +28,10 @@ from webhook.cluster.apiclient import ApiError, ConflictError, KubeApi, NotFound
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+
+LEADER_URL_ANNOTATION: Final = "fracgpu.io/leader-url"
+# Written by a leader that released the Lease after writing all its reservations.
+HANDED_OVER_ANNOTATION: Final = "fracgpu.io/handed-over"
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,46 @@ class LeaseSettings:
     lease_duration_s: int = 15
     renew_interval_s: float = 5.0
     retry_interval_s: float = 2.0
+    # A leader whose last renewal is older than this stops placing (< lease_duration_s).
+    renew_deadline_s: float = 10.0
+    # How long a new leader waits before placing after a holder that did not hand over.
+    takeover_grace_s: float = 30.0
+    # This replica's URL for followers' forwarded admissions ("" = none known yet).
+    advertise_url: str = ""
+
+
+@dataclass
+class Leadership:
+    """Who places pods now, as this replica knows it. The elector writes it; the state reads.
+
+    Mutable on purpose: one per replica, owned by that replica's elector.
+    """
+
+    clock: Clock = time.time
+    placing_from: float | None = None  # when this replica may place; None: not the leader
+    valid_until: float = 0.0  # last renewal + renew deadline
+    leader_url: str = ""  # the current holder's URL as its Lease names it
+    own_url: str = ""
+
+    def placing(self) -> bool:
+        if self.placing_from is None:
+            return False
+        now = self.clock()
+        return self.placing_from <= now < self.valid_until
+
+    def leading(self) -> bool:
+        return self.placing_from is not None
+
+    def why_not_placing(self) -> str:
+        now = self.clock()
+        if self.placing_from is None:
+            return "this replica is not the leader"
+        if now < self.placing_from:
+            return (
+                f"this replica took over leadership and places pods in "
+                f"{self.placing_from - now:.0f} s, once its predecessor's admissions have landed"
+            )
+        return "this replica could not renew its leadership in time"
 
 
 def _micro_time(moment: float) -> str:
@@ -43,12 +95,24 @@ def _parse_micro_time(text: str | None) -> float:
 
 
 class LeaderElector:
-    def __init__(self, api: KubeApi, settings: LeaseSettings, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        settings: LeaseSettings,
+        clock: Clock = time.time,
+        leadership: Leadership | None = None,
+    ) -> None:
         self._api = api
         self._settings = settings
         self._clock = clock
-        self.is_leader = False
+        self.leadership = leadership or Leadership(clock=clock)
+        if settings.advertise_url:
+            self.leadership.own_url = settings.advertise_url
         self.transitions_seen = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leadership.leading()
 
     @property
     def _path(self) -> str:
@@ -72,9 +136,18 @@ class LeaderElector:
                     log.warning("%s lost leadership", self._settings.identity)
                     break
         finally:
-            self.is_leader = False
+            self._lost()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+    async def refresh_leader(self) -> str:
+        """Read the Lease now (a follower that knows no leader yet); the holder's URL or ""."""
+        try:
+            lease = await self._api.get(self._path)
+        except (ApiError, aiohttp.ClientError, TimeoutError):
+            return ""
+        self._note_holder(lease, self._clock())
+        return self.leadership.leader_url
 
     async def try_acquire_or_renew(self) -> bool:
         """One election round; True when this candidate holds the Lease afterwards."""
@@ -82,22 +155,40 @@ class LeaderElector:
         try:
             lease = await self._api.get(self._path)
         except NotFoundError:
-            return await self._write(None, now, transitions=0)
+            # No Lease yet: nobody has placed anything, so no predecessor to wait for.
+            return await self._write(None, now, transitions=0, takeover_clean=True)
         except (ApiError, aiohttp.ClientError, TimeoutError) as error:
             log.warning("reading lease failed: %s", error)
             return self._lost()
         spec: dict[str, Any] = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
+        if self._note_holder(lease, now):
+            return self._lost()
+        transitions = int(spec.get("leaseTransitions") or 0)
+        ours = holder == self._settings.identity and self.is_leader
+        if not ours:
+            transitions += 1
+        annotations = (lease.get("metadata") or {}).get("annotations") or {}
+        clean = not holder and annotations.get(HANDED_OVER_ANNOTATION) == "true"
+        return await self._write(lease, now, transitions, takeover_clean=ours or clean)
+
+    def _note_holder(self, lease: dict[str, Any], now: float) -> bool:
+        """Record the holder's URL; True when another replica holds the Lease now."""
+        spec: dict[str, Any] = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
         renewed = _parse_micro_time(spec.get("renewTime"))
         duration = int(spec.get("leaseDurationSeconds") or self._settings.lease_duration_s)
-        transitions = int(spec.get("leaseTransitions") or 0)
-        if holder and holder != self._settings.identity and renewed + duration > now:
-            return self._lost()
-        if holder != self._settings.identity:
-            transitions += 1
-        return await self._write(lease, now, transitions)
+        annotations = (lease.get("metadata") or {}).get("annotations") or {}
+        other = bool(holder) and holder != self._settings.identity
+        held_by_other = other and renewed + duration > now
+        self.leadership.leader_url = (
+            str(annotations.get(LEADER_URL_ANNOTATION) or "") if held_by_other else ""
+        )
+        return held_by_other
 
-    async def _write(self, lease: dict[str, Any] | None, now: float, transitions: int) -> bool:
+    async def _write(
+        self, lease: dict[str, Any] | None, now: float, transitions: int, takeover_clean: bool
+    ) -> bool:
         s = self._settings
         was_ours = lease is not None and (lease.get("spec") or {}).get("holderIdentity") == (
             s.identity
@@ -106,7 +197,11 @@ class LeaderElector:
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": s.name, "namespace": s.namespace},
+            "metadata": {
+                "name": s.name,
+                "namespace": s.namespace,
+                "annotations": {LEADER_URL_ANNOTATION: self.leadership.own_url},
+            },
             "spec": {
                 "holderIdentity": s.identity,
                 "leaseDurationSeconds": s.lease_duration_s,
@@ -129,9 +224,48 @@ class LeaderElector:
             log.warning("writing lease failed: %s", error)
             return self._lost()
         self.transitions_seen = transitions
-        self.is_leader = True
+        leadership = self.leadership
+        if leadership.placing_from is None:
+            grace = 0.0 if takeover_clean else s.takeover_grace_s
+            leadership.placing_from = now + grace
+            if grace:
+                log.warning(
+                    "%s took over from a holder that did not hand over: placing in %.0f s",
+                    s.identity,
+                    grace,
+                )
+        leadership.valid_until = now + s.renew_deadline_s
+        leadership.leader_url = leadership.own_url
+        return True
+
+    async def release(self) -> bool:
+        """Hand the Lease over cleanly (the caller has stopped placing and written every
+        reservation): the next holder may place at once. True when released."""
+        self._lost()
+        try:
+            lease = await self._api.get(self._path)
+            spec: dict[str, Any] = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self._settings.identity:
+                return False
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": self._settings.name,
+                    "namespace": self._settings.namespace,
+                    "resourceVersion": lease["metadata"]["resourceVersion"],
+                    "annotations": {HANDED_OVER_ANNOTATION: "true"},
+                },
+                "spec": {**spec, "holderIdentity": None, "renewTime": _micro_time(self._clock())},
+            }
+            await self._api.replace(self._path, body)
+        except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+            log.warning("releasing lease failed (the next leader will wait): %s", error)
+            return False
+        log.info("%s handed over %s", self._settings.identity, self._settings.name)
         return True
 
     def _lost(self) -> bool:
-        self.is_leader = False
+        self.leadership.placing_from = None
+        self.leadership.valid_until = 0.0
         return False

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -10,6 +11,8 @@ from webhook.cluster.controllers import Controllers
 from webhook.cluster.leader import LeaderElector, LeaseSettings
 from webhook.cluster.state import KubeState, KubeStateSettings
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ClusterMode:
@@ -17,22 +20,48 @@ class ClusterMode:
     state: KubeStateSettings
     lease: LeaseSettings
     controller_interval_s: float = 5.0
+    # How long a leader shutting down may take to write what it holds before handing over.
+    handover_timeout_s: float = 10.0
+
+
+@dataclass
+class ClusterRuntime:
+    """What the server needs of cluster mode: the state, and the elector whose Lease carries
+    this replica's URL (known once the server listens)."""
+
+    state: KubeState
+    elector: LeaderElector
+
+    def advertise(self, url: str) -> None:
+        """This replica's URL for forwarded admissions, unless the settings named one."""
+        if not self.elector.leadership.own_url:
+            self.elector.leadership.own_url = url
 
 
 @contextlib.asynccontextmanager
-async def kube_state(mode: ClusterMode) -> AsyncIterator[KubeState]:
-    """A running KubeState (caches watching, controllers campaigning) until the block exits."""
+async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
+    """A running KubeState (caches watching, controllers campaigning) until the block exits;
+    a leader then stops placing, writes what it holds and hands the Lease over."""
     async with KubeApi(mode.endpoint) as api:
-        state = KubeState(api, mode.state)
-        controllers = Controllers(api, state, mode.state, mode.controller_interval_s)
         elector = LeaderElector(api, mode.lease)
+        state = KubeState(
+            api, mode.state, leadership=elector.leadership, find_leader=elector.refresh_leader
+        )
+        controllers = Controllers(api, state, mode.state, mode.controller_interval_s)
         tasks = [
             asyncio.create_task(state.run(), name="watch-caches"),
             asyncio.create_task(elector.run(controllers.run), name="leader-election"),
         ]
         try:
-            yield state
+            yield ClusterRuntime(state, elector)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            was_leader = elector.is_leader
+            tasks[1].cancel()  # stops placing and the controllers
+            await asyncio.gather(tasks[1], return_exceptions=True)
+            if was_leader:
+                if await state.flush(mode.handover_timeout_s):
+                    await elector.release()
+                else:
+                    log.warning("could not write every reservation: the next leader will wait")
+            tasks[0].cancel()
+            await asyncio.gather(tasks[0], return_exceptions=True)

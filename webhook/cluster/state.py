@@ -1,28 +1,35 @@
-"""``ClusterState`` over the Kubernetes API: watch caches in, CAS writes out.
+"""``ClusterState`` over the Kubernetes API: watch caches in, written-behind reservations out.
 
-Safety across replicas rests on one rule: every placement on a node is written as a
-reservation into that node's GPUNode status with a resourceVersion precondition, so two
-replicas deciding on stale views of the same node cannot both succeed. A reservation stays
-until its pod has been visible for ``settle_s`` (longer than any replica's watch lag), so a
-replica whose pod cache has not caught up still counts the slice; views count each slice
-once (a live pod's reservation ID is not counted again).
+Safety across replicas rests on one rule: only the leader (``Leadership``) places. It holds
+each reservation and quota charge in memory, counted in its view and quotas at once, and
+writes them behind in short batches (GPUNode ``status.reservations``, GPUQuota
+``status.used``, each with a resourceVersion precondition), off the admission's path. Other
+replicas raise ``ForwardToLeader``. A successor reads what was written; what a leader that
+died had not written is covered by the successor's takeover grace (see leader.py).
+
+A reservation stays until its pod has been visible for ``settle_s`` (longer than any
+replica's watch lag); views count each slice once (a live pod's reservation ID is not
+counted again).
 """
 
 import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+
+import aiohttp
 
 from fracgpu.codec import decode_quota
 from fracgpu.errors import FracgpuError
-from fracgpu.model import Quota, Reservation
+from fracgpu.model import GPUAllocation, Quota, Reservation
 from fracgpu.placement import ClusterView, Usage
 from webhook import quota as quotalib
 from webhook.capacity import capacity_problem
 from webhook.cluster import paths, stores
-from webhook.cluster.apiclient import ConflictError, KubeApi, NotFoundError, Obj
+from webhook.cluster.apiclient import ApiError, ConflictError, KubeApi, NotFoundError, Obj
+from webhook.cluster.leader import Leadership
 from webhook.cluster.records import (
     GPUNodeRecord,
     NodeRecord,
@@ -33,7 +40,7 @@ from webhook.cluster.records import (
     pod_record,
 )
 from webhook.cluster.watchcache import WatchCache, WatchSettings
-from webhook.state import Claim, RejectKind, ReserveRejected
+from webhook.state import Claim, ForwardToLeader, RejectKind, ReserveRejected
 from webhook.tolerations import Taint
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,10 @@ class KubeStateSettings:
     reservation_ttl_s: int = 60
     settle_s: float = 5.0
     write_retries: int = 5
+    # How long the leader gathers admissions before writing them (one write per GPUNode and
+    # GPUQuota carries the whole window), and waits after a failed write round.
+    write_behind_s: float = 0.2
+    write_retry_s: float = 1.0
     watch: WatchSettings = field(default_factory=WatchSettings)
 
 
@@ -62,11 +73,19 @@ class KubeState:
     """The cluster as the watch caches see it, plus CAS writes of reservations and quota use."""
 
     def __init__(
-        self, api: KubeApi, settings: KubeStateSettings, clock: Callable[[], float] = time.time
+        self,
+        api: KubeApi,
+        settings: KubeStateSettings,
+        clock: Callable[[], float] = time.time,
+        leadership: Leadership | None = None,
+        find_leader: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
         self._clock = clock
+        # Not placing until an elector says so (tests may hand in one that always places).
+        self._leadership = leadership or Leadership(clock=clock)
+        self._find_leader = find_leader
         watch = settings.watch
         self.pods = WatchCache(api, paths.PODS, pod_record, settings=watch, name="pods")
         self.nodes = WatchCache(api, paths.NODES, node_record, settings=watch, name="nodes")
@@ -99,9 +118,14 @@ class KubeState:
         # Quota this replica charged, for a refund if admission fails after reserving; kept
         # one TTL (later the recount owns the number). Both maps are bounded by time.
         self._charged: dict[str, tuple[Claim, float]] = {}
-        # Claims being written now: counted in the view at once, so concurrent admissions in
-        # this replica plan around each other instead of racing for the same GPU.
+        # Claims reserved here and not yet in their GPUNode: counted in the view at once.
         self._inflight: dict[str, Claim] = {}
+        # Quota key -> charges not yet in that GPUQuota's status.used: counted by quotas().
+        self._unwritten_charges: dict[str, list[Claim]] = {}
+        # What the write-behind loop writes next.
+        self._node_writes: set[str] = set()
+        self._quota_writes: set[str] = set()
+        self._wake_writer = asyncio.Event()
         # One writer per GPUNode in this replica: queued writes reuse the previous write's
         # resourceVersion instead of colliding with each other.
         self._node_locks: dict[str, asyncio.Lock] = {}
@@ -115,8 +139,8 @@ class KubeState:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(self) -> None:
-        """Run every watch cache until cancelled."""
-        await asyncio.gather(*(cache.run() for cache in self._caches))
+        """Run every watch cache and the write-behind loop until cancelled."""
+        await asyncio.gather(*(cache.run() for cache in self._caches), self.write_behind())
 
     def ready(self) -> bool:
         return all(cache.synced.is_set() for cache in self._caches)
@@ -130,7 +154,10 @@ class KubeState:
         return not self.namespaces.get(namespace)
 
     async def quotas(self, namespace: str) -> tuple[Quota, ...]:
-        return tuple(q for _, q in self.gpuquotas.items() if q.namespace == namespace)
+        """The namespace's GPUQuotas, with the charges this leader has not written yet."""
+        return tuple(
+            self._with_unwritten(q) for _, q in self.gpuquotas.items() if q.namespace == namespace
+        )
 
     async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
         if self._labels is None:
@@ -154,9 +181,15 @@ class KubeState:
         if reservation_id in self._live_reservations:
             # Already carried by a live pod: a second pod presenting it copied it.
             return None
+        claim = self._inflight.get(reservation_id)
+        if claim is not None:
+            return claim.reservation  # admitted here, not written yet
         found = self._cached_reservation(reservation_id, node)
         if found is None and node:
-            # Another replica may have written it a moment ago; our watch may not have it yet.
+            if not self._leadership.leading():
+                # The leader may hold it unwritten: only the leader can say.
+                await self.check_placing()
+            # Written a moment ago (by a predecessor); our watch may not have it yet.
             await self._reload_gpunode(node)
             found = self._cached_reservation(reservation_id, node)
         return found
@@ -172,93 +205,157 @@ class KubeState:
                     break
         return found
 
+    async def check_placing(self) -> None:
+        leadership = self._leadership
+        if leadership.placing():
+            return
+        url = "" if leadership.leading() else leadership.leader_url
+        if not url and not leadership.leading() and self._find_leader is not None:
+            url = await self._find_leader()  # just started, or the leader just changed
+        raise ForwardToLeader(url, leadership.why_not_placing())
+
     async def reserve(self, claim: Claim) -> None:
+        """Hold the claim in memory (the view and the quotas count it at once) and have it
+        written behind; only the leader reserves, so nothing else can take the slice."""
+        await self.check_placing()
         held = replace(
             claim.reservation,
             expires_at=int(self._clock()) + self._settings.reservation_ttl_s,
         )
-        await self._reserve_on_node(replace(claim, reservation=held))
-        try:
-            await self._charge_quotas(claim, sign=1)
-        except BaseException:
-            await self._remove_reservation(held.node, held.id)
-            raise
+        claim = replace(claim, reservation=held)
+        if self.gpunodes.get(held.node) is None:
+            raise ReserveRejected(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
+        self._refresh()
+        problem = capacity_problem(
+            self._view,
+            held.node,
+            held.allocations,
+            cpu_milli=claim.cpu_milli,
+            memory_mib=claim.memory_mib,
+            split_count=self._settings.split_count,
+        )
+        if problem:
+            raise ReserveRejected(RejectKind.CAPACITY, problem)
+        quotas = await self.quotas(held.namespace)
+        over = quotalib.check(quotas, held.allocations, claim.models)
+        if over is not None:
+            raise ReserveRejected(RejectKind.QUOTA, over.message)
+        self._hold_inflight(claim)
+        self._node_writes.add(held.node)
+        for quota in quotas:
+            key = _quota_key(quota)
+            self._unwritten_charges.setdefault(key, []).append(claim)
+            self._quota_writes.add(key)
         self._charged[held.id] = (claim, self._clock())
         self._forget_old()
+        self._wake_writer.set()
 
     async def release(self, reservation_id: str) -> None:
-        held = await self.reservation(reservation_id)
-        if held is not None:
-            await self._remove_reservation(held.node, reservation_id)
+        """Give a reservation back: unwritten parts are dropped, written ones written back."""
         charged = self._charged.pop(reservation_id, None)
+        if self._inflight.pop(reservation_id, None) is not None and charged is not None:
+            self._changed(charged[0].reservation.node)
+        still_unwritten = self._forget_unwritten({reservation_id})
+        found = self._cached_reservation(reservation_id, "")
+        if found is not None:
+            await self._remove_reservation(found.node, reservation_id)
         if charged is not None:
             claim = charged[0]
-            await self._charge_quotas(claim, sign=-1)
+            for quota in await self.quotas(claim.reservation.namespace):
+                if _quota_key(quota) not in still_unwritten:
+                    await self._charge_quota(quota, claim, -1)
 
     # -- reservations ---------------------------------------------------------------------------
     def node_lock(self, node: str) -> asyncio.Lock:
-        """The lock every writer of GPUNode ``node`` in this replica holds, so that writes
-        queue behind each other (and reuse the last write's resourceVersion) instead of
-        answering each other with 409 Conflict."""
+        """The lock every writer of GPUNode ``node`` (or ``quota:NS/NAME``) in this replica
+        holds, so that writes queue behind each other (and reuse the last write's
+        resourceVersion) instead of answering each other with 409 Conflict."""
         return self._node_locks.setdefault(node, asyncio.Lock())
 
-    async def _reserve_on_node(self, claim: Claim) -> None:
-        held = claim.reservation
-        self._hold_inflight(claim)  # until written or refused, whatever the queue
-        try:
-            async with self.node_lock(held.node):
-                self._drop_inflight(held.id)
-                await self._write_reservation(claim)
-        finally:
-            self._drop_inflight(held.id)
+    async def write_behind(self) -> None:
+        """Write what the leader reserved and charged, a short batch at a time: one GPUNode
+        or GPUQuota write carries every admission of the window. Runs until cancelled."""
+        while True:
+            await self._wake_writer.wait()
+            await asyncio.sleep(self._settings.write_behind_s)
+            self._wake_writer.clear()
+            if not await self.write_pending():
+                await asyncio.sleep(self._settings.write_retry_s)  # the API is struggling
 
-    async def _write_reservation(self, claim: Claim) -> None:
-        held = claim.reservation
-        for _ in range(self._settings.write_retries):
-            record = self.gpunodes.get(held.node)
-            if record is None:
-                raise ReserveRejected(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
-            self._refresh()
-            problem = capacity_problem(
-                self._view,
-                held.node,
-                held.allocations,
-                cpu_milli=claim.cpu_milli,
-                memory_mib=claim.memory_mib,
-                split_count=self._settings.split_count,
-            )
-            if problem:
-                raise ReserveRejected(RejectKind.CAPACITY, problem)
-            self._hold_inflight(claim)
-            reservations = (*self._kept(record), held)
-            try:
-                written = await stores.write_reservations(
-                    self._api, held.node, record.resource_version, reservations
-                )
-            except ConflictError:
-                self._drop_inflight(held.id)
-                await self._reload_gpunode(held.node)
-                continue
-            except BaseException:
-                self._drop_inflight(held.id)
-                raise
-            self.store_written(record, written, reservations)
-            self._drop_inflight(held.id)
-            return
-        raise ReserveRejected(
-            RejectKind.CAPACITY,
-            f"GPUNode {held.node} changed {self._settings.write_retries} times while reserving",
+    async def write_pending(self) -> bool:
+        """One round of writes for everything queued now; False when any write failed (it
+        stays queued)."""
+        nodes, self._node_writes = self._node_writes, set()
+        quotas, self._quota_writes = self._quota_writes, set()
+        results = await asyncio.gather(
+            *(self._write_node(node) for node in sorted(nodes)),
+            *(self._write_quota(key) for key in sorted(quotas)),
         )
+        return all(results)
+
+    def unwritten(self) -> int:
+        """Claims and quota charges held in memory only (0 once everything is written)."""
+        return len(self._inflight) + sum(len(c) for c in self._unwritten_charges.values())
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Write everything held in memory (a leader handing over); True when all is written."""
+        deadline = self._clock() + timeout_s
+        while self.unwritten() and self._clock() < deadline:
+            self._node_writes.update(c.reservation.node for c in self._inflight.values())
+            self._quota_writes.update(k for k, c in self._unwritten_charges.items() if c)
+            if not await self.write_pending():
+                await asyncio.sleep(self._settings.write_retry_s)
+        return not self.unwritten()
+
+    async def _write_node(self, node: str) -> bool:
+        async with self.node_lock(node):
+            return await self._write_claims(node)
+
+    async def _write_claims(self, node: str) -> bool:
+        claims = [c for c in self._inflight.values() if c.reservation.node == node]
+        if not claims:
+            return True
+        record = self.gpunodes.get(node)
+        if record is None:
+            # The GPUNode went away: the claims stay counted here until they expire.
+            log.warning("GPUNode %s is gone; %d reservations stay in memory", node, len(claims))
+            return True
+        now = self._clock()
+        kept = self._kept(record)
+        known = {r.id for r in kept}
+        added = [
+            c.reservation
+            for c in claims
+            if c.reservation.id not in known
+            and c.reservation.id not in self._departed
+            and c.reservation.expires_at > now
+        ]
+        reservations = (*kept, *added)
+        try:
+            written = await stores.write_reservations(
+                self._api, node, record.resource_version, reservations
+            )
+        except ConflictError:
+            await self._reload_gpunode(node)  # the agent or an old leader wrote it
+            return self._queue_node(node)
+        except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+            log.warning("writing reservations of %s failed, will retry: %s", node, error)
+            self._queue_node(node)
+            return False
+        for claim in claims:  # now counted from the written record instead
+            self._inflight.pop(claim.reservation.id, None)
+        self.store_written(record, written, reservations)
+        return True
+
+    def _queue_node(self, node: str) -> bool:
+        self._node_writes.add(node)
+        self._wake_writer.set()
+        return True
 
     def _hold_inflight(self, claim: Claim) -> None:
         held = claim.reservation
         self._inflight[held.id] = claim
         self._view.allocate(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
-
-    def _drop_inflight(self, reservation_id: str) -> None:
-        claim = self._inflight.pop(reservation_id, None)
-        if claim is not None:
-            self._changed(claim.reservation.node)  # recounted from the GPUNode record
 
     async def _remove_reservation(self, node: str, reservation_id: str) -> None:
         async with self.node_lock(node):
@@ -309,19 +406,68 @@ class KubeState:
             self.gpunodes.put(await self._api.get(f"{paths.GPUNODES}/{node}"))
 
     # -- quota ----------------------------------------------------------------------------------
-    async def _charge_quotas(self, claim: Claim, sign: int) -> None:
-        held = claim.reservation
-        charged: list[Quota] = []
-        for quota in await self.quotas(held.namespace):
+    def unwritten_charges(self) -> dict[str, tuple[Claim, ...]]:
+        """Quota key -> charges admitted but not yet written to that GPUQuota."""
+        return {key: tuple(claims) for key, claims in self._unwritten_charges.items() if claims}
+
+    def charges_written(self, key: str, claims: Iterable[Claim]) -> None:
+        """These charges of quota ``key`` are in its written status now (a recount counted
+        them, or a charge write carried them)."""
+        done = {c.reservation.id for c in claims}
+        left = [c for c in self._unwritten_charges.get(key, ()) if c.reservation.id not in done]
+        if left:
+            self._unwritten_charges[key] = left
+        else:
+            self._unwritten_charges.pop(key, None)
+
+    def _forget_unwritten(self, reservation_ids: set[str]) -> set[str]:
+        """Drop these reservations' unwritten charges; the quota keys they were pending in."""
+        found = set()
+        for key, claims in list(self._unwritten_charges.items()):
+            if any(c.reservation.id in reservation_ids for c in claims):
+                found.add(key)
+                gone = [c for c in claims if c.reservation.id in reservation_ids]
+                self.charges_written(key, gone)
+        return found
+
+    def _with_unwritten(self, quota: Quota) -> Quota:
+        claims = self._unwritten_charges.get(_quota_key(quota))
+        if not claims:
+            return quota
+        allocations, models = _charged_together(claims)
+        return quotalib.charge(quota, allocations, models)
+
+    async def _write_quota(self, key: str) -> bool:
+        async with self.node_lock(f"quota:{key}"):
+            claims = tuple(self._unwritten_charges.get(key, ()))
+            quota = self.gpuquotas.get(key)
+            if not claims:
+                return True
+            if quota is None:
+                self._unwritten_charges.pop(key, None)  # the quota was deleted
+                return True
+            allocations, models = _charged_together(claims)
             try:
-                charged.append(await self._charge_quota(quota, claim, sign))
-            except ReserveRejected:
-                for done in charged:
-                    await self._charge_quota(done, claim, -sign)
-                raise
+                written = await stores.write_quota_used(
+                    self._api, quotalib.charge(quota, allocations, models)
+                )
+            except ConflictError:
+                with contextlib.suppress(NotFoundError):
+                    self.gpuquotas.put(await self._api.get(paths.gpuquota(*key.split("/", 1))))
+                self._quota_writes.add(key)
+                self._wake_writer.set()
+                return True
+            except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+                log.warning("writing the use of GPUQuota %s failed, will retry: %s", key, error)
+                self._quota_writes.add(key)
+                self._wake_writer.set()
+                return False
+            self.gpuquotas.put(written)
+            self.charges_written(key, claims)
+            return True
 
     async def _charge_quota(self, quota: Quota, claim: Claim, sign: int) -> Quota:
-        key = f"{quota.namespace}/{quota.name}"
+        key = _quota_key(quota)
         async with self.node_lock(f"quota:{key}"):
             # queued writers start from the newest copy, not the one read before queueing
             quota = self.gpuquotas.get(key) or quota
@@ -329,13 +475,9 @@ class KubeState:
 
     async def _write_quota_charge(self, quota: Quota, claim: Claim, sign: int) -> Quota:
         allocations = claim.reservation.allocations
-        # A conflict here says nothing about room (other replicas and the recount write
-        # the same object), so retry longer than for GPUNodes.
+        # A conflict here says nothing about room (the recount writes the same object), so
+        # retry longer than for GPUNodes.
         for _ in range(QUOTA_RETRY_FACTOR * self._settings.write_retries):
-            if sign > 0:
-                over = quotalib.check([quota], allocations, claim.models)
-                if over is not None:
-                    raise ReserveRejected(RejectKind.QUOTA, over.message)
             updated = quotalib.charge(quota, allocations, claim.models, sign)
             try:
                 written = await stores.write_quota_used(self._api, updated)
@@ -399,6 +541,11 @@ class KubeState:
         if old is not None and old.reservation_id not in self._live_reservations:
             self._live_since.pop(old.reservation_id, None)
 
+    def unwritten_claims(self) -> tuple[Claim, ...]:
+        """Claims reserved here that still hold capacity and are not yet in their GPUNode."""
+        now = self._clock()
+        return tuple(c for c in self._inflight.values() if self._holds_capacity(c.reservation, now))
+
     def live_reservation_ids(self) -> dict[str, str]:
         return dict(self._live_reservations)
 
@@ -416,6 +563,11 @@ class KubeState:
         horizon = now - self._settings.reservation_ttl_s
         self._departed = {rid: at for rid, at in self._departed.items() if at > horizon}
         self._charged = {rid: c for rid, c in self._charged.items() if c[1] > horizon}
+        # Claims that could never be written (their GPUNode went away) stop counting.
+        for rid, claim in list(self._inflight.items()):
+            if claim.reservation.expires_at <= now:
+                del self._inflight[rid]
+                self._changed(claim.reservation.node)
 
     def bookkeeping_sizes(self) -> tuple[int, int]:
         """(departed, charged) entries held now; both stay bounded by one TTL of traffic."""
@@ -452,8 +604,9 @@ class KubeState:
             if self._holds_capacity(held, now):
                 yield held.allocations, 0, 0
         for claim in self._inflight.values():
-            if claim.reservation.node == name and claim.reservation.id not in recorded:
-                yield claim.reservation.allocations, claim.cpu_milli, claim.memory_mib
+            held = claim.reservation
+            if held.node == name and held.id not in recorded and self._holds_capacity(held, now):
+                yield held.allocations, claim.cpu_milli, claim.memory_mib
 
     def _holds_capacity(self, held: Reservation, now: float) -> bool:
         """Whether a reservation still holds capacity: not expired, not yet a live pod, and
@@ -485,3 +638,17 @@ def _find(record: GPUNodeRecord | None, reservation_id: str) -> Reservation | No
             if held.id == reservation_id:
                 return held
     return None
+
+
+def _quota_key(quota: Quota) -> str:
+    return f"{quota.namespace}/{quota.name}"
+
+
+def _charged_together(claims: Sequence[Claim]) -> tuple[list[GPUAllocation], dict[str, str]]:
+    """The allocations and GPU models of several claims, to charge them in one step."""
+    allocations: list[GPUAllocation] = []
+    models: dict[str, str] = {}
+    for claim in claims:
+        allocations.extend(claim.reservation.allocations)
+        models.update(claim.models)
+    return allocations, models
