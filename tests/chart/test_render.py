@@ -6,6 +6,7 @@ by each component's own settings loader, and the shared files are used as they a
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +76,24 @@ def _container(obj: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in containers if c["name"] == name)
 
 
+POD_IP = "10.1.2.3"
+
+
 def _env(container: dict[str, Any], downward: dict[str, str]) -> dict[str, str]:
-    env = {}
+    """The container's environment as kubelet builds it: downward-API fields filled in and
+    ``$(NAME)`` references to earlier variables expanded."""
+    fields = {"status.podIP": POD_IP, **downward}
+    env: dict[str, str] = {}
     for entry in container.get("env", []):
         if "value" in entry:
-            env[entry["name"]] = str(entry["value"])
+            value = re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: env.get(m.group(1), m.group(0)),
+                str(entry["value"]),
+            )
+            env[entry["name"]] = value
         else:
-            env[entry["name"]] = downward[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+            env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
 
 
@@ -200,8 +212,11 @@ def test_webhook_settings_are_accepted_by_the_webhook(rendered: dict[str, Render
         env = _env(_container(deployment, "webhook"), {"metadata.name": "webhook-0"})
         settings = webhook_settings.load(None, env)
         known = {option.env for option in webhook_settings.OPTIONS}
-        assert set(env) <= known, f"{profile}: unknown variables {set(env) - known}"
+        ours = {name for name in env if name.startswith(webhook_settings.ENV_PREFIX)}
+        assert ours <= known, f"{profile}: unknown variables {ours - known}"
         assert settings.in_cluster and settings.identity == "webhook-0"
+        # Followers reach the leader on its pod IP, at the port the webhook listens on.
+        assert settings.advertise_url == f"https://{POD_IP}:{settings.port}"
         namespace = PROFILES[profile].get("namespace", "fracgpu-system")
         assert settings.lease_namespace == namespace
         assert settings.service_accounts == {

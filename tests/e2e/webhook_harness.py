@@ -142,6 +142,8 @@ class WebhookReplica:
             "--lease-namespace", FRACGPU_NAMESPACE,
             "--controller-interval-seconds", "1",
             "--settle-seconds", "2",
+            # A replica killed while leading is succeeded within seconds, not half a minute.
+            "--takeover-grace-seconds", "3",
             *self.extra_args,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
