@@ -1,7 +1,8 @@
-"""The Kubernetes back end against a real kube-apiserver: two replicas racing for slices.
+"""The Kubernetes back end against a real kube-apiserver: the leader places, others forward.
 
 Each replica is a KubeState with its own watch caches and connection pool, as in two webhook
-pods. Admission is emulated by place-then-reserve with re-planning, as the webhook does.
+pods; whether it leads is handed in (the elector's part is tested in test_webhook_flow).
+Admission is emulated by place-then-reserve with re-planning, as the webhook does.
 """
 
 import asyncio
@@ -26,8 +27,9 @@ from fracgpu.model import (
 from fracgpu.placement import NoFit, PodDemand, Policy
 from webhook.cluster.apiclient import KubeApi, endpoint_from_kubeconfig
 from webhook.cluster.controllers import Controllers
+from webhook.cluster.leader import Leadership
 from webhook.cluster.state import KubeState, KubeStateSettings
-from webhook.state import Claim, RejectKind, ReserveRejected
+from webhook.state import Claim, ForwardToLeader, RejectKind, ReserveRejected
 
 from .fixtures import NodeFactory
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_gpuquota
@@ -36,11 +38,29 @@ pytestmark = pytest.mark.e2e
 TTL = 60
 
 
+LEADER_URL = "https://leader.example:8443"
+
+
+def leading() -> Leadership:
+    """A leadership that places from now on and never needs renewing."""
+    return Leadership(placing_from=0.0, valid_until=float("inf"), own_url=LEADER_URL)
+
+
+def following() -> Leadership:
+    return Leadership(leader_url=LEADER_URL)
+
+
 @contextlib.asynccontextmanager
-async def replica(kubeconfig: Path, **settings: Any) -> AsyncIterator[tuple[KubeApi, KubeState]]:
+async def replica(
+    kubeconfig: Path, leadership: Leadership | None = None, **settings: Any
+) -> AsyncIterator[tuple[KubeApi, KubeState]]:
     api = KubeApi(endpoint_from_kubeconfig(str(kubeconfig)))
     async with api:
-        state = KubeState(api, KubeStateSettings(reservation_ttl_s=TTL, **settings))
+        state = KubeState(
+            api,
+            KubeStateSettings(reservation_ttl_s=TTL, **settings),
+            leadership=leadership or leading(),
+        )
         task = asyncio.create_task(state.run())
         try:
             for _ in range(200):
@@ -103,20 +123,54 @@ def cores_per_gpu(reservations: list[dict[str, Any]]) -> dict[str, int]:
     return total
 
 
-async def test_two_replicas_never_overcommit_a_gpu(
+async def test_the_leader_never_overcommits_and_a_follower_forwards(
     kubeconfig: Path, nodes: NodeFactory, kube_client: kubernetes.client.ApiClient, namespace: str
 ) -> None:
     node = f"race-{uuid.uuid4().hex[:6]}"
     nodes.gpu_node(node, gpus=2, memory_mib=40960)
-    async with replica(kubeconfig) as (_, first), replica(kubeconfig) as (_, second):
-        await wait_for(lambda: first.gpunodes.get(node) and second.gpunodes.get(node), "GPUNode")
-        states = [first, second] * 10
-        claims = await asyncio.gather(*(admit(s, namespace, 30, 1024) for s in states))
-    granted = [c for c in claims if c is not None]
-    # 2 GPUs x 3 slices of 30 cores: exactly six fit, whoever wins the races.
-    assert len(granted) == 6
-    per_gpu = cores_per_gpu(gpunode_reservations(kube_client, node))
-    assert sorted(per_gpu.values()) == [90, 90]
+    async with (
+        replica(kubeconfig, write_behind_s=1.5) as (_, leader),
+        replica(kubeconfig, following()) as (_, follower),
+    ):
+        await wait_for(lambda: leader.gpunodes.get(node) and follower.gpunodes.get(node), "GPUNode")
+        claims = await asyncio.gather(*(admit(leader, namespace, 30, 1024) for _ in range(20)))
+        granted = [c for c in claims if c is not None]
+        # 2 GPUs x 3 slices of 30 cores: exactly six fit, all at once in memory.
+        assert len(granted) == 6
+        with pytest.raises(ForwardToLeader) as forwarded:
+            await admit(follower, namespace, 10, 1024)
+        assert forwarded.value.leader_url == LEADER_URL
+        some = granted[0].reservation
+        # Not written yet (the leader waits 1.5 s to batch): only the leader can vouch for it.
+        with pytest.raises(ForwardToLeader):
+            await follower.reservation(some.id, node)
+        held = await leader.reservation(some.id, node)
+        assert held is not None and held.allocations == some.allocations
+        # Written behind: a few writes carry all six, and the follower's cache learns them.
+        await wait_for(lambda: not leader.unwritten(), "everything written")
+        per_gpu = cores_per_gpu(gpunode_reservations(kube_client, node))
+        assert sorted(per_gpu.values()) == [90, 90]
+        await wait_for(
+            lambda: len(follower.gpunodes.get(node).reservations) == 6,  # type: ignore[union-attr]
+            "the follower's watch",
+        )
+        assert await follower.reservation(some.id, node) == held
+
+
+async def test_a_successor_counts_what_its_predecessor_wrote(
+    kubeconfig: Path, nodes: NodeFactory, kube_client: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    node = f"succ-{uuid.uuid4().hex[:6]}"
+    nodes.gpu_node(node, gpus=1, memory_mib=40960)
+    async with replica(kubeconfig) as (_, first):
+        await wait_for(lambda: first.gpunodes.get(node) is not None, "GPUNode")
+        assert await admit(first, namespace, 40, 1024) is not None
+        assert await admit(first, namespace, 40, 1024) is not None
+        assert await first.flush(10), "a leader handing over writes everything first"
+    async with replica(kubeconfig) as (_, second):
+        await wait_for(lambda: second.gpunodes.get(node) is not None, "GPUNode")
+        assert await admit(second, namespace, 30, 1024) is None  # 80 of 100 taken
+        assert await admit(second, namespace, 20, 1024) is not None
 
 
 async def test_concurrent_charges_never_pass_the_quota(
@@ -125,19 +179,18 @@ async def test_concurrent_charges_never_pass_the_quota(
     node = f"quota-{uuid.uuid4().hex[:6]}"
     nodes.gpu_node(node, gpus=4, memory_mib=40960)
     create_gpuquota(kube_client, namespace, {"cores": 100})
-    async with replica(kubeconfig) as (_, first), replica(kubeconfig) as (_, second):
+    async with replica(kubeconfig) as (_, leader):
         await wait_for(
             lambda: (
-                bool(first.gpuquotas.get(f"{namespace}/gpu"))
-                and bool(second.gpuquotas.get(f"{namespace}/gpu"))
-                and first.gpunodes.get(node) is not None
-                and second.gpunodes.get(node) is not None
+                bool(leader.gpuquotas.get(f"{namespace}/gpu"))
+                and leader.gpunodes.get(node) is not None
             ),
-            "quota and GPUNode in both caches",
+            "quota and GPUNode in the cache",
         )
-        claims = await asyncio.gather(*(admit(s, namespace, 30, 1024) for s in [first, second] * 6))
-    granted = [c for c in claims if c is not None]
-    assert len(granted) == 3  # 3 x 30 <= 100 < 4 x 30
+        claims = await asyncio.gather(*(admit(leader, namespace, 30, 1024) for _ in range(12)))
+        granted = [c for c in claims if c is not None]
+        assert len(granted) == 3  # 3 x 30 <= 100 < 4 x 30
+        await wait_for(lambda: not leader.unwritten(), "charges written")
     quota = kubernetes.client.CustomObjectsApi(kube_client).get_namespaced_custom_object(
         FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas", "gpu"
     )
@@ -151,18 +204,30 @@ async def test_release_gives_back_gpu_and_quota(
     nodes.gpu_node(node, gpus=1, memory_mib=40960)
     custom = kubernetes.client.CustomObjectsApi(kube_client)
     create_gpuquota(kube_client, namespace, {"cores": 50})
+
+    def used_cores() -> int:
+        quota = custom.get_namespaced_custom_object(
+            FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas", "gpu"
+        )
+        return int(((quota.get("status") or {}).get("used") or {}).get("cores") or 0)
+
     async with replica(kubeconfig) as (_, state):
         await wait_for(lambda: state.gpuquotas.get(f"{namespace}/gpu") is not None, "quota")
         await wait_for(lambda: state.gpunodes.get(node) is not None, "GPUNode")
+        # Released before it was written: nothing ever reaches the API server.
         claim = await admit(state, namespace, 50, 1024)
         assert claim is not None
         assert await admit(state, namespace, 10, 1024) is None  # quota is full
         await state.release(claim.reservation.id)
-        assert gpunode_reservations(kube_client, node) == []
-        quota = custom.get_namespaced_custom_object(
-            FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas", "gpu"
-        )
-        assert quota["status"]["used"]["cores"] == 0
+        assert await state.flush(10)
+        assert gpunode_reservations(kube_client, node) == [] and used_cores() == 0
+        # Released after it was written: both writes are taken back.
+        claim = await admit(state, namespace, 50, 1024)
+        assert claim is not None
+        assert await state.flush(10)
+        assert len(gpunode_reservations(kube_client, node)) == 1 and used_cores() == 50
+        await state.release(claim.reservation.id)
+        assert gpunode_reservations(kube_client, node) == [] and used_cores() == 0
         assert await admit(state, namespace, 50, 1024) is not None
 
 
@@ -180,6 +245,7 @@ async def test_controllers_prune_settled_reservations_and_recount_quota(
         kept = await admit(state, namespace, 40, 1024)
         lost = await admit(state, namespace, 20, 1024)
         assert kept is not None and lost is not None
+        assert await state.flush(10)
         # The first pod really gets created (carrying its reservation ID); the second never does.
         assignment = Assignment(
             node,

@@ -457,7 +457,9 @@ def test_faults_lose_no_accounting(
             future.result()
     if webhooks.replicas[0].process is not None and webhooks.replicas[0].process.poll() is not None:
         webhooks.replicas[0].start().wait_ready()
-    if fault != "lease-stolen":  # admission never depends on the leader
+    # A stolen Lease stops placement only at the leader's next renewal (up to 5 s later),
+    # when the burst may be over: no create has to fail for it.
+    if fault != "lease-stolen":
         assert errors, "the faults should have been felt by some creates"
     sums = live_sums(kube_client)
     for info in infos:
