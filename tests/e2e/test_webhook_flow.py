@@ -258,6 +258,12 @@ def test_burst_of_300_pods_from_many_threads_never_overcommits(
     assert all(count > 0 for count in webhooks.balancer.connections.values()), (
         "both replicas must have served the burst"
     )
+    # Only the leader placed: the other replica forwarded every GPU pod it was sent.
+    placed = {r.name: r.admissions("mutate", "patched") for r in webhooks.replicas}
+    forwarded = {r.name: r.admissions("mutate", "forwarded") for r in webhooks.replicas}
+    placers = [name for name, count in placed.items() if count]
+    assert len(placers) == 1, (placed, forwarded)
+    assert all(count for name, count in forwarded.items() if name not in placers), forwarded
     core = kubernetes.client.CoreV1Api(kube_client)
     for name in outcomes["admitted"]:
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)

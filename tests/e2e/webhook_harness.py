@@ -170,6 +170,16 @@ class WebhookReplica:
             time.sleep(0.1)
         raise AssertionError(f"{self.name} never became ready: {self.log_tail()}")
 
+    def admissions(self, endpoint: str, verdict: str) -> float:
+        """This replica's count of admissions on ``endpoint`` answered ``verdict``."""
+        context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{self.port}/metrics", context=context, timeout=5
+        ) as response:
+            text = response.read().decode()
+        wanted = f'fracgpu_webhook_admissions_total{{endpoint="{endpoint}",verdict="{verdict}"}}'
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
+
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
