@@ -47,8 +47,13 @@ class LeaderForwarder:
         try:
             return await self._post(url, body, uid)
         except aiohttp.ServerFingerprintMismatch:
-            self._pin = None  # the certificate was rotated: read the pin again, once
+            self._pin = None  # the certificate may have been rotated: read the pin again, once
+        try:
             return await self._post(url, body, uid)
+        except aiohttp.ServerFingerprintMismatch:
+            raise ForwardError(
+                f"the leader at {url} does not present this replica's certificate"
+            ) from None
 
     async def _post(self, url: str, body: bytes, uid: str) -> bytes:
         if self._session is None:
