@@ -184,6 +184,7 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
             config.lease_name,
             config.identity,
             takeover_grace_s=config.takeover_grace_seconds,
+            handover_wait_s=config.settle_seconds,
         ),
         controller_interval_s=config.controller_interval_seconds,
     )

@@ -11,6 +11,7 @@ from webhook.cluster.apiclient import KubeApi, endpoint_from_kubeconfig
 from webhook.cluster.leader import LEADER_URL_ANNOTATION, LeaderElector, LeaseSettings
 
 GRACE_S = 30.0
+HANDOVER_S = 5.0
 
 
 class Clock:
@@ -32,6 +33,7 @@ def candidate(api: KubeApi, namespace: str, lease: str, name: str, clock: Clock)
         lease_duration_s=15,
         renew_deadline_s=10,
         takeover_grace_s=GRACE_S,
+        handover_wait_s=HANDOVER_S,
         advertise_url=f"https://{name}.example:8443",
     )
     return LeaderElector(api, settings, clock=clock)
@@ -64,6 +66,11 @@ async def test_only_a_fresh_leader_places_and_a_crashed_ones_successor_waits(
         assert not await b.try_acquire_or_renew()  # 11 s < 15 s: still a's
         assert await a.try_acquire_or_renew()
         assert a.leadership.placing()
+        # A renewal that failed (the API server blinked) costs no wait when nobody wrote the
+        # Lease since: this process still holds everything it admitted.
+        a._lost()  # what a failed renewal does
+        assert not a.leadership.placing()
+        assert await a.try_acquire_or_renew() and a.leadership.placing()
 
         # a dies without handing over: b takes the Lease only after it expires, then waits.
         clock.advance(14)
@@ -82,13 +89,16 @@ async def test_only_a_fresh_leader_places_and_a_crashed_ones_successor_waits(
         assert await reborn.try_acquire_or_renew()
         assert not reborn.leadership.placing()
 
-        # A clean handover: the next holder places at once.
+        # A clean handover: the next holder waits only for the newest pods to reach its cache.
         clock.advance(GRACE_S)
         assert await reborn.try_acquire_or_renew() and reborn.leadership.placing()
         assert await reborn.release()
         assert not reborn.leadership.placing()
         follower = candidate(api, namespace, lease, "c", clock)
         assert await follower.refresh_leader() == ""  # nobody holds it now
+        assert await a.try_acquire_or_renew()
+        assert not a.leadership.placing()
+        clock.advance(HANDOVER_S)
         assert await a.try_acquire_or_renew()
         assert a.leadership.placing()
         assert await follower.refresh_leader() == "https://a.example:8443"

@@ -8,10 +8,11 @@ both win. The leader renews every ``renew_interval_s`` and writes its own URL in
 last renewal is younger than ``renew_deadline_s`` (shorter than the lease), so it has stopped
 placing before anyone else may take the Lease.
 
-A leader keeps reservations in memory and writes them behind (``KubeState``), so a holder that
-died may have admitted pods whose reservations never reached the API server. A successor
-therefore waits ``takeover_grace_s`` before placing, unless the previous holder handed the
-Lease over cleanly (``release``: it stopped placing and wrote every reservation first).
+A leader keeps reservations in memory and writes only those whose pods do not appear soon
+(``KubeState``), so a holder that died may have admitted pods that this replica cannot see
+yet. A successor therefore waits ``takeover_grace_s`` before placing; after a clean handover
+(``release``: the holder stopped placing and wrote every claim first) it waits only
+``handover_wait_s``, for the predecessor's newest pods to reach its own pod cache.
 """
 
 import asyncio
@@ -44,8 +45,10 @@ class LeaseSettings:
     retry_interval_s: float = 2.0
     # A leader whose last renewal is older than this stops placing (< lease_duration_s).
     renew_deadline_s: float = 10.0
-    # How long a new leader waits before placing after a holder that did not hand over.
+    # How long a new leader waits before placing after a holder that did not hand over,
+    # and after one that did (the predecessor's newest pods reach this replica's pod cache).
     takeover_grace_s: float = 30.0
+    handover_wait_s: float = 5.0
     # This replica's URL for followers' forwarded admissions ("" = none known yet).
     advertise_url: str = ""
 
@@ -109,6 +112,9 @@ class LeaderElector:
         if settings.advertise_url:
             self.leadership.own_url = settings.advertise_url
         self.transitions_seen = 0
+        # The version of the Lease this process last wrote: finding it unchanged means
+        # nobody else held it since, even if a renewal failed in between.
+        self._written_version = ""
 
     @property
     def is_leader(self) -> bool:
@@ -156,7 +162,7 @@ class LeaderElector:
             lease = await self._api.get(self._path)
         except NotFoundError:
             # No Lease yet: nobody has placed anything, so no predecessor to wait for.
-            return await self._write(None, now, transitions=0, takeover_clean=True)
+            return await self._write(None, now, transitions=0, wait=0.0)
         except (ApiError, aiohttp.ClientError, TimeoutError) as error:
             log.warning("reading lease failed: %s", error)
             return self._lost()
@@ -165,12 +171,19 @@ class LeaderElector:
         if self._note_holder(lease, now):
             return self._lost()
         transitions = int(spec.get("leaseTransitions") or 0)
-        ours = holder == self._settings.identity and self.is_leader
+        version = str((lease.get("metadata") or {}).get("resourceVersion") or "")
+        ours = holder == self._settings.identity and version == self._written_version
         if not ours:
             transitions += 1
         annotations = (lease.get("metadata") or {}).get("annotations") or {}
-        clean = not holder and annotations.get(HANDED_OVER_ANNOTATION) == "true"
-        return await self._write(lease, now, transitions, takeover_clean=ours or clean)
+        wait: float | None
+        if ours:
+            wait = None  # a renewal
+        elif not holder and annotations.get(HANDED_OVER_ANNOTATION) == "true":
+            wait = self._settings.handover_wait_s
+        else:
+            wait = self._settings.takeover_grace_s
+        return await self._write(lease, now, transitions, wait)
 
     def _note_holder(self, lease: dict[str, Any], now: float) -> bool:
         """Record the holder's URL; True when another replica holds the Lease now."""
@@ -187,8 +200,10 @@ class LeaderElector:
         return held_by_other
 
     async def _write(
-        self, lease: dict[str, Any] | None, now: float, transitions: int, takeover_clean: bool
+        self, lease: dict[str, Any] | None, now: float, transitions: int, wait: float | None
     ) -> bool:
+        """Write the Lease as held by this replica; ``wait`` is how long to wait before
+        placing after taking it over (None: a renewal of a Lease this process holds)."""
         s = self._settings
         was_ours = lease is not None and (lease.get("spec") or {}).get("holderIdentity") == (
             s.identity
@@ -212,28 +227,26 @@ class LeaderElector:
         }
         try:
             if lease is None:
-                await self._api.create(
+                written = await self._api.create(
                     f"/apis/coordination.k8s.io/v1/namespaces/{s.namespace}/leases", body
                 )
             else:
                 body["metadata"]["resourceVersion"] = lease["metadata"]["resourceVersion"]
-                await self._api.replace(self._path, body)
+                written = await self._api.replace(self._path, body)
         except ConflictError:
             return self._lost()  # someone else wrote first: re-read next round
         except (ApiError, aiohttp.ClientError, TimeoutError) as error:
             log.warning("writing lease failed: %s", error)
             return self._lost()
         self.transitions_seen = transitions
+        self._written_version = str(written.get("metadata", {}).get("resourceVersion", ""))
         leadership = self.leadership
-        if leadership.placing_from is None:
-            grace = 0.0 if takeover_clean else s.takeover_grace_s
-            leadership.placing_from = now + grace
-            if grace:
-                log.warning(
-                    "%s took over from a holder that did not hand over: placing in %.0f s",
-                    s.identity,
-                    grace,
-                )
+        if wait is not None:
+            leadership.placing_from = now + wait
+            if wait:
+                log.warning("%s took over %s: placing in %.0f s", s.identity, s.name, wait)
+        elif leadership.placing_from is None:
+            leadership.placing_from = now  # ours all along; only a renewal had failed
         leadership.valid_until = now + s.renew_deadline_s
         leadership.leader_url = leadership.own_url
         return True

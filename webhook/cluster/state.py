@@ -215,8 +215,10 @@ class KubeState:
         raise ForwardToLeader(url, leadership.why_not_placing())
 
     async def reserve(self, claim: Claim) -> None:
-        """Hold the claim in memory (the view and the quotas count it at once) and have it
-        written behind; only the leader reserves, so nothing else can take the slice."""
+        """Hold the claim in memory (the view and the quotas count it at once); only the
+        leader reserves, so nothing else can take the slice. A claim whose pod is still not
+        live after ``write_behind_s`` is written to its GPUNode; quota charges are written
+        by the leader's recount. Nothing is written on the admission's path."""
         await self.check_placing()
         held = replace(
             claim.reservation,
@@ -242,10 +244,9 @@ class KubeState:
             raise ReserveRejected(RejectKind.QUOTA, over.message)
         self._hold_inflight(claim)
         self._node_writes.add(held.node)
+        # Counted by quotas() until the recount (or a handover's flush) writes it.
         for quota in quotas:
-            key = _quota_key(quota)
-            self._unwritten_charges.setdefault(key, []).append(claim)
-            self._quota_writes.add(key)
+            self._unwritten_charges.setdefault(_quota_key(quota), []).append(claim)
         self._charged[held.id] = (claim, self._clock())
         self._forget_old()
         self._wake_writer.set()
@@ -273,8 +274,9 @@ class KubeState:
         return self._node_locks.setdefault(node, asyncio.Lock())
 
     async def write_behind(self) -> None:
-        """Write what the leader reserved and charged, a short batch at a time: one GPUNode
-        or GPUQuota write carries every admission of the window. Runs until cancelled."""
+        """Write the claims whose pods are not live ``write_behind_s`` after admission (most
+        pods are stored within milliseconds, and their claims are dropped unwritten); one
+        GPUNode write carries every such claim of the window. Runs until cancelled."""
         while True:
             await self._wake_writer.wait()
             await asyncio.sleep(self._settings.write_behind_s)
@@ -298,7 +300,8 @@ class KubeState:
         return len(self._inflight) + sum(len(c) for c in self._unwritten_charges.values())
 
     async def flush(self, timeout_s: float) -> bool:
-        """Write everything held in memory (a leader handing over); True when all is written."""
+        """Write every claim and quota charge held in memory (a leader handing over); True
+        when all is written."""
         deadline = self._clock() + timeout_s
         while self.unwritten() and self._clock() < deadline:
             self._node_writes.update(c.reservation.node for c in self._inflight.values())
@@ -538,6 +541,8 @@ class KubeState:
             if new.reservation_id:
                 self._live_reservations[new.reservation_id] = key
                 self._live_since.setdefault(new.reservation_id, self._clock())
+                # The pod holds the slice now: its claim need never be written.
+                self._inflight.pop(new.reservation_id, None)
         if old is not None and old.reservation_id not in self._live_reservations:
             self._live_since.pop(old.reservation_id, None)
 
