@@ -1,8 +1,9 @@
 """Prometheus metrics of one webhook app, in its own registry (never the global one)."""
 
+from collections.abc import Callable
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
@@ -16,7 +17,7 @@ class Metrics:
         self._admissions = Counter(
             "fracgpu_webhook_admissions",
             "Admission answers by endpoint and verdict (allowed, patched, denied, errored, "
-            "malformed)",
+            "malformed, forwarded to the leader)",
             ["endpoint", "verdict"],
             registry=self.registry,
         )
@@ -37,6 +38,15 @@ class Metrics:
     def admission(self, endpoint: str, verdict: str, seconds: float) -> None:
         self._admissions.labels(endpoint=endpoint, verdict=verdict).inc()
         self._latency.labels(endpoint=endpoint).observe(seconds)
+
+    def watch_placing(self, placing: Callable[[], bool]) -> None:
+        """Export whether this replica places GPU pods now (read at every scrape)."""
+        gauge = Gauge(
+            "fracgpu_webhook_placing",
+            "1 while this replica places GPU pods (the leader, past its takeover wait), else 0",
+            registry=self.registry,
+        )
+        gauge.set_function(lambda: float(placing()))
 
     def placement_failure(self, reason: str) -> None:
         self._placement_failures.labels(reason=reason).inc()

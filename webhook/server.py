@@ -50,6 +50,7 @@ def build_app(
     app[STATE] = state
     app[METRICS] = metrics
     app[ADMISSION] = Admission(settings, state, metrics)
+    metrics.watch_placing(state.placing)
     app.router.add_post("/mutate", _admission_handler("mutate", Admission.mutate))
     app.router.add_post("/validate", _admission_handler("validate", Admission.validate))
     app.router.add_get("/healthz", _healthz)
@@ -146,8 +147,6 @@ async def _forward(
             return await forwarder.forward(where.leader_url + request.path, body, uid)
         except ForwardError as error:
             why = str(error)
-    elif not where.leader_url:
-        why += "; no leader is known"
     log.warning("uid=%s cannot place here: %s", uid, why)
     return responses.errored(
         f"fracgpu cannot place GPU pods right now ({why}): leadership is changing; "

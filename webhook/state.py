@@ -81,6 +81,11 @@ class ClusterState(Protocol):
         """
         ...
 
+    def placing(self) -> bool:
+        """Whether this process places GPU pods now (cluster mode: only the leader, once
+        its takeover wait is over); exported as a metric."""
+        ...
+
     async def check_placing(self) -> None:
         """Return when this process may place pods; raise ``ForwardToLeader`` where another
         replica does (cluster mode: only the leader places)."""

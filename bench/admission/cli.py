@@ -202,6 +202,7 @@ def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
         WebhookReplica,
         WebhookTLS,
         register_webhooks,
+        wait_placing,
     )
 
     config = E2EConfig.from_env()
@@ -241,6 +242,7 @@ def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
         ).start()
         try:
             replica.wait_ready(120)
+            wait_placing([replica])
             register_webhooks(client, f"https://127.0.0.1:{replica.port}", webhook_tls.ca_pem)
             _wait_first_summaries(client, options.nodes)
             time.sleep(1.0)

@@ -28,6 +28,7 @@ from tests.e2e.webhook_harness import (
     WebhookTLS,
     register_webhooks,
     unregister_webhooks,
+    wait_placing,
 )
 
 pytestmark = pytest.mark.e2e
@@ -46,6 +47,7 @@ def webhook(
     replica = WebhookReplica("agent-e2e", control_plane.kubeconfig("admin"), tls, tmp_path).start()
     try:
         replica.wait_ready()
+        wait_placing([replica])
         with TcpBalancer([replica.port]) as balancer:
             url = f"https://127.0.0.1:{balancer.port}"
             register_webhooks(kube_client, url, tls.ca_pem)

@@ -28,7 +28,7 @@ from .harness.resources import (
     create_resource_quota,
     gpuquota_used,
 )
-from .webhook_harness import FRACGPU_NAMESPACE, Webhooks, running_webhooks
+from .webhook_harness import FRACGPU_NAMESPACE, Webhooks, running_webhooks, wait_placing
 
 pytestmark = pytest.mark.e2e
 A100 = 40960
@@ -433,6 +433,7 @@ def test_faults_lose_no_accounting(
 ) -> None:
     """Runs last in this module: it kills a replica, restarts the API server or etcd, or
     steals the controllers' Lease, in the middle of a burst of creates."""
+    wait_placing(webhooks.replicas)  # the previous fault may have moved leadership
     prefix = f"fault-{uuid.uuid4().hex[:4]}"
     infos = [nodes.gpu_node(f"{prefix}-{i}", gpus=2, memory_mib=A100) for i in range(5)]
     create_gpuquota(kube_client, namespace, {"cores": 2000})
@@ -463,6 +464,7 @@ def test_faults_lose_no_accounting(
             future.result()
     if webhooks.replicas[0].process is not None and webhooks.replicas[0].process.poll() is not None:
         webhooks.replicas[0].start().wait_ready()
+    wait_placing(webhooks.replicas)
     # A stolen Lease stops placement only at the leader's next renewal (up to 5 s later),
     # when the burst may be over: no create has to fail for it.
     if fault != "lease-stolen":

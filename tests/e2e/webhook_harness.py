@@ -170,15 +170,30 @@ class WebhookReplica:
             time.sleep(0.1)
         raise AssertionError(f"{self.name} never became ready: {self.log_tail()}")
 
-    def admissions(self, endpoint: str, verdict: str) -> float:
-        """This replica's count of admissions on ``endpoint`` answered ``verdict``."""
+    def metric(self, sample: str) -> float:
+        """The value of one sample (name and labels, as exposed) on this replica's /metrics;
+        0 when absent."""
         context = ssl.create_default_context(cafile=str(self.tls.ca_file))
         with urllib.request.urlopen(
             f"https://127.0.0.1:{self.port}/metrics", context=context, timeout=5
         ) as response:
             text = response.read().decode()
-        wanted = f'fracgpu_webhook_admissions_total{{endpoint="{endpoint}",verdict="{verdict}"}}'
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
+        return sum(
+            float(line.split()[-1]) for line in text.splitlines() if line.split(" ")[0] == sample
+        )
+
+    def admissions(self, endpoint: str, verdict: str) -> float:
+        """This replica's count of admissions on ``endpoint`` answered ``verdict``."""
+        return self.metric(
+            f'fracgpu_webhook_admissions_total{{endpoint="{endpoint}",verdict="{verdict}"}}'
+        )
+
+    def placing(self) -> bool:
+        """Whether this replica places GPU pods now (it leads, past its takeover wait)."""
+        try:
+            return self.metric("fracgpu_webhook_placing") == 1.0
+        except OSError:
+            return False
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -204,6 +219,19 @@ class WebhookReplica:
     def log_tail(self, lines: int = 30) -> str:
         path = self.log_dir / f"{self.name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_placing(replicas: list[WebhookReplica], timeout_s: float = 60) -> None:
+    """Until one replica places GPU pods: a new leader waits after taking the Lease over."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [r for r in replicas if r.process is not None and r.process.poll() is None]
+        if any(r.placing() for r in alive):
+            return
+        time.sleep(0.2)
+    raise AssertionError(
+        "no replica places GPU pods: " + "; ".join(r.log_tail(5) for r in replicas)
+    )
 
 
 MUTATING = "fracgpu-mutate"
@@ -281,6 +309,7 @@ def running_webhooks(
     try:
         for replica in started:
             replica.wait_ready()
+        wait_placing(started)
         with TcpBalancer([r.port for r in started]) as balancer:
             url = f"https://127.0.0.1:{balancer.port}"
             register_webhooks(kube_client, url, tls.ca_pem)

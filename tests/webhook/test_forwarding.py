@@ -36,6 +36,9 @@ class FollowerState(EmbeddedState):
 
     leader_url = ""
 
+    def placing(self) -> bool:
+        return False
+
     async def check_placing(self) -> None:
         raise ForwardToLeader(self.leader_url, "this replica is not the leader")
 
@@ -152,3 +155,19 @@ async def test_the_leader_must_present_this_replicas_certificate(tmp_path: Path)
         await client.__aexit__(None, None, None)
         await running.stop()
         await stop_webhook(stranger)
+
+
+async def test_only_the_placing_replica_reports_placing_and_forwards_are_counted(
+    pair: Pair,
+) -> None:
+    await pair.client.review("/mutate", build_review(gpu_pod(SHARE)))
+    _, follower_text = await pair.client.get("/metrics")
+    _, leader_text = await pair.leader.client.get("/metrics")
+    assert "fracgpu_webhook_placing 0.0" in follower_text
+    assert "fracgpu_webhook_placing 1.0" in leader_text
+    assert 'fracgpu_webhook_admissions_total{endpoint="mutate",verdict="forwarded"} 1.0' in (
+        follower_text
+    )
+    assert 'fracgpu_webhook_admissions_total{endpoint="mutate",verdict="patched"} 1.0' in (
+        leader_text
+    )

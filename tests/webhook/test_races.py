@@ -64,6 +64,9 @@ class RacingState:
     async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:
         return await self.inner.reservation(reservation_id)
 
+    def placing(self) -> bool:
+        return self.inner.placing()
+
     async def check_placing(self) -> None:
         await self.inner.check_placing()
 

@@ -205,14 +205,20 @@ class KubeState:
                     break
         return found
 
+    def placing(self) -> bool:
+        return self._leadership.placing()
+
     async def check_placing(self) -> None:
         leadership = self._leadership
         if leadership.placing():
             return
-        url = "" if leadership.leading() else leadership.leader_url
-        if not url and not leadership.leading() and self._find_leader is not None:
+        if leadership.leading():
+            raise ForwardToLeader("", leadership.why_not_placing())
+        url = leadership.leader_url
+        if not url and self._find_leader is not None:
             url = await self._find_leader()  # just started, or the leader just changed
-        raise ForwardToLeader(url, leadership.why_not_placing())
+        why = leadership.why_not_placing() + ("" if url else " and no leader is known")
+        raise ForwardToLeader(url, why)
 
     async def reserve(self, claim: Claim) -> None:
         """Hold the claim in memory (the view and the quotas count it at once); only the
