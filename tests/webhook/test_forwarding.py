@@ -130,11 +130,11 @@ async def test_an_unreachable_leader_fails_closed_with_a_message(pair: Pair) -> 
     assert "did not answer" in reply.message and "create the pod again" in reply.message
 
 
-async def test_no_known_leader_fails_closed_with_a_message(pair: Pair) -> None:
+async def test_no_known_leader_fails_closed_with_the_states_reason(pair: Pair) -> None:
     pair.follower_state.leader_url = ""
     reply = await pair.client.review("/mutate", build_review(gpu_pod(SHARE)))
     assert not reply.allowed
-    assert "no leader is known" in reply.message
+    assert "not the leader" in reply.message and "create the pod again" in reply.message
 
 
 async def test_the_leader_must_present_this_replicas_certificate(tmp_path: Path) -> None:
