@@ -40,7 +40,9 @@ class LeaderForwarder:
         self._cert_file = cert_file
         self._identity = identity
         self._session: aiohttp.ClientSession | None = None
-        self._pin: bytes | None = None
+        # One object per pin: aiohttp pools connections by it, so a new one per request
+        # would open (and keep) a new TLS connection per forwarded review.
+        self._pin: aiohttp.Fingerprint | None = None
 
     async def forward(self, url: str, body: bytes, uid: str) -> bytes:
         """The leader's review response to ``body`` (checked to answer ``uid``)."""
@@ -61,11 +63,11 @@ class LeaderForwarder:
                 timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
             )
         if self._pin is None:
-            self._pin = certificate_fingerprint(self._cert_file)
+            self._pin = aiohttp.Fingerprint(certificate_fingerprint(self._cert_file))
         headers = {"Content-Type": "application/json", FORWARDED_BY_HEADER: self._identity}
         try:
             async with self._session.post(
-                url, data=body, headers=headers, ssl=aiohttp.Fingerprint(self._pin)
+                url, data=body, headers=headers, ssl=self._pin
             ) as answer:
                 payload = await answer.read()
                 status = answer.status

@@ -408,7 +408,9 @@ FAULTS = ["replica-kill-and-apiserver-restart", "etcd-restart", "lease-stolen"]
 def inject(fault: str, webhooks: Webhooks, control_plane: ControlPlane,
            kube_client: kubernetes.client.ApiClient) -> None:  # fmt: skip
     if fault == "replica-kill-and-apiserver-restart":
-        webhooks.replicas[0].kill()  # SIGKILL, mid-burst
+        # SIGKILL the leader mid-burst: the claims it held in memory die with it.
+        leader = next((r for r in webhooks.replicas if r.placing()), webhooks.replicas[0])
+        leader.kill()
         control_plane.restart_apiserver()
     elif fault == "etcd-restart":
         control_plane.restart_etcd()
@@ -444,7 +446,7 @@ def test_faults_lose_no_accounting(
         body = pod(
             f"{prefix}-p{i:03d}", {"tencent.com/vcuda-core": "20", "tencent.com/vcuda-memory": "8"}
         )
-        for _ in range(20):  # a controller would retry until the control plane is back
+        for _ in range(60):  # a controller would retry until the control plane is back
             try:
                 create(kube_client, namespace, body)
                 return
@@ -462,8 +464,9 @@ def test_faults_lose_no_accounting(
         inject(fault, webhooks, control_plane, kube_client)
         for future in futures:
             future.result()
-    if webhooks.replicas[0].process is not None and webhooks.replicas[0].process.poll() is not None:
-        webhooks.replicas[0].start().wait_ready()
+    for replica in webhooks.replicas:
+        if replica.process is not None and replica.process.poll() is not None:
+            replica.start().wait_ready()
     wait_placing(webhooks.replicas)
     # A stolen Lease stops placement only at the leader's next renewal (up to 5 s later),
     # when the burst may be over: no create has to fail for it.

@@ -171,3 +171,15 @@ async def test_only_the_placing_replica_reports_placing_and_forwards_are_counted
     assert 'fracgpu_webhook_admissions_total{endpoint="mutate",verdict="patched"} 1.0' in (
         leader_text
     )
+
+
+async def test_forwarded_reviews_share_one_connection_to_the_leader(pair: Pair) -> None:
+    """A TLS connection per forwarded review would cost a handshake each and pile up kept-
+    alive connections on both sides (seen as tens of MiB in the churn test)."""
+    small = {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "1"}
+    for i in range(20):
+        reply = await pair.client.review("/mutate", build_review(gpu_pod(small, name=f"p{i}")))
+        assert reply.allowed, reply.message
+    server = pair.leader.running.runner.server
+    assert server is not None
+    assert len(server.connections) == 1
