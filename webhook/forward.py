@@ -66,9 +66,7 @@ class LeaderForwarder:
             self._pin = aiohttp.Fingerprint(certificate_fingerprint(self._cert_file))
         headers = {"Content-Type": "application/json", FORWARDED_BY_HEADER: self._identity}
         try:
-            async with self._session.post(
-                url, data=body, headers=headers, ssl=self._pin
-            ) as answer:
+            async with self._session.post(url, data=body, headers=headers, ssl=self._pin) as answer:
                 payload = await answer.read()
                 status = answer.status
         except aiohttp.ServerFingerprintMismatch:
