@@ -27,6 +27,7 @@ from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
 from webhook.cluster.state import KubeStateSettings
 from webhook.embedded import ClusterFileError, EmbeddedState
 from webhook.forward import LeaderForwarder
+from webhook.gcpause import freeze_when_ready
 from webhook.metrics import Metrics
 from webhook.review import parse_review
 from webhook.state import ClusterState
@@ -160,10 +161,12 @@ async def _serve_until_signal(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    freezing = asyncio.create_task(freeze_when_ready(state.ready), name="gc-freeze")
     try:
         await stop.wait()
     finally:
         log.info("shutting down")
+        freezing.cancel()
         await running.stop()
     return 0
 

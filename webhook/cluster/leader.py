@@ -115,6 +115,7 @@ class LeaderElector:
         # The version of the Lease this process last wrote: finding it unchanged means
         # nobody else held it since, even if a renewal failed in between.
         self._written_version = ""
+        self._last_refresh = float("-inf")
 
     @property
     def is_leader(self) -> bool:
@@ -147,7 +148,12 @@ class LeaderElector:
             await asyncio.gather(task, return_exceptions=True)
 
     async def refresh_leader(self) -> str:
-        """Read the Lease now (a follower that knows no leader yet); the holder's URL or ""."""
+        """Read the Lease now (a follower that knows no leader yet); the holder's URL or "".
+        At most once per second: during a failover every GPU pod asks."""
+        now = self._clock()
+        if now - self._last_refresh < 1.0:
+            return self.leadership.leader_url
+        self._last_refresh = now
         try:
             lease = await self._api.get(self._path)
         except (ApiError, aiohttp.ClientError, TimeoutError):

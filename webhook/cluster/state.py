@@ -326,8 +326,10 @@ class KubeState:
             return True
         record = self.gpunodes.get(node)
         if record is None:
-            # The GPUNode went away: the claims stay counted here until they expire.
-            log.warning("GPUNode %s is gone; %d reservations stay in memory", node, len(claims))
+            # The GPUNode went away, and with it the node from the view: nothing to hold.
+            log.warning("GPUNode %s is gone; dropping %d unwritten claims", node, len(claims))
+            for claim in claims:
+                self._inflight.pop(claim.reservation.id, None)
             return True
         now = self._clock()
         kept = self._kept(record)
