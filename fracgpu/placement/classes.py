@@ -6,11 +6,19 @@ free CPU and memory are equal and their GPUs are in the same classes, in order. 
 candidate reads only its GPU and its node, so candidates of one (node class, GPU class) pair
 score alike and one of them stands for all (``FragmentationIndex.representatives``).
 Classes depend on state only, not on the workload, so they survive workload changes.
+``pairs`` tracks which slots each (node class, GPU class) pair holds, and ``slot_features`` /
+``node_features`` give back what an id stands for, so a decision can go pair by pair.
 """
 
 import numpy as np
 
+from fracgpu.placement.pairs import ClassPairs
 from fracgpu.placement.state import ClusterState, IntArray
+
+# A GPU class: model id, free compute, containers, free memory, total memory, split count,
+# usable at all (1/0); a node class: free CPU, free memory, then its GPUs' class ids.
+SlotFeatures = tuple[int, ...]
+NodeFeatures = tuple[int, ...]
 
 
 class StateClasses:
@@ -19,8 +27,13 @@ class StateClasses:
     def __init__(self) -> None:
         self.slot_ids: IntArray = np.zeros(0, np.int64)
         self.node_ids: IntArray = np.zeros(0, np.int64)
-        self._slot_table: dict[tuple[int, ...], int] = {}
-        self._node_table: dict[tuple[int, ...], int] = {}
+        self._slot_table: dict[SlotFeatures, int] = {}
+        self._node_table: dict[NodeFeatures, int] = {}
+        self.slot_features: list[SlotFeatures] = []  # by GPU class id
+        self.node_features: list[NodeFeatures] = []  # by node class id
+        self.pairs = ClassPairs()
+        # Bumped whenever ids are renumbered: whatever was keyed by ids is stale then.
+        self.version = 0
 
     @property
     def slot_span(self) -> int:
@@ -35,8 +48,11 @@ class StateClasses:
     def rebuild(self, state: ClusterState) -> None:
         """Classes of every GPU and node from scratch (after a topology change)."""
         self._slot_table, self._node_table = {}, {}
+        self.slot_features, self.node_features = [], []
+        self.version += 1
         self.slot_ids = np.zeros(len(state.g_free), np.int64)
         self.node_ids = np.zeros(len(state.n_first), np.int64)
+        self.pairs.reset(len(state.g_free))
         self._set_slots(state, np.arange(len(state.g_free)))
         for row in range(len(state.n_first)):
             self._set_node(state, row)
@@ -65,15 +81,21 @@ class StateClasses:
                 state.g_live[slots],
             ]
         ).tolist()
-        table = self._slot_table
+        table, known = self._slot_table, self.slot_features
         for slot, feature in zip(slots.tolist(), features, strict=True):
-            self.slot_ids[slot] = table.setdefault(tuple(feature), len(table))
+            key = tuple(feature)
+            class_id = table.setdefault(key, len(table))
+            if class_id == len(known):
+                known.append(key)
+            self.slot_ids[slot] = class_id
 
     def _set_node(self, state: ClusterState, row: int) -> None:
         s = state.slots_of_row(row)
-        key = (
-            int(state.n_cpu_free[row]),
-            int(state.n_mem_free[row]),
-            *self.slot_ids[s.start : s.stop].tolist(),
-        )
-        self.node_ids[row] = self._node_table.setdefault(key, len(self._node_table))
+        slot_ids = self.slot_ids[s.start : s.stop].tolist()
+        key = (int(state.n_cpu_free[row]), int(state.n_mem_free[row]), *slot_ids)
+        node_id = self._node_table.setdefault(key, len(self._node_table))
+        if node_id == len(self.node_features):
+            self.node_features.append(key)
+        self.node_ids[row] = node_id
+        for slot, slot_id in enumerate(slot_ids, s.start):
+            self.pairs.move(slot, (node_id, slot_id))

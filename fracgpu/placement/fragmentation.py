@@ -40,6 +40,9 @@ class FragmentationIndex:
         self._topology = -1
         self._classes = StateClasses()
         self._classes_topology = -1
+        # Bumped whenever scores could change other than through a node's state: new shapes,
+        # new weights, a rebuild. Caches of scores by class compare it.
+        self.version = 0
         self._empty_state()
 
     def _empty_state(self) -> None:
@@ -76,7 +79,10 @@ class FragmentationIndex:
         if shapes != self.shapes or self._topology != state.topology_version:
             self.shapes = shapes
             self.rebuild(state)
+        elif np.array_equal(weights, self.weights):
+            return
         self.weights = weights
+        self.version += 1
 
     def sync(self, state: ClusterState) -> None:
         if self._topology != state.topology_version:
@@ -84,6 +90,7 @@ class FragmentationIndex:
 
     def rebuild(self, state: ClusterState) -> None:
         self._empty_state()
+        self.version += 1
         self._topology = state.topology_version
         if not self.shapes:
             return
@@ -154,12 +161,11 @@ class FragmentationIndex:
         """The first candidate of each (node class, GPU class) pair, in candidate order: the
         others score and tie exactly like the first of theirs, so choosing among these picks
         the same winner. None when the index is not current."""
-        current = state.topology_version
-        if not self.active or self._topology != current or self._classes_topology != current:
+        classes = self.current_classes(state)
+        if classes is None:
             return None
         if cands.pair_cand is not None:
             return None  # multi-GPU candidates: one class per combination, not worth it
-        classes = self._classes
         key = classes.node_ids[cands.rows] * classes.slot_span + classes.slot_ids[cands.slots]
         n, size = len(key), classes.node_span * classes.slot_span
         if size <= 4 * n + 1024:  # few classes: a lowest-index table beats sorting
@@ -170,6 +176,13 @@ class FragmentationIndex:
             first = np.unique(key, return_index=True)[1]
         first.sort()
         return first
+
+    def current_classes(self, state: ClusterState) -> StateClasses | None:
+        """The state classes, when the index is active and they are up to date."""
+        current = state.topology_version
+        if not self.active or self._topology != current or self._classes_topology != current:
+            return None
+        return self._classes
 
     def usable_for(
         self,
