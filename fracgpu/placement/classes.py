@@ -53,15 +53,16 @@ class StateClasses:
         self.slot_ids = np.zeros(len(state.g_free), np.int64)
         self.node_ids = np.zeros(len(state.n_first), np.int64)
         self.pairs.reset(len(state.g_free))
-        self._set_slots(state, np.arange(len(state.g_free)))
-        for row in range(len(state.n_first)):
-            self._set_node(state, row)
+        ids = self._set_slots(state, 0, len(state.g_free))
+        for row, (first, count) in enumerate(
+            zip(state.n_first.tolist(), state.n_count.tolist(), strict=True)
+        ):
+            self._set_node(state, row, first, ids[first : first + count])
 
     def update_node(self, state: ClusterState, row: int) -> None:
         """Re-class one node and its GPUs after their state changed."""
         s = state.slots_of_row(row)
-        self._set_slots(state, np.arange(s.start, s.stop))
-        self._set_node(state, row)
+        self._set_node(state, row, s.start, self._set_slots(state, s.start, s.stop))
         # Ids of states no GPU or node has any more pile up; renumber now and then.
         if (
             len(self._slot_table) + len(self._node_table)
@@ -69,33 +70,35 @@ class StateClasses:
         ):
             self.rebuild(state)
 
-    def _set_slots(self, state: ClusterState, slots: IntArray) -> None:
-        features = np.column_stack(
-            [
-                state.g_model[slots],
-                state.g_free[slots],
-                state.g_cont[slots],
-                state.g_mem_free[slots],
-                state.g_mem_total[slots],
-                state.g_split[slots],
-                state.g_live[slots],
-            ]
-        ).tolist()
+    def _set_slots(self, state: ClusterState, start: int, stop: int) -> list[int]:
+        """Class the slots ``start:stop``; returns their ids. Reads slices as lists: a node's
+        handful of GPUs costs less that way than through 2-D arrays."""
+        features = zip(
+            state.g_model[start:stop].tolist(),
+            state.g_free[start:stop].tolist(),
+            state.g_cont[start:stop].tolist(),
+            state.g_mem_free[start:stop].tolist(),
+            state.g_mem_total[start:stop].tolist(),
+            state.g_split[start:stop].tolist(),
+            state.g_live[start:stop].astype(np.int64).tolist(),
+            strict=True,
+        )
         table, known = self._slot_table, self.slot_features
-        for slot, feature in zip(slots.tolist(), features, strict=True):
-            key = tuple(feature)
+        ids = []
+        for key in features:
             class_id = table.setdefault(key, len(table))
             if class_id == len(known):
                 known.append(key)
-            self.slot_ids[slot] = class_id
+            ids.append(class_id)
+        self.slot_ids[start:stop] = ids
+        return ids
 
-    def _set_node(self, state: ClusterState, row: int) -> None:
-        s = state.slots_of_row(row)
-        slot_ids = self.slot_ids[s.start : s.stop].tolist()
+    def _set_node(self, state: ClusterState, row: int, first: int, slot_ids: list[int]) -> None:
+        """Class node ``row``, whose GPUs from slot ``first`` on have ``slot_ids``."""
         key = (int(state.n_cpu_free[row]), int(state.n_mem_free[row]), *slot_ids)
         node_id = self._node_table.setdefault(key, len(self._node_table))
         if node_id == len(self.node_features):
             self.node_features.append(key)
         self.node_ids[row] = node_id
-        for slot, slot_id in enumerate(slot_ids, s.start):
+        for slot, slot_id in enumerate(slot_ids, first):
             self.pairs.move(slot, (node_id, slot_id))
