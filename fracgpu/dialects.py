@@ -120,7 +120,7 @@ def _extended_resources(container: Mapping[str, object], keys: frozenset[str]) -
     """The container's limits of ``keys``, after checking each request equals its limit."""
     name = _container_name(container)
     resources = container.get("resources") or {}
-    if not isinstance(resources, Mapping):
+    if type(resources) is not dict and not isinstance(resources, Mapping):  # exact type: fast
         raise RequestError(name, "resources", type(resources).__name__, "use a mapping")
     limits = _resource_map(name, resources, "limits")
     requests = _resource_map(name, resources, "requests")
@@ -370,6 +370,6 @@ def _container_name(container: Mapping[str, object]) -> str:
 
 def _resource_map(name: str, resources: Mapping[str, object], key: str) -> Mapping[str, object]:
     value = resources.get(key) or {}
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise RequestError(name, f"resources.{key}", type(value).__name__, "use a mapping")
     return value
