@@ -67,4 +67,7 @@ def _is_array(value: Any) -> bool:
 
 def _join(path: str, key: Any) -> str:
     """``path`` plus one member name, escaped as a JSON Pointer token (RFC 6901)."""
-    return f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
+    token = str(key)
+    if "~" in token or "/" in token:  # rare in pods: escape only when needed
+        token = token.replace("~", "~0").replace("/", "~1")
+    return f"{path}/{token}"
