@@ -37,6 +37,7 @@ MAX_CONSTRAINT_ENTRIES: Final = 256
 _HOST_KEYS_ORDERED: Final = ("cpu", "memory")
 _HOST_KEYS: Final = frozenset(_HOST_KEYS_ORDERED)
 _ZERO: Final = Fraction(0)
+_ANYWHERE: Final = Constraints()
 
 
 class DemandError(FracgpuError):
@@ -92,6 +93,8 @@ def read_ask(pod: Mapping[str, Any], config: DialectConfig, default_policy: Poli
 
 
 def constraints(annotations: Mapping[str, str]) -> Constraints:
+    if annotations.keys().isdisjoint(_CONSTRAINT_ANNOTATIONS):
+        return _ANYWHERE  # most pods: one shared (frozen) value, not a new one per pod
     fields: dict[str, list[str]] = {}
     for key, target in _CONSTRAINT_ANNOTATIONS.items():
         if key not in annotations:

@@ -93,7 +93,8 @@ class ClassChooser:
         c = demand.constraints
         key = (
             request.cores,
-            request.memory,
+            request.memory.mib,  # the fields, not the dataclass: its hash runs Python code
+            request.memory.percent,
             demand.cpu_milli,
             demand.memory_mib,
             c.include_models,
@@ -191,6 +192,8 @@ def _memory_taken(
 def _lexmin(options: list[tuple[int, tuple[int, Score]]]) -> tuple[int, tuple[int, Score]]:
     """``scoring.lexmin`` over (lowest slot, (memory, score)) options: smallest score key by
     key, near-equal floats tie, the lowest slot wins a full tie."""
+    if len(options) == 1:
+        return options[0]
     alive = sorted(options, key=lambda o: o[0])
     for k in range(3):
         if len(alive) == 1:
