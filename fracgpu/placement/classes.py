@@ -100,5 +100,4 @@ class StateClasses:
         if node_id == len(self.node_features):
             self.node_features.append(key)
         self.node_ids[row] = node_id
-        for slot, slot_id in enumerate(slot_ids, first):
-            self.pairs.move(slot, (node_id, slot_id))
+        self.pairs.move_node(first, node_id, slot_ids)

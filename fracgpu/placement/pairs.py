@@ -6,6 +6,7 @@ slot that leaves a pair is dropped from that heap lazily, when it reaches the to
 """
 
 import heapq
+from collections.abc import Sequence
 
 # (node class id, GPU class id)
 Pair = tuple[int, int]
@@ -27,27 +28,35 @@ class ClassPairs:
 
     def move(self, slot: int, pair: Pair) -> None:
         """Slot ``slot`` is now in ``pair``."""
-        old = self._pair_of[slot]
-        if old == pair:
-            return
-        self._pair_of[slot] = pair
-        if old is not None:
-            left = self._sizes[old] - 1
-            if left:
-                self._sizes[old] = left
-            else:  # the pair is gone: drop its heap, stale entries and all
-                del self._sizes[old]
-                self._entries -= len(self._heaps.pop(old))
-        heap = self._heaps.get(pair)
-        if heap is None:
-            self._heaps[pair] = [slot]
-            self._sizes[pair] = 1
-        else:
-            heapq.heappush(heap, slot)
-            self._sizes[pair] += 1
-        self._entries += 1
+        self.move_node(slot, pair[0], (pair[1],))
+
+    def move_node(self, first: int, node_id: int, slot_ids: Sequence[int]) -> None:
+        """Slots ``first``, ``first + 1``, ... (one node's) are now in (``node_id``, each of
+        ``slot_ids``): one call per node, as a node's GPUs change class together."""
+        pair_of, sizes, heaps = self._pair_of, self._sizes, self._heaps
+        for slot, slot_id in enumerate(slot_ids, first):
+            pair = (node_id, slot_id)
+            old = pair_of[slot]
+            if old == pair:
+                continue
+            pair_of[slot] = pair
+            if old is not None:
+                left = sizes[old] - 1
+                if left:
+                    sizes[old] = left
+                else:  # the pair is gone: drop its heap, stale entries and all
+                    del sizes[old]
+                    self._entries -= len(heaps.pop(old))
+            heap = heaps.get(pair)
+            if heap is None:
+                heaps[pair] = [slot]
+                sizes[pair] = 1
+            else:
+                heapq.heappush(heap, slot)
+                sizes[pair] += 1
+            self._entries += 1
         # Stale entries of pairs that live on pile up; rebuild the heaps now and then.
-        if self._entries > 2 * len(self._pair_of) + 64:
+        if self._entries > 2 * len(pair_of) + 64:
             self._rebuild_heaps()
 
     def pairs(self) -> list[Pair]:
