@@ -26,6 +26,9 @@ from fracgpu.names import CORES_PER_GPU, MAX_MEMORY_SCALING
 
 ASSIGNMENT_VERSION: Final = 1
 MAX_ANNOTATION_BYTES: Final = 64 * 1024
+# Built once: json.dumps with options builds an encoder per call. Compact and sorted, so an
+# assignment always encodes to the same text (validation compares it with what is written).
+_ANNOTATION_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 _T = TypeVar("_T")
 
 
@@ -42,7 +45,7 @@ def encode_assignment(assignment: Assignment) -> str:
         payload["memoryScaling"] = assignment.memory_scaling
     if not assignment.compute_limit:
         payload["computeLimit"] = False
-    return json.dumps(payload, separators=(",", ":"), sort_keys=True)
+    return _ANNOTATION_ENCODER.encode(payload)
 
 
 def _encode_container(container: ContainerAssignment) -> dict[str, Any]:

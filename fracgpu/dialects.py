@@ -13,6 +13,8 @@ Kubernetes does not overcommit extended resources, so a request must equal its l
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+from types import MappingProxyType
 from typing import Final
 
 from fracgpu import names
@@ -50,25 +52,41 @@ class ResourceNames:
     # Not a GPU request by itself: a HAMi container's priority, read beside its GPUs.
     hami_priority: str = names.RESOURCE_HAMI_PRIORITY
 
-    def by_dialect(self) -> dict[Dialect, tuple[str, ...]]:
-        return {
-            Dialect.TKESTACK: (self.vcuda_core, self.vcuda_memory, self.vcuda_core_limit),
-            Dialect.HAMI: (
-                self.hami_gpu,
-                self.hami_gpumem,
-                self.hami_gpumem_percentage,
-                self.hami_gpucores,
-            ),
-            Dialect.GPUSHARE: (self.gpushare_mem, self.gpushare_count),
-        }
+    # Computed once per instance (admission asks on every container); not dataclass fields, so
+    # equality and hashing are unchanged.
+    @cached_property
+    def _by_dialect(self) -> Mapping[Dialect, tuple[str, ...]]:
+        return MappingProxyType(
+            {
+                Dialect.TKESTACK: (self.vcuda_core, self.vcuda_memory, self.vcuda_core_limit),
+                Dialect.HAMI: (
+                    self.hami_gpu,
+                    self.hami_gpumem,
+                    self.hami_gpumem_percentage,
+                    self.hami_gpucores,
+                ),
+                Dialect.GPUSHARE: (self.gpushare_mem, self.gpushare_count),
+            }
+        )
+
+    @cached_property
+    def _all(self) -> frozenset[str]:
+        return frozenset(n for group in self._by_dialect.values() for n in group)
+
+    @cached_property
+    def _everything(self) -> frozenset[str]:
+        return self._all | {self.hami_priority}
+
+    def by_dialect(self) -> Mapping[Dialect, tuple[str, ...]]:
+        return self._by_dialect
 
     def all(self) -> frozenset[str]:
         """The names that ask for GPUs."""
-        return frozenset(n for group in self.by_dialect().values() for n in group)
+        return self._all
 
     def everything(self) -> frozenset[str]:
         """Every configured name: the GPU ones and the priority; fracgpu rewrites them all."""
-        return self.all() | {self.hami_priority}
+        return self._everything
 
 
 @dataclass(frozen=True)
@@ -102,7 +120,7 @@ def _extended_resources(container: Mapping[str, object], keys: frozenset[str]) -
     """The container's limits of ``keys``, after checking each request equals its limit."""
     name = _container_name(container)
     resources = container.get("resources") or {}
-    if not isinstance(resources, Mapping):
+    if type(resources) is not dict and not isinstance(resources, Mapping):  # exact type: fast
         raise RequestError(name, "resources", type(resources).__name__, "use a mapping")
     limits = _resource_map(name, resources, "limits")
     requests = _resource_map(name, resources, "requests")
@@ -352,6 +370,6 @@ def _container_name(container: Mapping[str, object]) -> str:
 
 def _resource_map(name: str, resources: Mapping[str, object], key: str) -> Mapping[str, object]:
     value = resources.get(key) or {}
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise RequestError(name, f"resources.{key}", type(value).__name__, "use a mapping")
     return value

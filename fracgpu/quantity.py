@@ -14,6 +14,7 @@ from fracgpu.errors import QuantityError
 MAX_QUANTITY_LENGTH: Final = 64
 # Kubernetes itself caps quantities near 2^63; anything above is an overflow, not a request.
 MAX_MAGNITUDE: Final = Fraction(2**63 - 1)
+_MAX_COUNT: Final = 2**63 - 1  # MAX_MAGNITUDE as an int: comparing with a Fraction is slow
 MAX_EXPONENT: Final = 30
 
 _BINARY_SI: Final = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -41,12 +42,18 @@ _ALLOWED: Final = (
 
 def parse_quantity(raw: object) -> Fraction:
     """Parse a quantity exactly; accepts the API's string form and plain integers."""
+    if isinstance(raw, str) and _is_plain_count(raw):
+        return Fraction(_plain_count(raw))
     if isinstance(raw, bool) or not isinstance(raw, str | int):
         raise QuantityError(f"{raw!r} is not a quantity: {_ALLOWED}")
     value = Fraction(raw) if isinstance(raw, int) else _parse_text(raw)
     if abs(value) > MAX_MAGNITUDE:
-        raise QuantityError(f"{raw!r} is too large: the largest quantity is {MAX_MAGNITUDE}")
+        raise _too_large(raw)
     return value
+
+
+def _too_large(raw: object) -> QuantityError:
+    return QuantityError(f"{raw!r} is too large: the largest quantity is {MAX_MAGNITUDE}")
 
 
 def _parse_text(text: str) -> Fraction:
@@ -68,8 +75,23 @@ def _parse_text(text: str) -> Fraction:
     return -value if match["sign"] == "-" else value
 
 
+def _is_plain_count(text: str) -> bool:
+    """ASCII digits only, no longer than the grammar allows ("10", "4"): a whole number that
+    needs neither the grammar nor a Fraction (the usual form of GPU resources)."""
+    return text.isascii() and text.isdigit() and len(text) <= MAX_QUANTITY_LENGTH
+
+
+def _plain_count(text: str) -> int:
+    count = int(text)
+    if count > _MAX_COUNT:
+        raise _too_large(text)
+    return count
+
+
 def parse_count(raw: object) -> int:
     """Parse a quantity that must be a non-negative whole number (GPU resources are counts)."""
+    if isinstance(raw, str) and _is_plain_count(raw):
+        return _plain_count(raw)
     value = parse_quantity(raw)
     if value < 0:
         raise QuantityError(f"{raw!r} is negative: use a whole number of 0 or more")

@@ -34,6 +34,10 @@ _CONSTRAINT_ANNOTATIONS: Final = {
     names.HAMI_ANNOTATION_NOUSE_GPUUUID: "exclude_uuids",
 }
 MAX_CONSTRAINT_ENTRIES: Final = 256
+_HOST_KEYS_ORDERED: Final = ("cpu", "memory")
+_HOST_KEYS: Final = frozenset(_HOST_KEYS_ORDERED)
+_ZERO: Final = Fraction(0)
+_ANYWHERE: Final = Constraints()
 
 
 class DemandError(FracgpuError):
@@ -89,6 +93,8 @@ def read_ask(pod: Mapping[str, Any], config: DialectConfig, default_policy: Poli
 
 
 def constraints(annotations: Mapping[str, str]) -> Constraints:
+    if annotations.keys().isdisjoint(_CONSTRAINT_ANNOTATIONS):
+        return _ANYWHERE  # most pods: one shared (frozen) value, not a new one per pod
     fields: dict[str, list[str]] = {}
     for key, target in _CONSTRAINT_ANNOTATIONS.items():
         if key not in annotations:
@@ -153,30 +159,42 @@ _POLICY_ANNOTATIONS: Final = (
 
 def cpu_and_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
     """The pod's effective (CPU millicores, memory MiB) request, rounded up."""
-    app = [Fraction(0), Fraction(0)]
-    init_peak = [Fraction(0), Fraction(0)]
-    sidecars = [Fraction(0), Fraction(0)]
+    app = [_ZERO, _ZERO]
+    init_peak = [_ZERO, _ZERO]
+    sidecars = [_ZERO, _ZERO]
+    counted = False
     for field, index, container in podlib.containers(pod):
-        cpu, memory = _container_request(container, f".spec.{field}[{index}]")
+        asked = _container_request(container, f".spec.{field}[{index}]")
+        counted = counted or asked is not None
+        cpu, memory = asked or (_ZERO, _ZERO)
         if field == podlib.CONTAINERS:
-            app = [app[0] + cpu, app[1] + memory]
+            if asked:
+                app = [app[0] + cpu, app[1] + memory]
         elif container.get("restartPolicy") == "Always":  # a sidecar runs beside the app
-            sidecars = [sidecars[0] + cpu, sidecars[1] + memory]
+            if asked:
+                sidecars = [sidecars[0] + cpu, sidecars[1] + memory]
         else:
             init_peak = [
                 max(init_peak[0], sidecars[0] + cpu),
                 max(init_peak[1], sidecars[1] + memory),
             ]
-    overhead = _amounts(podlib.mapping_at(podlib.spec(pod), "overhead", ".spec"), ".spec.overhead")
+    overhead_map = podlib.mapping_at(podlib.spec(pod), "overhead", ".spec")
+    if not counted and not overhead_map:
+        return 0, 0  # nothing asks for CPU or memory: no Fraction arithmetic on zeros
+    overhead = _amounts(overhead_map, ".spec.overhead")
     cpu_total = max(app[0] + sidecars[0], init_peak[0]) + overhead[0]
     memory_total = max(app[1] + sidecars[1], init_peak[1]) + overhead[1]
     return math.ceil(cpu_total * 1000), math.ceil(memory_total / 2**20)
 
 
-def _container_request(container: Mapping[str, Any], path: str) -> tuple[Fraction, Fraction]:
+def _container_request(container: Mapping[str, Any], path: str) -> tuple[Fraction, Fraction] | None:
+    """(CPU, memory) the container requests; None when it names neither (requests nothing)."""
     resources = podlib.mapping_at(container, "resources", path)
-    limits = _amounts(podlib.mapping_at(resources, "limits", path), f"{path}.resources.limits")
+    limits_map = podlib.mapping_at(resources, "limits", path)
     requests_map = podlib.mapping_at(resources, "requests", path)
+    if not _HOST_KEYS & (limits_map.keys() | requests_map.keys()):
+        return None
+    limits = _amounts(limits_map, f"{path}.resources.limits")
     requests = _amounts(requests_map, f"{path}.resources.requests")
     cpu = requests[0] if "cpu" in requests_map else limits[0]
     memory = requests[1] if "memory" in requests_map else limits[1]
@@ -185,8 +203,11 @@ def _container_request(container: Mapping[str, Any], path: str) -> tuple[Fractio
 
 def _amounts(resources: Mapping[str, Any], path: str) -> tuple[Fraction, Fraction]:
     values = []
-    for key in ("cpu", "memory"):
-        raw = resources.get(key, 0)
+    for key in _HOST_KEYS_ORDERED:
+        if key not in resources:
+            values.append(_ZERO)
+            continue
+        raw = resources[key]
         try:
             value = parse_quantity(raw)
         except QuantityError as error:

@@ -233,8 +233,20 @@ class EmbeddedState:
                 raise ReserveRejected(RejectKind.QUOTA, over.message)
             self._take(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
             self._charge(held.namespace, held.allocations, sign=1)
-            self._reservations[held.id] = replace(
-                claim, reservation=replace(held, expires_at=int(self._clock()) + self._ttl)
+            # Built directly: dataclasses.replace inspects the fields on every call.
+            expiring = Reservation(
+                id=held.id,
+                node=held.node,
+                namespace=held.namespace,
+                pod=held.pod,
+                allocations=held.allocations,
+                expires_at=int(self._clock()) + self._ttl,
+            )
+            self._reservations[held.id] = Claim(
+                expiring,
+                cpu_milli=claim.cpu_milli,
+                memory_mib=claim.memory_mib,
+                models=claim.models,
             )
 
     async def release(self, reservation_id: str) -> None:

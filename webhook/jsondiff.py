@@ -8,9 +8,10 @@ operations are the target document's own objects, not copies.
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 Operation = dict[str, Any]
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def diff(source: Any, target: Any) -> list[Operation]:
@@ -21,7 +22,11 @@ def diff(source: Any, target: Any) -> list[Operation]:
 
 
 def _diff(source: Any, target: Any, path: str, ops: list[Operation]) -> None:
-    if isinstance(source, Mapping) and isinstance(target, Mapping):
+    # Most values are JSON scalars: exact type tests first, the slower ABC checks after.
+    if type(source) in _SCALARS or type(target) in _SCALARS:
+        if not _same(source, target):
+            ops.append({"op": "replace", "path": path, "value": target})
+    elif _is_object(source) and _is_object(target):
         for key in source:
             if key not in target:
                 ops.append({"op": "remove", "path": _join(path, key)})
@@ -50,10 +55,19 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _is_object(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _is_array(value: Any) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
+    return type(value) is list or (
+        isinstance(value, Sequence) and not isinstance(value, str | bytes)
+    )
 
 
 def _join(path: str, key: Any) -> str:
     """``path`` plus one member name, escaped as a JSON Pointer token (RFC 6901)."""
-    return f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
+    token = str(key)
+    if "~" in token or "/" in token:  # rare in pods: escape only when needed
+        token = token.replace("~", "~0").replace("/", "~1")
+    return f"{path}/{token}"

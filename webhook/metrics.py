@@ -34,10 +34,19 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        # Labelled children by label values: ``labels()`` costs a lock and argument checks on
+        # every admission; the few combinations are looked up once.
+        self._children: dict[tuple[str, ...], tuple[Counter, Histogram]] = {}
 
     def admission(self, endpoint: str, verdict: str, seconds: float) -> None:
-        self._admissions.labels(endpoint=endpoint, verdict=verdict).inc()
-        self._latency.labels(endpoint=endpoint).observe(seconds)
+        children = self._children.get((endpoint, verdict))
+        if children is None:
+            children = self._children[(endpoint, verdict)] = (
+                self._admissions.labels(endpoint, verdict),
+                self._latency.labels(endpoint),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def watch_placing(self, placing: Callable[[], bool]) -> None:
         """Export whether this replica places GPU pods now (read at every scrape)."""

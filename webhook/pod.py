@@ -30,7 +30,7 @@ def mapping_at(obj: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]
     value = obj.get(key)
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):  # exact type first: fast
         raise PodShapeError(f"{path}.{key}", f"must be an object, not {type(value).__name__}")
     return value
 
@@ -74,7 +74,7 @@ def containers(
         if not isinstance(items, list):
             raise PodShapeError(f".spec.{field}", f"must be a list, not {type(items).__name__}")
         for index, item in enumerate(items):
-            if not isinstance(item, Mapping):
+            if type(item) is not dict and not isinstance(item, Mapping):
                 raise PodShapeError(f".spec.{field}[{index}]", "must be an object")
             name = item.get("name")
             if not isinstance(name, str) or not name:

@@ -4,11 +4,12 @@ A ``Verdict`` is what the rules decide; ``to_review`` turns it into the wire for
 """
 
 import base64
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
+
+import orjson
 
 from webhook.review import API_VERSION, KIND, AdmissionResponseBody, AdmissionReviewResponse
 
@@ -75,9 +76,7 @@ def to_review(uid: str, verdict: Verdict) -> AdmissionReviewResponse:
         }
     if verdict.patch:
         body["patchType"] = "JSONPatch"
-        body["patch"] = base64.b64encode(
-            json.dumps(list(verdict.patch), separators=(",", ":")).encode()
-        ).decode()
+        body["patch"] = base64.b64encode(orjson.dumps(list(verdict.patch))).decode()
     if verdict.warnings:
         body["warnings"] = [_clip(w) for w in verdict.warnings[:MAX_WARNINGS]]
     return {"apiVersion": API_VERSION, "kind": KIND, "response": body}

@@ -9,10 +9,11 @@ Two error channels, never mixed up:
   ``allowed: false``), decided by the rules, not here.
 """
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NotRequired, TypedDict
+
+import orjson
 
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
@@ -101,10 +102,12 @@ def parse_review(body: bytes, content_type: str, max_body_bytes: int) -> Admissi
             413, f"body of {len(body)} bytes is over the limit of {max_body_bytes} bytes"
         )
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        # orjson: several times faster than json. Unlike json it refuses NaN and lone
+        # surrogates (not JSON) and reads integers past 64 bits as floats (no pod has them).
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
         raise MalformedReviewError(400, f"body is not JSON: {error}") from None
-    if _depth_exceeds(document, MAX_NESTING):
+    if _may_nest_deeper(body, MAX_NESTING) and _depth_exceeds(document, MAX_NESTING):
         raise MalformedReviewError(400, f"body is nested deeper than {MAX_NESTING} levels")
     if not isinstance(document, dict):
         raise MalformedReviewError(
@@ -189,6 +192,12 @@ def _string(obj: Mapping[str, Any], key: str) -> str:
     if not isinstance(value, str):
         raise MalformedReviewError(400, f"{key} must be a string, not {type(value).__name__}")
     return value
+
+
+def _may_nest_deeper(body: bytes, limit: int) -> bool:
+    """Whether the document could nest deeper than ``limit``: not when it has no more than
+    ``limit`` opening brackets in all (strings included), the usual case, counted in C."""
+    return body.count(b"{") + body.count(b"[") > limit
 
 
 def _depth_exceeds(value: object, limit: int) -> bool:

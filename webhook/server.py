@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
 from aiohttp import web
 
 from webhook import responses
@@ -130,7 +131,11 @@ def _admission_handler(
             verdict.outcome.value,
             verdict.message,
         )
-        return web.json_response(responses.to_review(review.uid, verdict))
+        # orjson: the answer is encoded several times faster than by json_response's json.
+        return web.Response(
+            body=orjson.dumps(responses.to_review(review.uid, verdict)),
+            content_type="application/json",
+        )
 
     return handle
 

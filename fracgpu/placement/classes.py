@@ -6,11 +6,19 @@ free CPU and memory are equal and their GPUs are in the same classes, in order. 
 candidate reads only its GPU and its node, so candidates of one (node class, GPU class) pair
 score alike and one of them stands for all (``FragmentationIndex.representatives``).
 Classes depend on state only, not on the workload, so they survive workload changes.
+``pairs`` tracks which slots each (node class, GPU class) pair holds, and ``slot_features`` /
+``node_features`` give back what an id stands for, so a decision can go pair by pair.
 """
 
 import numpy as np
 
+from fracgpu.placement.pairs import ClassPairs
 from fracgpu.placement.state import ClusterState, IntArray
+
+# A GPU class: model id, free compute, containers, free memory, total memory, split count,
+# usable at all (1/0); a node class: free CPU, free memory, then its GPUs' class ids.
+SlotFeatures = tuple[int, ...]
+NodeFeatures = tuple[int, ...]
 
 
 class StateClasses:
@@ -19,8 +27,13 @@ class StateClasses:
     def __init__(self) -> None:
         self.slot_ids: IntArray = np.zeros(0, np.int64)
         self.node_ids: IntArray = np.zeros(0, np.int64)
-        self._slot_table: dict[tuple[int, ...], int] = {}
-        self._node_table: dict[tuple[int, ...], int] = {}
+        self._slot_table: dict[SlotFeatures, int] = {}
+        self._node_table: dict[NodeFeatures, int] = {}
+        self.slot_features: list[SlotFeatures] = []  # by GPU class id
+        self.node_features: list[NodeFeatures] = []  # by node class id
+        self.pairs = ClassPairs()
+        # Bumped whenever ids are renumbered: whatever was keyed by ids is stale then.
+        self.version = 0
 
     @property
     def slot_span(self) -> int:
@@ -35,17 +48,21 @@ class StateClasses:
     def rebuild(self, state: ClusterState) -> None:
         """Classes of every GPU and node from scratch (after a topology change)."""
         self._slot_table, self._node_table = {}, {}
+        self.slot_features, self.node_features = [], []
+        self.version += 1
         self.slot_ids = np.zeros(len(state.g_free), np.int64)
         self.node_ids = np.zeros(len(state.n_first), np.int64)
-        self._set_slots(state, np.arange(len(state.g_free)))
-        for row in range(len(state.n_first)):
-            self._set_node(state, row)
+        self.pairs.reset(len(state.g_free))
+        ids = self._set_slots(state, 0, len(state.g_free))
+        for row, (first, count) in enumerate(
+            zip(state.n_first.tolist(), state.n_count.tolist(), strict=True)
+        ):
+            self._set_node(state, row, first, ids[first : first + count])
 
     def update_node(self, state: ClusterState, row: int) -> None:
         """Re-class one node and its GPUs after their state changed."""
         s = state.slots_of_row(row)
-        self._set_slots(state, np.arange(s.start, s.stop))
-        self._set_node(state, row)
+        self._set_node(state, row, s.start, self._set_slots(state, s.start, s.stop))
         # Ids of states no GPU or node has any more pile up; renumber now and then.
         if (
             len(self._slot_table) + len(self._node_table)
@@ -53,27 +70,34 @@ class StateClasses:
         ):
             self.rebuild(state)
 
-    def _set_slots(self, state: ClusterState, slots: IntArray) -> None:
-        features = np.column_stack(
-            [
-                state.g_model[slots],
-                state.g_free[slots],
-                state.g_cont[slots],
-                state.g_mem_free[slots],
-                state.g_mem_total[slots],
-                state.g_split[slots],
-                state.g_live[slots],
-            ]
-        ).tolist()
-        table = self._slot_table
-        for slot, feature in zip(slots.tolist(), features, strict=True):
-            self.slot_ids[slot] = table.setdefault(tuple(feature), len(table))
-
-    def _set_node(self, state: ClusterState, row: int) -> None:
-        s = state.slots_of_row(row)
-        key = (
-            int(state.n_cpu_free[row]),
-            int(state.n_mem_free[row]),
-            *self.slot_ids[s.start : s.stop].tolist(),
+    def _set_slots(self, state: ClusterState, start: int, stop: int) -> list[int]:
+        """Class the slots ``start:stop``; returns their ids. Reads slices as lists: a node's
+        handful of GPUs costs less that way than through 2-D arrays."""
+        features = zip(
+            state.g_model[start:stop].tolist(),
+            state.g_free[start:stop].tolist(),
+            state.g_cont[start:stop].tolist(),
+            state.g_mem_free[start:stop].tolist(),
+            state.g_mem_total[start:stop].tolist(),
+            state.g_split[start:stop].tolist(),
+            state.g_live[start:stop].astype(np.int64).tolist(),
+            strict=True,
         )
-        self.node_ids[row] = self._node_table.setdefault(key, len(self._node_table))
+        table, known = self._slot_table, self.slot_features
+        ids = []
+        for key in features:
+            class_id = table.setdefault(key, len(table))
+            if class_id == len(known):
+                known.append(key)
+            ids.append(class_id)
+        self.slot_ids[start:stop] = ids
+        return ids
+
+    def _set_node(self, state: ClusterState, row: int, first: int, slot_ids: list[int]) -> None:
+        """Class node ``row``, whose GPUs from slot ``first`` on have ``slot_ids``."""
+        key = (int(state.n_cpu_free[row]), int(state.n_mem_free[row]), *slot_ids)
+        node_id = self._node_table.setdefault(key, len(self._node_table))
+        if node_id == len(self.node_features):
+            self.node_features.append(key)
+        self.node_ids[row] = node_id
+        self.pairs.move_node(first, node_id, slot_ids)

@@ -10,7 +10,8 @@ A node's fragmentation is the frequency-weighted sum over shapes:
 
 Placing a pod changes only its node, so the policy scores a candidate by how much usable
 capacity it destroys: sum_s w_s * (ok_s * usable_s before - ok_s * usable_s after). The
-per-node sums ``usable`` and ``count`` are arrays [node, shape], updated per changed node.
+per-node sums ``usable`` and ``count`` are arrays [node, shape], recounted for the nodes that
+changed when a score next reads them.
 """
 
 from collections.abc import Sequence
@@ -40,6 +41,9 @@ class FragmentationIndex:
         self._topology = -1
         self._classes = StateClasses()
         self._classes_topology = -1
+        # Bumped whenever scores could change other than through a node's state: new shapes,
+        # new weights, a rebuild. Caches of scores by class compare it.
+        self.version = 0
         self._empty_state()
 
     def _empty_state(self) -> None:
@@ -64,6 +68,7 @@ class FragmentationIndex:
         self.usable: FloatArray = np.zeros((0, s))
         self.pods: FloatArray = np.zeros((0, s))
         self.effective_now: FloatArray = np.zeros((0, s))
+        self._stale: set[int] = set()  # node rows whose sums above are out of date
 
     @property
     def active(self) -> bool:
@@ -76,7 +81,10 @@ class FragmentationIndex:
         if shapes != self.shapes or self._topology != state.topology_version:
             self.shapes = shapes
             self.rebuild(state)
+        elif np.array_equal(weights, self.weights):
+            return
         self.weights = weights
+        self.version += 1
 
     def sync(self, state: ClusterState) -> None:
         if self._topology != state.topology_version:
@@ -84,6 +92,7 @@ class FragmentationIndex:
 
     def rebuild(self, state: ClusterState) -> None:
         self._empty_state()
+        self.version += 1
         self._topology = state.topology_version
         if not self.shapes:
             return
@@ -134,32 +143,48 @@ class FragmentationIndex:
         if not self.active or self._topology != state.topology_version:
             self._classes_topology = -1  # not kept up to date: rebuilt with the index
             return
-        s = state.slots_of_row(row)
-        slots = np.arange(s.start, s.stop)
+        # The node's usable capacity is recounted when a score next reads it (``_refresh``):
+        # most decisions are answered from scores cached by class and read none.
+        self._stale.add(row)
+        self._classes.update_node(state, row)
+
+    def _refresh(self, state: ClusterState) -> None:
+        """Recount the nodes ``update_node`` marked, all in one pass. Per node it sums whole
+        numbers, so summing many nodes at once gives exactly what one node at a time gives."""
+        if not self._stale:
+            return
+        rows = np.array(sorted(self._stale), dtype=np.int64)
+        self._stale.clear()
+        counts = state.n_count[rows]
+        ranges = [
+            np.arange(first, first + count, dtype=np.int64)
+            for first, count in zip(state.n_first[rows].tolist(), counts.tolist(), strict=True)
+        ]
+        slots = np.concatenate(ranges)
         free = state.g_free[slots]
         usable, pods = self.usable_for(slots, free, state.g_mem_free[slots], state.g_cont[slots])
         self.usable_now[slots] = usable
         self.pods_now[slots] = pods
-        self.usable[row] = (free[:, None] * usable).sum(axis=0)
-        self.pods[row] = pods.sum(axis=0)
-        self.effective_now[row] = self._effective(
-            self.usable[row : row + 1],
-            self.pods[row : row + 1],
-            state.n_cpu_free[row : row + 1],
-            state.n_mem_free[row : row + 1],
-        )[0]
-        self._classes.update_node(state, row)
+        self.usable[rows] = 0.0
+        self.pods[rows] = 0.0
+        with_gpus = counts > 0
+        if with_gpus.any():  # reduceat needs non-empty segments
+            starts = (np.cumsum(counts) - counts)[with_gpus]
+            self.usable[rows[with_gpus]] = np.add.reduceat(free[:, None] * usable, starts, axis=0)
+            self.pods[rows[with_gpus]] = np.add.reduceat(pods, starts, axis=0)
+        self.effective_now[rows] = self._effective(
+            self.usable[rows], self.pods[rows], state.n_cpu_free[rows], state.n_mem_free[rows]
+        )
 
     def representatives(self, state: ClusterState, cands: Candidates) -> IntArray | None:
         """The first candidate of each (node class, GPU class) pair, in candidate order: the
         others score and tie exactly like the first of theirs, so choosing among these picks
         the same winner. None when the index is not current."""
-        current = state.topology_version
-        if not self.active or self._topology != current or self._classes_topology != current:
+        classes = self.current_classes(state)
+        if classes is None:
             return None
         if cands.pair_cand is not None:
             return None  # multi-GPU candidates: one class per combination, not worth it
-        classes = self._classes
         key = classes.node_ids[cands.rows] * classes.slot_span + classes.slot_ids[cands.slots]
         n, size = len(key), classes.node_span * classes.slot_span
         if size <= 4 * n + 1024:  # few classes: a lowest-index table beats sorting
@@ -170,6 +195,13 @@ class FragmentationIndex:
             first = np.unique(key, return_index=True)[1]
         first.sort()
         return first
+
+    def current_classes(self, state: ClusterState) -> StateClasses | None:
+        """The state classes, when the index is active and they are up to date."""
+        current = state.topology_version
+        if not self.active or self._topology != current or self._classes_topology != current:
+            return None
+        return self._classes
 
     def usable_for(
         self,
@@ -232,6 +264,7 @@ class FragmentationIndex:
         n = len(rows)
         if not self.active or n == 0:
             return np.zeros(n)
+        self._refresh(state)
         take_units, take_mem, take_cont = cands.take_units, cands.take_mem, cands.take_cont
         expand: IntArray | None = None
         if pair_cand is None and not distinct:
@@ -272,6 +305,7 @@ class FragmentationIndex:
         """Usable capacity a GPU-less pod destroys by taking CPU and memory from each node."""
         if not self.active or len(rows) == 0:
             return np.zeros(len(rows))
+        self._refresh(state)
         after = self._effective(
             self.usable[rows],
             self.pods[rows],

@@ -30,7 +30,7 @@ def choose(
     """Index of the winning candidate (``cands`` must not be empty)."""
     if len(cands.rows) == 1:
         return 0
-    keys = _Keys(cands, state, demand)
+    keys = PolicyKeys(cands, state, demand)
     chain: list[Key]
     if policy is Policy.BINPACK:
         chain = [keys.node_left] if keys.gpu_less else [keys.node_free_after, keys.gpu_left]
@@ -60,7 +60,7 @@ def _by_fragmentation(
     *,
     distinct: bool = False,
 ) -> int:
-    keys = _Keys(cands, state, demand)
+    keys = PolicyKeys(cands, state, demand)
     if keys.gpu_less:
         loss = frag.node_loss_cpu_only(state, cands.rows, demand.cpu_milli, demand.memory_mib)
     else:
@@ -75,7 +75,7 @@ def _by_fragmentation(
     return lexmin(chain, len(cands.rows))
 
 
-class _Keys:
+class PolicyKeys:
     """The policies' keys for a subset of the candidates (indices into ``cands``)."""
 
     def __init__(self, cands: Candidates, state: ClusterState, demand: PodDemand) -> None:

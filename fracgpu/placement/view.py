@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from fracgpu.model import GPUAllocation, NodeInventory
 from fracgpu.names import CORES_PER_GPU, MAX_MEMORY_SCALING
 from fracgpu.placement.api import NoFit, Placement, PodDemand, Policy
+from fracgpu.placement.byclass import ClassChooser
 from fracgpu.placement.candidates import CandidateFinder
 from fracgpu.placement.fragmentation import FragmentationIndex
 from fracgpu.placement.nofit import explain
@@ -56,6 +57,7 @@ class ClusterView:
         self._finder = CandidateFinder(self._state)
         self._workload = workload if workload is not None else WorkloadModel()
         self._frag = FragmentationIndex()
+        self._by_class = ClassChooser()
         for node in nodes:
             self.add_node(node)
 
@@ -180,6 +182,9 @@ class ClusterView:
         _check(demand, self._state.gpu_units)
         if policy is Policy.FRAGMENTATION:
             self._frag.sync(self._state)
+            placed = self._by_class.place(self._state, self._frag, demand)
+            if placed is not None:
+                return placed
         cands = self._finder.find(demand, prefer_most_free=policy is Policy.SPREAD)
         if len(cands) == 0:
             return explain(self._state, self._finder, demand)

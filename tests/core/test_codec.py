@@ -87,7 +87,10 @@ quotas = st.builds(
 
 @given(assignments)
 def test_assignment_round_trips(assignment: Assignment) -> None:
-    assert decode_assignment(encode_assignment(assignment)) == assignment
+    text = encode_assignment(assignment)
+    assert decode_assignment(text) == assignment
+    # The same text as ever (pods already admitted carry it): compact, keys sorted.
+    assert text == json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
 
 
 @given(st.lists(devices, max_size=8, unique_by=lambda d: d.uuid))

@@ -1,9 +1,11 @@
+from collections.abc import Callable
 from fractions import Fraction
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fracgpu import quantity
 from fracgpu.errors import QuantityError
 from fracgpu.quantity import format_count, parse_count, parse_quantity
 
@@ -90,3 +92,26 @@ def test_arbitrary_text_never_crashes(text: str) -> None:
         parse_quantity(text)
     except QuantityError as error:
         assert str(error)
+
+
+@given(st.text(alphabet="0123456789", min_size=1, max_size=70) | st.text(max_size=8))
+def test_plain_digits_parse_like_the_grammar(text: str) -> None:
+    """Whole numbers in plain digits skip the grammar: same value, same refusals."""
+
+    def outcome(parse: Callable[[str], object]) -> object:
+        try:
+            return parse(text)
+        except QuantityError as error:
+            return str(error)
+
+    assert outcome(parse_quantity) == outcome(grammar_only)
+    expected = outcome(grammar_only)
+    if isinstance(expected, Fraction) and expected >= 0 and expected.denominator == 1:
+        assert outcome(parse_count) == int(expected)
+
+
+def grammar_only(text: str) -> Fraction:
+    value = quantity._parse_text(text)
+    if abs(value) > quantity.MAX_MAGNITUDE:
+        raise quantity._too_large(text)
+    return value

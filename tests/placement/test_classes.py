@@ -7,6 +7,7 @@ import pytest
 
 from fracgpu.model import GPUAllocation
 from fracgpu.placement import ClusterView, Placement, PodDemand, Policy
+from fracgpu.placement.byclass import ClassChooser
 from fracgpu.placement.fragmentation import FragmentationIndex
 from tests.placement.helpers import node, share
 
@@ -55,17 +56,24 @@ def random_cluster(seed: int) -> tuple[ClusterView, list[PodDemand]]:
     return view, demands
 
 
+@pytest.mark.parametrize("by_pair", [True, False], ids=["by-pair", "representatives"])
 @pytest.mark.parametrize("seed", range(12))
 def test_class_representatives_choose_like_every_candidate(
-    seed: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, by_pair: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both shortcuts: deciding pair by pair (``ClassChooser``), and scanning every GPU but
+    scoring one candidate per class."""
     fast, demands = random_cluster(seed)
     full, _ = random_cluster(seed)
     placed = 0
     for step, demand in enumerate(demands * 6):
-        got = fast.place(demand, Policy.FRAGMENTATION)
+        with monkeypatch.context() as patch:
+            if not by_pair:
+                patch.setattr(ClassChooser, "place", lambda *_: None)
+            got = fast.place(demand, Policy.FRAGMENTATION)
         with monkeypatch.context() as patch:
             patch.setattr(FragmentationIndex, "representatives", lambda *_: None)
+            patch.setattr(ClassChooser, "place", lambda *_: None)
             expected = full.place(demand, Policy.FRAGMENTATION)
         assert got == expected, f"seed {seed} step {step}"
         if isinstance(got, Placement):

@@ -3,7 +3,10 @@
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from webhook import review
 from webhook.review import MAX_NESTING, MalformedReviewError, parse_review
 
 
@@ -29,3 +32,30 @@ def test_values_at_the_limit_pass_and_deeper_ones_are_refused(leaf: object) -> N
     parse_review(review_with_depth(MAX_NESTING, leaf), "application/json", 10**6)
     with pytest.raises(MalformedReviewError, match=f"nested deeper than {MAX_NESTING}"):
         parse_review(review_with_depth(MAX_NESTING + 1, leaf), "application/json", 10**6)
+
+
+@pytest.mark.parametrize("leaf", [1, "x", [], {}])
+def test_the_bracket_count_shortcut_keeps_the_limit(leaf: object) -> None:
+    """Bodies with few brackets skip the walk; at the limit every bracket is a level."""
+    at_limit = review_with_depth(MAX_NESTING, leaf)
+    deeper = review_with_depth(MAX_NESTING + 1, leaf)
+    assert not review._may_nest_deeper(b"{}" * 32, MAX_NESTING)
+    assert review._may_nest_deeper(deeper, MAX_NESTING)
+    parse_review(at_limit, "application/json", 10**6)
+    with pytest.raises(MalformedReviewError):
+        parse_review(deeper, "application/json", 10**6)
+
+
+JSON = st.recursive(
+    st.none() | st.integers() | st.text(alphabet="a{[]}", max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+@given(JSON, st.integers(0, 6))
+def test_the_shortcut_never_skips_a_document_that_nests_too_deep(value: object, limit: int) -> None:
+    if review._depth_exceeds(value, limit):
+        assert review._may_nest_deeper(json.dumps(value).encode(), limit)

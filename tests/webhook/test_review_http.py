@@ -23,6 +23,8 @@ def review_with(**request_changes: Any) -> bytes:
 MALFORMED = [
     ("not json", b"{not json", "application/json", 400, "body is not JSON"),
     ("not utf-8", b"\xff\xfe\x00", "application/json", 400, "body is not JSON"),
+    # Not JSON, though Python's json module reads it.
+    ("NaN", b'{"apiVersion": NaN}', "application/json", 400, "body is not JSON"),
     ("json array", b"[1, 2]", "application/json", 400, "must be a JSON object, not list"),
     (
         "wrong apiVersion",

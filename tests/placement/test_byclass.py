@@ -1,0 +1,160 @@
+"""Deciding pair by pair (``ClassChooser``) picks exactly what scanning every GPU picks, and
+the pair index (``ClassPairs``) agrees with a brute-force grouping of the slots."""
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fracgpu.model import ContainerRequest, GPUAllocation, MemoryRequest
+from fracgpu.placement import ClusterView, Constraints, Placement, PodDemand, Policy
+from fracgpu.placement.byclass import ClassChooser
+from fracgpu.placement.pairs import ClassPairs
+from tests.placement.helpers import node, share
+
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(
+    st.integers(1, 12),
+    st.lists(st.tuples(st.integers(0, 11), st.integers(0, 2), st.integers(0, 2)), max_size=200),
+)
+def test_pairs_agree_with_grouping_the_slots(slots: int, moves: list[tuple[int, int, int]]) -> None:
+    pairs = ClassPairs()
+    pairs.reset(slots)
+    truth: dict[int, tuple[int, int]] = {}
+    for slot, node_id, gpu_id in moves:
+        if slot >= slots:
+            continue
+        pairs.move(slot, (node_id, gpu_id))
+        truth[slot] = (node_id, gpu_id)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for member, pair in truth.items():
+            groups.setdefault(pair, []).append(member)
+        assert sorted(pairs.pairs()) == sorted(groups)
+        assert len(pairs) == len(groups)
+        for pair, members in groups.items():
+            assert pairs.lowest(pair) == min(members)
+
+
+def test_stale_heap_entries_are_bounded() -> None:
+    pairs = ClassPairs()
+    pairs.reset(4)
+    for step in range(10_000):
+        pairs.move(step % 4, (step % 3, 0))
+    assert pairs._entries <= 2 * 4 + 64
+    assert {pairs.lowest(p) for p in pairs.pairs()} <= {0, 1, 2, 3}
+
+
+MODELS = ("Tesla T4", "A100")
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> PodDemand:
+    """Mostly one-GPU pods (the chooser's case), some it leaves to the scan."""
+    kind = draw(st.sampled_from(["share", "share", "share", "whole", "two", "pool"]))
+    memory = (
+        MemoryRequest(percent=draw(st.sampled_from((10, 50, 100))))
+        if draw(st.booleans())
+        else MemoryRequest(mib=draw(st.sampled_from((0, 1024, 8192))))
+    )
+    cores = 100 if kind == "whole" else draw(st.sampled_from((0, 10, 25, 50, 99)))
+    gpus = 2 if kind == "two" else 1
+    models = draw(st.sampled_from(((), ("T4",), ("A100",))))
+    return PodDemand(
+        (ContainerRequest("main", gpus, cores, memory),),
+        cpu_milli=draw(st.sampled_from((0, 1000, 6000))),
+        memory_mib=draw(st.sampled_from((0, 4096))),
+        constraints=Constraints(include_models=models, pools=("a",) if kind == "pool" else ()),
+    )
+
+
+def cluster(nodes: int, seed: int) -> ClusterView:
+    """Alike nodes in two pools, so pairs hold many slots and few pairs exist."""
+    return ClusterView(
+        [
+            node(
+                f"n{i}",
+                2 + (i + seed) % 3 // 2,
+                model=MODELS[(i * 7 + seed) % 5 // 4],
+                cpu_milli=8000,
+                host_memory_mib=16384,
+                pool="ab"[i % 2],
+                split_count=3 if (i + seed) % 4 == 0 else None,
+            )
+            for i in range(nodes)
+        ],
+        default_split_count=4,
+    )
+
+
+# What happens between decisions besides placing: a pod leaves, a node's use is recounted,
+# a node leaves and comes back (a topology change renumbers the classes).
+EVENTS = st.sampled_from(["place", "place", "place", "place", "release", "recount", "replace"])
+
+
+@SETTINGS
+@given(
+    st.integers(1, 10),
+    st.integers(0, 3),
+    st.lists(st.tuples(requests(), EVENTS), min_size=1, max_size=40),
+)
+def test_pair_by_pair_chooses_like_every_candidate(
+    nodes: int, seed: int, steps: list[tuple[PodDemand, str]]
+) -> None:
+    fast, full = cluster(nodes, seed), cluster(nodes, seed)
+    held: list[tuple[str, tuple[GPUAllocation, ...], PodDemand]] = []
+    with pytest.MonkeyPatch.context() as patch:
+        for step, (demand, event) in enumerate(steps):
+            for view in (fast, full):
+                view.observe(demand)
+            got = fast.place(demand, Policy.FRAGMENTATION)
+            patch.setattr(ClassChooser, "place", lambda *_: None)
+            expected = full.place(demand, Policy.FRAGMENTATION)
+            patch.undo()
+            assert got == expected, f"step {step}"
+            if isinstance(got, Placement):
+                allocations = tuple(a for c in got.containers for a in c.devices)
+                held.append((got.node, allocations, demand))
+                for view in (fast, full):
+                    view.allocate(got.node, allocations, demand.cpu_milli, demand.memory_mib)
+            if event == "release" and held:
+                name, allocations, gone = held.pop(0)
+                for view in (fast, full):
+                    view.release(name, allocations, gone.cpu_milli, gone.memory_mib)
+            elif event == "recount" and held:
+                name = held[-1][0]
+                uses = [(a, d.cpu_milli, d.memory_mib) for n, a, d in held if n == name]
+                for view in (fast, full):
+                    view.set_usage(name, uses)
+            elif event == "replace":
+                name = f"n{step % nodes}"
+                inventory = fast.inventory(name)
+                assert inventory is not None
+                held = [h for h in held if h[0] != name]
+                for view in (fast, full):
+                    view.remove_node(name)
+                    view.add_node(inventory)
+
+
+def test_alike_nodes_are_decided_by_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a cluster of alike nodes the chooser answers every one-GPU decision itself."""
+    answers: list[Placement | None] = []
+    place = ClassChooser.place
+
+    def recorded(self: ClassChooser, *args: Any) -> Placement | None:
+        answers.append(place(self, *args))
+        return answers[-1]
+
+    monkeypatch.setattr(ClassChooser, "place", recorded)
+    view = cluster(50, 0)
+    pod = share(10, 1024, cpu_milli=1000)
+    for _ in range(40):
+        view.observe(pod)
+        placed = view.place(pod, Policy.FRAGMENTATION)
+        assert isinstance(placed, Placement)
+        view.allocate(placed.node, [a for c in placed.containers for a in c.devices], 1000)
+        assert answers[-1] == placed
+    assert len(answers) == 40

@@ -1,0 +1,62 @@
+"""The fragmentation index recounts changed nodes lazily, in one pass: its sums must equal an
+index built from scratch over the same state."""
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fracgpu.model import GPUAllocation
+from fracgpu.placement.fragmentation import FragmentationIndex
+from fracgpu.placement.state import ClusterState
+from fracgpu.placement.workload import WorkloadModel, shape_of
+from tests.placement.helpers import node, share
+
+SHAPES = [share(10, 1024), share(50, 8192, cpu_milli=4000), share(100, 0, gpus=2)]
+
+
+def counted(nodes: int) -> tuple[ClusterState, FragmentationIndex]:
+    state = ClusterState(100)
+    for i in range(nodes):
+        # Nodes 0 GPUs to 3: a node without GPUs has empty sums.
+        state.add_node(node(f"n{i}", i % 4, cpu_milli=16000), split_count=4)
+    workload = WorkloadModel()
+    for demand in SHAPES:
+        shape = shape_of(demand)
+        assert shape is not None
+        workload.observe(shape)
+    index = FragmentationIndex()
+    index.set_workload(workload.typical(), state)
+    return state, index
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(1, 9),
+    st.lists(
+        st.tuples(
+            st.integers(0, 8), st.integers(0, 3), st.sampled_from((5, 40, 100)), st.booleans()
+        ),
+        max_size=30,
+    ),
+    st.lists(st.booleans(), min_size=30, max_size=30),
+)
+def test_lazy_recount_equals_a_fresh_index(
+    nodes: int, uses: list[tuple[int, int, int, bool]], reads: list[bool]
+) -> None:
+    state, index = counted(nodes)
+    for (n, gpu, cores, with_cpu), read in zip(uses, reads, strict=False):
+        if n >= nodes or gpu >= n % 4:
+            continue
+        row = state.apply(
+            f"n{n}", [GPUAllocation(f"n{n}-gpu{gpu}", cores, 512)], 2000 if with_cpu else 0, 0, 1
+        )
+        assert row is not None
+        index.update_node(state, row)
+        if read:  # a score read now recounts what changed so far
+            index._refresh(state)
+    index._refresh(state)
+    fresh = FragmentationIndex()
+    fresh.shapes = index.shapes
+    fresh.rebuild(state)
+    for name in ("usable_now", "pods_now", "usable", "pods", "effective_now"):
+        assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
