@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
+import orjson
 
 JSON_CONTENT: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -167,7 +168,7 @@ class KubeApi:
             async for line in response.content:
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = orjson.loads(line)  # several times faster than json on every event
                 if event.get("type") == "ERROR":
                     status = event.get("object", {})
                     raise _error(int(status.get("code", 500)), json.dumps(status))
@@ -182,15 +183,15 @@ class KubeApi:
         params: Mapping[str, str | int] | None = None,
         content_type: str = JSON_CONTENT,
     ) -> Obj:
-        data = None if body is None else json.dumps(body)
+        data = None if body is None else orjson.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else None
         async with self.session.request(
             method, path.lstrip("/"), data=data, params=params, headers=headers
         ) as response:
-            text = await response.text()
+            raw = await response.read()
             if response.status >= 400:
-                raise _error(response.status, text)
-            result: Obj = json.loads(text) if text else {}
+                raise _error(response.status, raw.decode(errors="replace"))
+            result: Obj = orjson.loads(raw) if raw else {}
             return result
 
 
