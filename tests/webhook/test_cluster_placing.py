@@ -102,3 +102,27 @@ async def test_a_leader_in_its_takeover_wait_or_past_its_deadline_does_not_place
         await stale.reserve(claim("r1", 0, 10))
     assert "could not renew" in where.value.reason
     assert not stale.placing() and state_with(leader()).placing()
+
+
+async def test_only_claims_older_than_the_write_behind_window_are_written() -> None:
+    """A claim whose pod may still appear is not written; the API here is unreachable, so a
+    round that tries to write reports a failure."""
+    now = [NOW]
+    leadership = Leadership(clock=lambda: now[0], placing_from=NOW, valid_until=NOW + 60)
+    unreachable = KubeApi(Endpoint("https://127.0.0.1:1"))
+    state = KubeState(
+        unreachable,
+        KubeStateSettings(reservation_ttl_s=TTL, write_behind_s=0.2),
+        clock=lambda: now[0],
+        leadership=leadership,
+    )
+    state.nodes.put(node("n1"))
+    state.gpunodes.put(gpunode("n1", "1", []))
+    await state.reserve(claim("r1", 0, 10))
+    now[0] += 0.1
+    assert await state.write_pending(), "a young claim must not be written yet"
+    assert state.unwritten() == 1
+    now[0] += 0.2
+    async with unreachable:
+        assert not await state.write_pending(), "an old claim is written (and fails here)"
+    assert state.unwritten() == 1  # kept for the next round

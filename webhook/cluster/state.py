@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import aiohttp
 
@@ -59,6 +60,13 @@ class KubeStateSettings:
     write_behind_s: float = 0.2
     write_retry_s: float = 1.0
     watch: WatchSettings = field(default_factory=WatchSettings)
+
+
+class _Held(NamedTuple):
+    """A claim this leader holds in memory, and when (its clock) it was taken."""
+
+    claim: Claim
+    since: float
 
 
 def quota_record(obj: Obj) -> Quota | None:
@@ -119,7 +127,7 @@ class KubeState:
         # one TTL (later the recount owns the number). Both maps are bounded by time.
         self._charged: dict[str, tuple[Claim, float]] = {}
         # Claims reserved here and not yet in their GPUNode: counted in the view at once.
-        self._inflight: dict[str, Claim] = {}
+        self._inflight: dict[str, _Held] = {}
         # Quota key -> charges not yet in that GPUQuota's status.used: counted by quotas().
         self._unwritten_charges: dict[str, list[Claim]] = {}
         # What the write-behind loop writes next.
@@ -181,9 +189,9 @@ class KubeState:
         if reservation_id in self._live_reservations:
             # Already carried by a live pod: a second pod presenting it copied it.
             return None
-        claim = self._inflight.get(reservation_id)
-        if claim is not None:
-            return claim.reservation  # admitted here, not written yet
+        held = self._inflight.get(reservation_id)
+        if held is not None:
+            return held.claim.reservation  # admitted here, not written yet
         found = self._cached_reservation(reservation_id, node)
         if found is None and node:
             if not self._leadership.leading():
@@ -290,13 +298,14 @@ class KubeState:
             if not await self.write_pending():
                 await asyncio.sleep(self._settings.write_retry_s)  # the API is struggling
 
-    async def write_pending(self) -> bool:
-        """One round of writes for everything queued now; False when any write failed (it
+    async def write_pending(self, everything: bool = False) -> bool:
+        """One round of writes for what is queued now: the claims held at least
+        ``write_behind_s`` (``everything``: all of them); False when a write failed (it
         stays queued)."""
         nodes, self._node_writes = self._node_writes, set()
         quotas, self._quota_writes = self._quota_writes, set()
         results = await asyncio.gather(
-            *(self._write_node(node) for node in sorted(nodes)),
+            *(self._write_node(node, everything) for node in sorted(nodes)),
             *(self._write_quota(key) for key in sorted(quotas)),
         )
         return all(results)
@@ -310,18 +319,23 @@ class KubeState:
         when all is written."""
         deadline = self._clock() + timeout_s
         while self.unwritten() and self._clock() < deadline:
-            self._node_writes.update(c.reservation.node for c in self._inflight.values())
+            self._node_writes.update(h.claim.reservation.node for h in self._inflight.values())
             self._quota_writes.update(k for k, c in self._unwritten_charges.items() if c)
-            if not await self.write_pending():
+            if not await self.write_pending(everything=True):
                 await asyncio.sleep(self._settings.write_retry_s)
         return not self.unwritten()
 
-    async def _write_node(self, node: str) -> bool:
+    async def _write_node(self, node: str, everything: bool) -> bool:
         async with self.node_lock(node):
-            return await self._write_claims(node)
+            return await self._write_claims(node, everything)
 
-    async def _write_claims(self, node: str) -> bool:
-        claims = [c for c in self._inflight.values() if c.reservation.node == node]
+    async def _write_claims(self, node: str, everything: bool) -> bool:
+        now = self._clock()
+        due = now - self._settings.write_behind_s
+        on_node = [h for h in self._inflight.values() if h.claim.reservation.node == node]
+        claims = [h.claim for h in on_node if everything or h.since <= due]
+        if len(claims) < len(on_node):
+            self._queue(self._node_writes, node)  # the younger ones' pods may appear yet
         if not claims:
             return True
         record = self.gpunodes.get(node)
@@ -331,7 +345,6 @@ class KubeState:
             for claim in claims:
                 self._inflight.pop(claim.reservation.id, None)
             return True
-        now = self._clock()
         kept = self._kept(record)
         known = {r.id for r in kept}
         added = [
@@ -348,24 +361,25 @@ class KubeState:
             )
         except ConflictError:
             await self._reload_gpunode(node)  # the agent or an old leader wrote it
-            return self._queue_node(node)
+            self._queue(self._node_writes, node)
+            return True
         except (ApiError, aiohttp.ClientError, TimeoutError) as error:
             log.warning("writing reservations of %s failed, will retry: %s", node, error)
-            self._queue_node(node)
+            self._queue(self._node_writes, node)
             return False
         for claim in claims:  # now counted from the written record instead
             self._inflight.pop(claim.reservation.id, None)
         self.store_written(record, written, reservations)
         return True
 
-    def _queue_node(self, node: str) -> bool:
-        self._node_writes.add(node)
+    def _queue(self, writes: set[str], key: str) -> None:
+        """Write ``key`` in a later round (``writes``: the node or the quota queue)."""
+        writes.add(key)
         self._wake_writer.set()
-        return True
 
     def _hold_inflight(self, claim: Claim) -> None:
         held = claim.reservation
-        self._inflight[held.id] = claim
+        self._inflight[held.id] = _Held(claim, self._clock())
         self._view.allocate(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
 
     async def _remove_reservation(self, node: str, reservation_id: str) -> None:
@@ -465,13 +479,11 @@ class KubeState:
             except ConflictError:
                 with contextlib.suppress(NotFoundError):
                     self.gpuquotas.put(await self._api.get(paths.gpuquota(*key.split("/", 1))))
-                self._quota_writes.add(key)
-                self._wake_writer.set()
+                self._queue(self._quota_writes, key)
                 return True
             except (ApiError, aiohttp.ClientError, TimeoutError) as error:
                 log.warning("writing the use of GPUQuota %s failed, will retry: %s", key, error)
-                self._quota_writes.add(key)
-                self._wake_writer.set()
+                self._queue(self._quota_writes, key)
                 return False
             self.gpuquotas.put(written)
             self.charges_written(key, claims)
@@ -557,7 +569,8 @@ class KubeState:
     def unwritten_claims(self) -> tuple[Claim, ...]:
         """Claims reserved here that still hold capacity and are not yet in their GPUNode."""
         now = self._clock()
-        return tuple(c for c in self._inflight.values() if self._holds_capacity(c.reservation, now))
+        claims = (h.claim for h in self._inflight.values())
+        return tuple(c for c in claims if self._holds_capacity(c.reservation, now))
 
     def live_reservation_ids(self) -> dict[str, str]:
         return dict(self._live_reservations)
@@ -577,10 +590,10 @@ class KubeState:
         self._departed = {rid: at for rid, at in self._departed.items() if at > horizon}
         self._charged = {rid: c for rid, c in self._charged.items() if c[1] > horizon}
         # Claims that could never be written (their GPUNode went away) stop counting.
-        for rid, claim in list(self._inflight.items()):
-            if claim.reservation.expires_at <= now:
+        for rid, held in list(self._inflight.items()):
+            if held.claim.reservation.expires_at <= now:
                 del self._inflight[rid]
-                self._changed(claim.reservation.node)
+                self._changed(held.claim.reservation.node)
 
     def bookkeeping_sizes(self) -> tuple[int, int]:
         """(departed, charged) entries held now; both stay bounded by one TTL of traffic."""
@@ -616,7 +629,8 @@ class KubeState:
             recorded.add(held.id)
             if self._holds_capacity(held, now):
                 yield held.allocations, 0, 0
-        for claim in self._inflight.values():
+        for unwritten in self._inflight.values():
+            claim = unwritten.claim
             held = claim.reservation
             if held.node == name and held.id not in recorded and self._holds_capacity(held, now):
                 yield held.allocations, claim.cpu_milli, claim.memory_mib
