@@ -28,8 +28,9 @@ _LABEL_VALUE: Final = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])
 def decide(
     pod: Mapping[str, Any], assignment: Assignment | None, config: DialectConfig
 ) -> dict[str, Any]:
-    """A new pod: ``assignment`` written in, or (None) only ``void`` on every container."""
-    mutated: dict[str, Any] = _json_copy(dict(pod))
+    """A new pod: ``assignment`` written in, or (None) only ``void`` on every container.
+    What ``decide`` does not write is shared with ``pod``: callers only read the result."""
+    mutated = _copy_for_writing(pod)
     if assignment is not None:
         _write_metadata(mutated, assignment)
         _pin_to_node(mutated, assignment.node)
@@ -69,6 +70,35 @@ def _written_parts(pod: Mapping[str, Any]) -> dict[str, Any]:
                     for c in spec[field]
                 ]
     return parts
+
+
+def _copy_for_writing(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod whose parts ``decide`` writes (metadata, spec.affinity, each container's env and
+    resources) are deep copies and whose other parts are ``pod``'s own: copying a whole
+    API-server pod (volumes, managed fields, probes...) cost more than the rest of deciding."""
+    mutated = dict(pod)
+    if "metadata" in mutated:
+        mutated["metadata"] = _json_copy(mutated["metadata"])
+    spec = mutated.get("spec")
+    if isinstance(spec, dict):
+        spec = mutated["spec"] = dict(spec)
+        if "affinity" in spec:
+            spec["affinity"] = _json_copy(spec["affinity"])
+        for field in podlib.PLACED_FIELDS:
+            items = spec.get(field)
+            if isinstance(items, list):
+                spec[field] = [_copy_container(c) for c in items]
+    return mutated
+
+
+def _copy_container(container: Any) -> Any:
+    if not isinstance(container, dict):
+        return container
+    copy = dict(container)
+    for key in ("env", "resources"):
+        if key in copy:
+            copy[key] = _json_copy(copy[key])
+    return copy
 
 
 def _json_copy(value: Any) -> Any:

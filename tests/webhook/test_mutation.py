@@ -9,7 +9,7 @@ import pytest
 from fracgpu import names
 from fracgpu.codec import decode_assignment
 from fracgpu.dialects import DialectConfig
-from fracgpu.model import Assignment
+from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import A100, CLUSTER, T4, Webhook, cluster_state, gpu_pod
 from webhook.client import build_review, patch_of
@@ -323,3 +323,30 @@ async def test_renamed_canonical_resources_are_written(start: StartWebhook) -> N
     assert result.allowed, result.message
     limits = result.pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"example.com/gpu-core": "20", "example.com/gpu-mem": "2"}
+
+
+def test_decide_leaves_the_pod_alone_and_writes_only_into_its_own_copies() -> None:
+    """``decide`` shares what it does not write with the input: the input must stay as it
+    was, and the result must equal deciding on a full deep copy."""
+    pod = gpu_pod(
+        {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"},
+        annotations={"team": "ml"},
+        labels={"app": "train"},
+        env=[{"name": "A", "value": "1"}],
+        extra_containers=[{"name": "side", "image": "busybox", "resources": {"limits": {}}}],
+        init_containers=[{"name": "init", "image": "busybox"}],
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+    )  # fmt: skip
+    pod["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    before = copy.deepcopy(pod)
+    assignment = Assignment(
+        "node-a", "r-1", (ContainerAssignment("main", (GPUAllocation("GPU-aaaa-0000", 30, 2048),)),)
+    )
+    decided = decide(pod, assignment, DialectConfig())
+    assert pod == before
+    assert decided == decide(copy.deepcopy(pod), assignment, DialectConfig())
+    assert decided["spec"]["volumes"] == before["spec"]["volumes"]
+    assert decided["metadata"]["annotations"]["team"] == "ml"
+    assert decided["spec"]["initContainers"][0]["env"][0]["value"] == "void"
