@@ -151,12 +151,13 @@ async def _serve_until_signal(
     log.info("serving on %s", running.url)
     if runtime is not None:
         if config.advertise_url or config.host not in WILDCARD_HOSTS:
-            runtime.advertise(config.advertise_url or running.url)
+            runtime.campaign(config.advertise_url or running.url)
         else:
             log.warning(
                 "no %s: while this replica leads, the others cannot forward GPU pods to it",
                 settings.option_flag("advertise_url"),
             )
+            runtime.campaign("")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,8 +7,13 @@ import time
 import uuid
 from pathlib import Path
 
+import kubernetes.client
+
 from webhook.cluster.apiclient import KubeApi, endpoint_from_kubeconfig
 from webhook.cluster.leader import LEADER_URL_ANNOTATION, LeaderElector, LeaseSettings
+
+from .harness import ControlPlane
+from .webhook_harness import WebhookReplica, WebhookTLS
 
 GRACE_S = 30.0
 HANDOVER_S = 5.0
@@ -105,3 +110,36 @@ async def test_only_a_fresh_leader_places_and_a_crashed_ones_successor_waits(
         # A release by a replica that no longer holds the Lease changes nothing.
         assert not await reborn.release()
         assert await a.try_acquire_or_renew() and a.leadership.placing()
+
+
+def test_a_new_leaders_first_lease_write_already_names_its_url(
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    fracgpu_crds: list[str],
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Followers read the leader's URL from the Lease: a Lease held without it (the election
+    started before the server knew its address) refused GPU pods for up to one renewal."""
+    lease = f"lease-{uuid.uuid4().hex[:6]}"
+    tls = WebhookTLS.create(tmp_path / "tls")
+    extra = ["--lease-namespace", namespace, "--lease-name", lease]
+    replica = WebhookReplica("url-first", control_plane.kubeconfig("admin"), tls, tmp_path, extra)
+    coordination = kubernetes.client.CoordinationV1Api(kube_client)
+    replica.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                found = coordination.read_namespaced_lease(lease, namespace)
+            except kubernetes.client.ApiException:
+                found = None
+            if found is not None and found.spec.holder_identity:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the replica never took the Lease: {replica.log_tail()}")
+        annotations = found.metadata.annotations or {}
+        assert annotations.get(LEADER_URL_ANNOTATION) == f"https://127.0.0.1:{replica.port}"
+    finally:
+        replica.stop()

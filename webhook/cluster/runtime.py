@@ -31,37 +31,45 @@ class ClusterRuntime:
 
     state: KubeState
     elector: LeaderElector
+    controllers: Controllers
+    election: asyncio.Task[None] | None = None
 
-    def advertise(self, url: str) -> None:
-        """This replica's URL for forwarded admissions, unless the settings named one."""
+    def campaign(self, url: str) -> None:
+        """Start campaigning for the Lease, with ``url`` (unless the settings named one) as
+        this replica's address for forwarded admissions: a leader's first Lease write
+        already tells the followers where it is."""
         if not self.elector.leadership.own_url:
             self.elector.leadership.own_url = url
+        if self.election is None:
+            self.election = asyncio.create_task(
+                self.elector.run(self.controllers.run), name="leader-election"
+            )
 
 
 @contextlib.asynccontextmanager
 async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
-    """A running KubeState (caches watching, controllers campaigning) until the block exits;
-    a leader then stops placing, writes what it holds and hands the Lease over."""
+    """A running KubeState (caches watching; ``campaign`` starts the election once the
+    server listens) until the block exits; a leader then stops placing, writes what it
+    holds and hands the Lease over."""
     async with KubeApi(mode.endpoint) as api:
         elector = LeaderElector(api, mode.lease)
         state = KubeState(
             api, mode.state, leadership=elector.leadership, find_leader=elector.refresh_leader
         )
         controllers = Controllers(api, state, mode.state, mode.controller_interval_s)
-        tasks = [
-            asyncio.create_task(state.run(), name="watch-caches"),
-            asyncio.create_task(elector.run(controllers.run), name="leader-election"),
-        ]
+        caches = asyncio.create_task(state.run(), name="watch-caches")
+        runtime = ClusterRuntime(state, elector, controllers)
         try:
-            yield ClusterRuntime(state, elector)
+            yield runtime
         finally:
             was_leader = elector.is_leader
-            tasks[1].cancel()  # stops placing and the controllers
-            await asyncio.gather(tasks[1], return_exceptions=True)
+            if runtime.election is not None:
+                runtime.election.cancel()  # stops placing and the controllers
+                await asyncio.gather(runtime.election, return_exceptions=True)
             if was_leader:
                 if await state.flush(mode.handover_timeout_s):
                     await elector.release()
                 else:
                     log.warning("could not write every reservation: the next leader will wait")
-            tasks[0].cancel()
-            await asyncio.gather(tasks[0], return_exceptions=True)
+            caches.cancel()
+            await asyncio.gather(caches, return_exceptions=True)
