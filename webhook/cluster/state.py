@@ -1,11 +1,13 @@
 """``ClusterState`` over the Kubernetes API: watch caches in, written-behind reservations out.
 
 Safety across replicas rests on one rule: only the leader (``Leadership``) places. It holds
-each reservation and quota charge in memory, counted in its view and quotas at once, and
-writes them behind in short batches (GPUNode ``status.reservations``, GPUQuota
-``status.used``, each with a resourceVersion precondition), off the admission's path. Other
-replicas raise ``ForwardToLeader``. A successor reads what was written; what a leader that
-died had not written is covered by the successor's takeover grace (see leader.py).
+each claim and quota charge in memory, counted in its view and quotas at once; nothing is
+written on the admission's path. A claim is dropped when its pod appears, or written to its
+GPUNode's ``status.reservations`` if the pod has not appeared ``write_behind_s`` later;
+quota charges reach ``status.used`` through the leader's recount (controllers.py); every
+write carries a resourceVersion precondition. Other replicas raise ``ForwardToLeader``. A
+successor reads what was written; what a leader that died had not written is covered by the
+successor's takeover grace (see leader.py).
 
 A reservation stays until its pod has been visible for ``settle_s`` (longer than any
 replica's watch lag); views count each slice once (a live pod's reservation ID is not
@@ -55,8 +57,9 @@ class KubeStateSettings:
     reservation_ttl_s: int = 60
     settle_s: float = 5.0
     write_retries: int = 5
-    # How long the leader gathers admissions before writing them (one write per GPUNode and
-    # GPUQuota carries the whole window), and waits after a failed write round.
+    # How long a claim's pod may take to appear before the claim is written to its GPUNode
+    # (one write per node carries every such claim of the round), and the wait after a
+    # failed write round.
     write_behind_s: float = 0.2
     write_retry_s: float = 1.0
     watch: WatchSettings = field(default_factory=WatchSettings)
@@ -268,8 +271,9 @@ class KubeState:
     async def release(self, reservation_id: str) -> None:
         """Give a reservation back: unwritten parts are dropped, written ones written back."""
         charged = self._charged.pop(reservation_id, None)
-        if self._inflight.pop(reservation_id, None) is not None and charged is not None:
-            self._changed(charged[0].reservation.node)
+        unwritten = self._inflight.pop(reservation_id, None)
+        if unwritten is not None:
+            self._changed(unwritten.claim.reservation.node)
         still_unwritten = self._forget_unwritten({reservation_id})
         found = self._cached_reservation(reservation_id, "")
         if found is not None:
