@@ -150,14 +150,13 @@ async def _serve_until_signal(
     running = await server.start(config, state, reloader, forwarder)
     log.info("serving on %s", running.url)
     if runtime is not None:
-        if config.advertise_url or config.host not in WILDCARD_HOSTS:
-            runtime.campaign(config.advertise_url or running.url)
-        else:
+        url = config.advertise_url or ("" if config.host in WILDCARD_HOSTS else running.url)
+        if not url:
             log.warning(
                 "no %s: while this replica leads, the others cannot forward GPU pods to it",
                 settings.option_flag("advertise_url"),
             )
-            runtime.campaign("")
+        runtime.campaign(url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

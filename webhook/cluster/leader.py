@@ -181,11 +181,10 @@ class LeaderElector:
         ours = holder == self._settings.identity and version == self._written_version
         if not ours:
             transitions += 1
-        annotations = (lease.get("metadata") or {}).get("annotations") or {}
         wait: float | None
         if ours:
             wait = None  # a renewal
-        elif not holder and annotations.get(HANDED_OVER_ANNOTATION) == "true":
+        elif not holder and _annotations(lease).get(HANDED_OVER_ANNOTATION) == "true":
             wait = self._settings.handover_wait_s
         else:
             wait = self._settings.takeover_grace_s
@@ -197,11 +196,10 @@ class LeaderElector:
         holder = spec.get("holderIdentity") or ""
         renewed = _parse_micro_time(spec.get("renewTime"))
         duration = int(spec.get("leaseDurationSeconds") or self._settings.lease_duration_s)
-        annotations = (lease.get("metadata") or {}).get("annotations") or {}
         other = bool(holder) and holder != self._settings.identity
         held_by_other = other and renewed + duration > now
         self.leadership.leader_url = (
-            str(annotations.get(LEADER_URL_ANNOTATION) or "") if held_by_other else ""
+            str(_annotations(lease).get(LEADER_URL_ANNOTATION) or "") if held_by_other else ""
         )
         return held_by_other
 
@@ -215,30 +213,22 @@ class LeaderElector:
             s.identity
         )
         acquired = (lease or {}).get("spec", {}).get("acquireTime") if was_ours else None
-        body: dict[str, Any] = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": s.name,
-                "namespace": s.namespace,
-                "annotations": {LEADER_URL_ANNOTATION: self.leadership.own_url},
-            },
-            "spec": {
-                "holderIdentity": s.identity,
-                "leaseDurationSeconds": s.lease_duration_s,
-                "acquireTime": acquired or _micro_time(now),
-                "renewTime": _micro_time(now),
-                "leaseTransitions": transitions,
-            },
+        spec = {
+            "holderIdentity": s.identity,
+            "leaseDurationSeconds": s.lease_duration_s,
+            "acquireTime": acquired or _micro_time(now),
+            "renewTime": _micro_time(now),
+            "leaseTransitions": transitions,
         }
+        annotations = {LEADER_URL_ANNOTATION: self.leadership.own_url}
         try:
             if lease is None:
                 written = await self._api.create(
-                    f"/apis/coordination.k8s.io/v1/namespaces/{s.namespace}/leases", body
+                    f"/apis/coordination.k8s.io/v1/namespaces/{s.namespace}/leases",
+                    self._lease_body(spec, annotations),
                 )
             else:
-                body["metadata"]["resourceVersion"] = lease["metadata"]["resourceVersion"]
-                written = await self._api.replace(self._path, body)
+                written = await self._replace(lease, spec, annotations)
         except ConflictError:
             return self._lost()  # someone else wrote first: re-read next round
         except (ApiError, aiohttp.ClientError, TimeoutError) as error:
@@ -259,32 +249,44 @@ class LeaderElector:
 
     async def release(self) -> bool:
         """Hand the Lease over cleanly (the caller has stopped placing and written every
-        reservation): the next holder may place at once. True when released."""
+        claim): the next holder waits only ``handover_wait_s``. True when released."""
         self._lost()
         try:
             lease = await self._api.get(self._path)
             spec: dict[str, Any] = lease.get("spec") or {}
             if spec.get("holderIdentity") != self._settings.identity:
                 return False
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {
-                    "name": self._settings.name,
-                    "namespace": self._settings.namespace,
-                    "resourceVersion": lease["metadata"]["resourceVersion"],
-                    "annotations": {HANDED_OVER_ANNOTATION: "true"},
-                },
-                "spec": {**spec, "holderIdentity": None, "renewTime": _micro_time(self._clock())},
-            }
-            await self._api.replace(self._path, body)
+            released = {**spec, "holderIdentity": None, "renewTime": _micro_time(self._clock())}
+            await self._replace(lease, released, {HANDED_OVER_ANNOTATION: "true"})
         except (ApiError, aiohttp.ClientError, TimeoutError) as error:
             log.warning("releasing lease failed (the next leader will wait): %s", error)
             return False
         log.info("%s handed over %s", self._settings.identity, self._settings.name)
         return True
 
+    def _lease_body(self, spec: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+        s = self._settings
+        metadata = {"name": s.name, "namespace": s.namespace, "annotations": annotations}
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": spec,
+        }
+
+    async def _replace(
+        self, lease: dict[str, Any], spec: dict[str, Any], annotations: dict[str, str]
+    ) -> dict[str, Any]:
+        """Replace ``lease`` (whole: these annotations only) if it is still at its version."""
+        body = self._lease_body(spec, annotations)
+        body["metadata"]["resourceVersion"] = lease["metadata"]["resourceVersion"]
+        return await self._api.replace(self._path, body)
+
     def _lost(self) -> bool:
         self.leadership.placing_from = None
         self.leadership.valid_until = 0.0
         return False
+
+
+def _annotations(lease: dict[str, Any]) -> dict[str, Any]:
+    return (lease.get("metadata") or {}).get("annotations") or {}

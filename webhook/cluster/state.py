@@ -260,13 +260,12 @@ class KubeState:
         if over is not None:
             raise ReserveRejected(RejectKind.QUOTA, over.message)
         self._hold_inflight(claim)
-        self._node_writes.add(held.node)
         # Counted by quotas() until the recount (or a handover's flush) writes it.
         for quota in quotas:
             self._unwritten_charges.setdefault(_quota_key(quota), []).append(claim)
         self._charged[held.id] = (claim, self._clock())
         self._forget_old()
-        self._wake_writer.set()
+        self._queue(self._node_writes, held.node)
 
     async def release(self, reservation_id: str) -> None:
         """Give a reservation back: unwritten parts are dropped, written ones written back."""
@@ -354,9 +353,7 @@ class KubeState:
         added = [
             c.reservation
             for c in claims
-            if c.reservation.id not in known
-            and c.reservation.id not in self._departed
-            and c.reservation.expires_at > now
+            if c.reservation.id not in known and self._holds_capacity(c.reservation, now)
         ]
         reservations = (*kept, *added)
         try:
@@ -453,9 +450,9 @@ class KubeState:
         """Drop these reservations' unwritten charges; the quota keys they were pending in."""
         found = set()
         for key, claims in list(self._unwritten_charges.items()):
-            if any(c.reservation.id in reservation_ids for c in claims):
+            gone = [c for c in claims if c.reservation.id in reservation_ids]
+            if gone:
                 found.add(key)
-                gone = [c for c in claims if c.reservation.id in reservation_ids]
                 self.charges_written(key, gone)
         return found
 
