@@ -25,7 +25,7 @@ from webhook import pod as podlib
 from webhook import quota as quotalib
 from webhook.demand import PodAsk, gpu_container_names, read_ask
 from webhook.metrics import Metrics
-from webhook.mutate import canonical_resources, decide, make_patch
+from webhook.mutate import canonical_resources, patch_for
 from webhook.nodeaffinity import allowed_nodes
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
@@ -104,7 +104,7 @@ class Admission:
             findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
             if findings:
                 return responses.denied(validate.tamper_message(findings, "this pod"))
-        return responses.patched(make_patch(pod, decide(pod, None, self._settings.dialects)))
+        return responses.patched(patch_for(pod, None, self._settings.dialects))
 
     async def _reapply(
         self,
@@ -120,7 +120,7 @@ class Admission:
         )
         if isinstance(assignment, str):
             return responses.denied(assignment)
-        return responses.patched(make_patch(pod, decide(pod, assignment, self._settings.dialects)))
+        return responses.patched(patch_for(pod, assignment, self._settings.dialects))
 
     async def _place(
         self, pod: Mapping[str, Any], namespace: str, ask: PodAsk, request: AdmissionRequest
@@ -185,9 +185,9 @@ class Admission:
                         return responses.denied(rejected.message)
                     log.info("reservation lost a race, re-planning: %s", rejected.message)
                     continue
-            mutated = decide(pod, assignment, self._settings.dialects)
             return responses.patched(
-                make_patch(pod, mutated), _warnings(ask, assignment, self._settings.dialects)
+                patch_for(pod, assignment, self._settings.dialects),
+                _warnings(ask, assignment, self._settings.dialects),
             )
         if quota_block is not None:
             return self._quota_denial(quota_block)

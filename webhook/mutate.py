@@ -1,10 +1,11 @@
-"""Write fracgpu's decision into a deep copy of the pod, and diff it into a JSONPatch.
+"""Write fracgpu's decision into a copy of the pod, and diff it into a JSONPatch.
 
 ``decide`` is a fixed point: applied to a pod it already wrote, it changes nothing. The
 validating webhook relies on that to check that a pod carries exactly what fracgpu wrote.
-Patches are always a diff of original vs mutated (``webhook.jsondiff``), never hand-written
-ops; only the parts ``decide`` writes are compared (the rest of a pod is copied unchanged,
-and diffing it was most of the cost of an admission).
+Patches are always a diff of before vs after (``webhook.jsondiff``), never hand-written
+ops. Only the parts ``decide`` writes (metadata annotations and labels, spec.affinity,
+containers' env and resources) are copied, written and compared: the rest of a pod is
+shared unchanged, and copying and diffing it was most of the cost of an admission.
 """
 
 import re
@@ -30,25 +31,41 @@ def decide(
 ) -> dict[str, Any]:
     """A new pod: ``assignment`` written in, or (None) only ``void`` on every container.
     What ``decide`` does not write is shared with ``pod``: callers only read the result."""
-    mutated = _copy_for_writing(pod)
-    if assignment is not None:
-        _write_metadata(mutated, assignment)
-        _pin_to_node(mutated, assignment.node)
-    for field, index, _ in list(podlib.containers(mutated)):
-        container = _child_list(_child(mutated, "spec"), field)[index]
-        held = assignment.for_container(container["name"]) if assignment else None
-        if held is None:
-            set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
-        else:
-            _write_resources(container, held, config)
-            set_env(container, names.ENV_VISIBLE_DEVICES, ",".join(d.uuid for d in held.devices))
-    return mutated
+    written = _decided_parts(pod, assignment, config)
+    return _merged(pod, written)
+
+
+def patch_for(
+    pod: Mapping[str, Any], assignment: Assignment | None, config: DialectConfig
+) -> list[dict[str, Any]]:
+    """The JSONPatch that turns ``pod`` into ``decide(pod, assignment, config)``: the diff of
+    the parts ``decide`` writes, before and after, without building the whole new pod."""
+    return jsondiff.diff(_written_parts(pod), _decided_parts(pod, assignment, config))
 
 
 def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The JSONPatch from ``original`` to ``mutated``, where they can differ: metadata
     annotations and labels, spec.affinity, and containers' env and resources."""
     return jsondiff.diff(_written_parts(original), _written_parts(mutated))
+
+
+def _decided_parts(
+    pod: Mapping[str, Any], assignment: Assignment | None, config: DialectConfig
+) -> dict[str, Any]:
+    """A deep copy of the parts of ``pod`` that ``decide`` writes, with its decision written."""
+    parts: dict[str, Any] = _json_copy(_written_parts(pod))
+    if assignment is not None:
+        _write_metadata(parts, assignment)
+        _pin_to_node(parts, assignment.node)
+    for field, index, _ in list(podlib.containers(parts)):
+        container = _child_list(_child(parts, "spec"), field)[index]
+        held = assignment.for_container(container["name"]) if assignment else None
+        if held is None:
+            set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
+        else:
+            _write_resources(container, held, config)
+            set_env(container, names.ENV_VISIBLE_DEVICES, ",".join(d.uuid for d in held.devices))
+    return parts
 
 
 def _written_parts(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,33 +89,28 @@ def _written_parts(pod: Mapping[str, Any]) -> dict[str, Any]:
     return parts
 
 
-def _copy_for_writing(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """A pod whose parts ``decide`` writes (metadata, spec.affinity, each container's env and
-    resources) are deep copies and whose other parts are ``pod``'s own: copying a whole
-    API-server pod (volumes, managed fields, probes...) cost more than the rest of deciding."""
-    mutated = dict(pod)
-    if "metadata" in mutated:
-        mutated["metadata"] = _json_copy(mutated["metadata"])
-    spec = mutated.get("spec")
+def _merged(pod: Mapping[str, Any], written: Mapping[str, Any]) -> dict[str, Any]:
+    """``pod`` with the decided parts in place of its own (the rest shared, not copied)."""
+    merged = dict(pod)
+    metadata = written.get("metadata")
+    if isinstance(metadata, dict):
+        merged["metadata"] = {**_members(pod.get("metadata")), **metadata}
+    spec = written.get("spec")
     if isinstance(spec, dict):
-        spec = mutated["spec"] = dict(spec)
-        if "affinity" in spec:
-            spec["affinity"] = _json_copy(spec["affinity"])
+        original = _members(pod.get("spec"))
+        spec = merged["spec"] = {**original, **spec}
         for field in podlib.PLACED_FIELDS:
-            items = spec.get(field)
-            if isinstance(items, list):
-                spec[field] = [_copy_container(c) for c in items]
-    return mutated
+            items = original.get(field)
+            if isinstance(items, list):  # containers() checked that each item is an object
+                spec[field] = [
+                    {**item, **decided} for item, decided in zip(items, spec[field], strict=True)
+                ]
+    return merged
 
 
-def _copy_container(container: Any) -> Any:
-    if not isinstance(container, dict):
-        return container
-    copy = dict(container)
-    for key in ("env", "resources"):
-        if key in copy:
-            copy[key] = _json_copy(copy[key])
-    return copy
+def _members(value: Any) -> Mapping[str, Any]:
+    """An object's members; ``{}`` for the absent or null value ``decide`` replaced."""
+    return value if isinstance(value, dict) else {}
 
 
 def _json_copy(value: Any) -> Any:

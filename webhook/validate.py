@@ -12,7 +12,7 @@ from fracgpu.dialects import DialectConfig
 from fracgpu.errors import CodecError
 from fracgpu.model import Assignment, Reservation
 from webhook import pod as podlib
-from webhook.mutate import decide, make_patch
+from webhook.mutate import patch_for
 
 # What fracgpu itself writes on a pod it placed.
 WRITTEN_METADATA: Final = frozenset(
@@ -139,8 +139,7 @@ def drift_findings(
     pod: Mapping[str, Any], assignment: Assignment, config: DialectConfig
 ) -> list[str]:
     """Where the pod differs from what fracgpu writes for this assignment (JSON paths)."""
-    expected = decide(pod, assignment, config)
-    return [f"{op['op']} {op['path']}" for op in make_patch(pod, expected)]
+    return [f"{op['op']} {op['path']}" for op in patch_for(pod, assignment, config)]
 
 
 def _key(alloc: Any) -> tuple[str, int, int]:

@@ -24,7 +24,14 @@ from typing import Any, cast
 
 import yaml
 
-from bench.admission.load import Result, post_load, process_cpu_seconds, timed_calls
+from bench.admission.load import (
+    Result,
+    median,
+    merge,
+    post_load,
+    process_cpu_seconds,
+    timed_calls,
+)
 from webhook import selfsigned
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,43 +150,52 @@ def _cpu_of(pid: int, run: Callable[[], Result]) -> tuple[Result, float]:
 
 def _measure_servers(
     work: Path, tls: tuple[Path, Path, Path], options: argparse.Namespace
-) -> list[Result]:
+) -> tuple[list[Result], list[float]]:
+    """(a) and (b), measured in alternating rounds with both servers up: this machine's speed
+    drifts by tens of percent over tens of seconds, and two back-to-back blocks of load would
+    compare two different machines. Returns each server's rounds merged, and the throughput
+    ratio (b) / (a) of each round pair."""
     cert, key, ca_file = tls
-    results = []
-    port = _free_port()
-    empty = _serve(
-        [sys.executable, "-m", "bench.admission.empty_server", "--port", str(port),
-         "--cert", str(cert), "--key", str(key)],
-        port, ca_file,
-    )  # fmt: skip
-    try:
-        results.append(_with_server_cpu(empty, lambda: asyncio.run(post_load(
-            "(a) empty aiohttp handler, TLS", f"https://127.0.0.1:{port}/mutate", str(ca_file),
-            _review, workers=options.workers, seconds=options.seconds,
-            check=lambda r: bool(r["response"]["allowed"]),
-        ))))  # fmt: skip
-    finally:
-        _stop(empty)
     cluster = work / "cluster.yaml"
     _cluster_file(cluster, options.nodes, options.gpus)
-    port = _free_port()
+    empty_port, mutate_port = _free_port(), _free_port()
     fracgpu = Path(sys.executable).with_name("fracgpu")
-    mutate = _serve(
-        [str(fracgpu), "serve", "--cluster-file", str(cluster), "--host", "127.0.0.1",
-         "--port", str(port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-         "--log-level", "WARNING"],
-        port, ca_file,
+    empty = _serve(
+        [sys.executable, "-m", "bench.admission.empty_server", "--port", str(empty_port),
+         "--cert", str(cert), "--key", str(key)],
+        empty_port, ca_file,
     )  # fmt: skip
     try:
-        results.append(_with_server_cpu(mutate, lambda: asyncio.run(post_load(
-            f"(b) /mutate, embedded, {options.nodes} nodes x {options.gpus} GPUs",
-            f"https://127.0.0.1:{port}/mutate", str(ca_file), _review,
-            workers=options.workers, seconds=options.seconds,
-            check=lambda r: bool(r["response"]["allowed"] and r["response"].get("patch")),
-        ))))  # fmt: skip
+        mutate = _serve(
+            [str(fracgpu), "serve", "--cluster-file", str(cluster), "--host", "127.0.0.1",
+             "--port", str(mutate_port), "--tls-cert-file", str(cert), "--tls-key-file",
+             str(key), "--log-level", "WARNING"],
+            mutate_port, ca_file,
+        )  # fmt: skip
+    except BaseException:
+        _stop(empty)
+        raise
+    seconds = options.seconds / options.rounds
+    empty_rounds: list[Result] = []
+    mutate_rounds: list[Result] = []
+    try:
+        for _ in range(options.rounds):
+            empty_rounds.append(_with_server_cpu(empty, lambda: asyncio.run(post_load(
+                "(a) empty aiohttp handler, TLS", f"https://127.0.0.1:{empty_port}/mutate",
+                str(ca_file), _review, workers=options.workers, seconds=seconds,
+                check=lambda r: bool(r["response"]["allowed"]),
+            ))))  # fmt: skip
+            mutate_rounds.append(_with_server_cpu(mutate, lambda: asyncio.run(post_load(
+                f"(b) /mutate, embedded, {options.nodes} nodes x {options.gpus} GPUs",
+                f"https://127.0.0.1:{mutate_port}/mutate", str(ca_file), _review,
+                workers=options.workers, seconds=seconds,
+                check=lambda r: bool(r["response"]["allowed"] and r["response"].get("patch")),
+            ))))  # fmt: skip
     finally:
         _stop(mutate)
-    return results
+        _stop(empty)
+    ratios = [m.throughput / e.throughput for e, m in zip(empty_rounds, mutate_rounds, strict=True)]
+    return [merge(empty_rounds), merge(mutate_rounds)], ratios
 
 
 def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
@@ -287,16 +303,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fracgpu-bench admission", description=__doc__)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=10.0, help="per server measurement")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="per server, all rounds together"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="alternating (a)/(b) rounds the seconds split into"
+    )
     parser.add_argument("--workers", type=int, default=16, help="concurrent requests")
     parser.add_argument("--creates", type=int, default=300, help="pod creates per case")
     parser.add_argument("--no-apiserver", action="store_true", help="skip part (c)")
     options = parser.parse_args(argv)
+    if options.rounds < 1 or options.seconds <= 0:
+        parser.error(
+            f"--rounds {options.rounds} --seconds {options.seconds}: use 1 or more "
+            "rounds and more than 0 seconds"
+        )
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with tempfile.TemporaryDirectory(prefix="fracgpu-bench-") as tmp:
         work = Path(tmp)
         tls = _tls(work)
-        results = _measure_servers(work, tls, options)
+        results, ratios = _measure_servers(work, tls, options)
         if not options.no_apiserver:
             results += _measure_apiserver(work, options)
     print("| case | requests | throughput | p50 ms | p99 ms | server CPU ms/request | errors |")
@@ -306,7 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     empty, mutate = results[0], results[1]
     print(
         f"\n/mutate throughput / empty handler throughput = "
-        f"{mutate.throughput / empty.throughput:.2f} (target >= 0.5)"
+        f"{mutate.throughput / empty.throughput:.2f} over all rounds, median of the "
+        f"{len(ratios)} round pairs {median(ratios):.2f} "
+        f"(each: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.5)"
     )
     if mutate.server_cpu_ms and empty.server_cpu_ms:
         print(

@@ -91,6 +91,21 @@ def timed_calls(name: str, call: Callable[[int], None], count: int) -> Result:
     return Result(name, count, time.perf_counter() - started, tuple(latencies), errors)
 
 
+def merge(rounds: list[Result]) -> Result:
+    """Rounds of one case as one result: requests, time, latencies and errors summed, server
+    CPU per request weighted by each round's requests."""
+    requests = sum(r.requests for r in rounds)
+    cpu = [r.server_cpu_ms * r.requests for r in rounds if r.server_cpu_ms is not None]
+    return Result(
+        rounds[0].name,
+        requests,
+        sum(r.seconds for r in rounds),
+        tuple(latency for r in rounds for latency in r.latencies_ms),
+        sum(r.errors for r in rounds),
+        sum(cpu) / max(requests, 1) if len(cpu) == len(rounds) else None,
+    )
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from fracgpu import names
 from fracgpu.dialects import DialectConfig
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
-from webhook.mutate import decide, make_patch
+from webhook.mutate import decide, make_patch, patch_for
 
 CONFIG = DialectConfig()
 
@@ -99,6 +99,8 @@ def test_patch_turns_the_pod_into_the_mutated_one_touching_only_written_parts(
     mutated = decide(pod, placed, CONFIG)
     ops = make_patch(pod, mutated)
     assert pod == before  # neither decide nor the diff changes the original
+    # The shortcut admission takes: the same operations (in another order, on other paths).
+    assert sorted(patch_for(pod, placed, CONFIG), key=str) == sorted(ops, key=str)
     assert jsonpatch.apply_patch(pod, ops) == mutated
     for op in ops:
         parts = op["path"].split("/")[1:]
@@ -138,5 +140,7 @@ def test_patch_applies_for_random_env_lists(
         for i, env in enumerate(envs)
     ]
     pod = {"metadata": {"name": "p"}, "spec": {"containers": containers}}
-    mutated = decide(pod, assignment("c0") if placed else None, CONFIG)
+    placement = assignment("c0") if placed else None
+    mutated = decide(pod, placement, CONFIG)
     assert jsonpatch.apply_patch(pod, make_patch(pod, mutated)) == mutated
+    assert jsonpatch.apply_patch(pod, patch_for(pod, placement, CONFIG)) == mutated
