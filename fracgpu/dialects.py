@@ -70,6 +70,14 @@ class ResourceNames:
         )
 
     @cached_property
+    def _dialects_of(self) -> Mapping[str, frozenset[Dialect]]:
+        found: dict[str, set[Dialect]] = {}
+        for dialect, keys in self._by_dialect.items():
+            for key in keys:
+                found.setdefault(key, set()).add(dialect)
+        return MappingProxyType({key: frozenset(d) for key, d in found.items()})
+
+    @cached_property
     def _all(self) -> frozenset[str]:
         return frozenset(n for group in self._by_dialect.values() for n in group)
 
@@ -79,6 +87,10 @@ class ResourceNames:
 
     def by_dialect(self) -> Mapping[Dialect, tuple[str, ...]]:
         return self._by_dialect
+
+    def dialects_of(self, key: str) -> frozenset[Dialect]:
+        """The dialects that use resource ``key`` (one, unless names were configured twice)."""
+        return self._dialects_of.get(key, frozenset())
 
     def all(self) -> frozenset[str]:
         """The names that ask for GPUs."""
@@ -154,7 +166,7 @@ def parse_container(
     values = gpu_resource_values(container, config)
     if not values:
         return None
-    used = [d for d, keys in config.names.by_dialect().items() if any(k in values for k in keys)]
+    used = {d for key in values for d in config.names.dialects_of(key)}
     if len(used) > 1:
         raise RequestError(
             name,
@@ -164,7 +176,7 @@ def parse_container(
             "(nvidia.com/gpu with gpumem/gpucores) or gpushare (aliyun.com/gpu-mem)",
         )
     counts = {key: _count(name, key, raw) for key, raw in values.items()}
-    dialect = used[0]
+    (dialect,) = used
     request: ContainerRequest | None
     if dialect is Dialect.TKESTACK:
         request = _parse_tkestack(name, counts, config)
@@ -178,6 +190,7 @@ def parse_container(
     return replace(request, priority=priority)
 
 
+_SECTIONS: Final = ("limits", "requests")
 # HAMi's priority limit: 0 = high, 1 = low.
 _HAMI_PRIORITIES: Final = {0: Priority.HIGH, 1: Priority.LOW}
 
@@ -186,6 +199,11 @@ def _container_priority(
     name: str, container: Mapping[str, object], config: DialectConfig
 ) -> Priority | None:
     key = config.names.hami_priority
+    resources = container.get("resources")
+    if type(resources) is dict:
+        sections = [resources.get(s) or {} for s in _SECTIONS]
+        if all(type(m) is dict and key not in m for m in sections):
+            return None  # the usual case, without checking the resources again
     raw = _extended_resources(container, frozenset({key})).get(key)
     if raw is None:
         return None

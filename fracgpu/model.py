@@ -1,6 +1,8 @@
 """The data model: frozen values that every component passes around.
 
 Units: compute in cores (100 = one whole GPU), memory in MiB. Nothing here does I/O.
+The values admission builds for every pod have slots: a frozen dataclass with slots is
+built in about two thirds of the time of one without.
 """
 
 from collections.abc import Mapping
@@ -69,7 +71,7 @@ class NodeInventory:
     compute_limit: bool | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemoryRequest:
     """Memory per GPU: an exact MiB amount, or a percentage resolved when a GPU is chosen."""
 
@@ -94,7 +96,7 @@ class MemoryRequest:
 WHOLE_CARD = MemoryRequest(percent=100)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerRequest:
     """One container's GPU ask in canonical terms: gpus x (cores, memory) per GPU.
 
@@ -117,7 +119,7 @@ class ContainerRequest:
         return self.cores >= CORES_PER_GPU
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GPUAllocation:
     """What one container holds on one GPU."""
 
@@ -126,7 +128,7 @@ class GPUAllocation:
     memory_mib: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerAssignment:
     container: str
     devices: tuple[GPUAllocation, ...]
@@ -136,7 +138,7 @@ class ContainerAssignment:
     priority: Priority | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Assignment:
     """The webhook's decision for a pod, written into the pod's annotation."""
 
@@ -154,7 +156,7 @@ class Assignment:
         return next((c for c in self.containers if c.container == name), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reservation:
     """A slice held between admission and the pod appearing in the watch cache."""
 

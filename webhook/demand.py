@@ -44,7 +44,7 @@ class DemandError(FracgpuError):
     """An annotation or resource that placement cannot use; the message says what is allowed."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodAsk:
     """A pod's GPU ask; ``demand`` is None when no container asks for a GPU."""
 

@@ -12,6 +12,8 @@ from typing import Any, Final
 
 Operation = dict[str, Any]
 _SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+# A member's value when the source has none (None is a JSON value).
+_ABSENT: Final = object()
 
 
 def diff(source: Any, target: Any) -> list[Operation]:
@@ -22,19 +24,15 @@ def diff(source: Any, target: Any) -> list[Operation]:
 
 
 def _diff(source: Any, target: Any, path: str, ops: list[Operation]) -> None:
-    # Most values are JSON scalars: exact type tests first, the slower ABC checks after.
-    if type(source) in _SCALARS or type(target) in _SCALARS:
-        if not _same(source, target):
+    # Exact type tests first (pods are plain dicts, lists and scalars), the ABC checks after.
+    source_type, target_type = type(source), type(target)
+    if source_type is dict and target_type is dict:
+        _diff_objects(source, target, path, ops)
+    elif source_type in _SCALARS or target_type in _SCALARS:
+        if source_type is not target_type or source != target:
             ops.append({"op": "replace", "path": path, "value": target})
     elif _is_object(source) and _is_object(target):
-        for key in source:
-            if key not in target:
-                ops.append({"op": "remove", "path": _join(path, key)})
-        for key, value in target.items():
-            if key in source:
-                _diff(source[key], value, _join(path, key), ops)
-            else:
-                ops.append({"op": "add", "path": _join(path, key), "value": value})
+        _diff_objects(source, target, path, ops)
     elif _is_array(source) and _is_array(target):
         shared = min(len(source), len(target))
         for index in range(shared):
@@ -47,6 +45,26 @@ def _diff(source: Any, target: Any, path: str, ops: list[Operation]) -> None:
         )
     elif not _same(source, target):
         ops.append({"op": "replace", "path": path, "value": target})
+
+
+def _diff_objects(
+    source: Mapping[str, Any], target: Mapping[str, Any], path: str, ops: list[Operation]
+) -> None:
+    if not source.keys() <= target.keys():
+        for key in source:
+            if key not in target:
+                ops.append({"op": "remove", "path": _join(path, key)})
+    for key, value in target.items():
+        old = source.get(key, _ABSENT)
+        if old is _ABSENT:
+            ops.append({"op": "add", "path": _join(path, key), "value": value})
+        elif old is value:
+            continue  # the same object: nothing to compare
+        elif type(old) is str and type(value) is str:  # most members: no call for them
+            if old != value:
+                ops.append({"op": "replace", "path": _join(path, key), "value": value})
+        else:
+            _diff(old, value, _join(path, key), ops)
 
 
 def _same(a: Any, b: Any) -> bool:

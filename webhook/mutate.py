@@ -40,7 +40,8 @@ def patch_for(
 ) -> list[dict[str, Any]]:
     """The JSONPatch that turns ``pod`` into ``decide(pod, assignment, config)``: the diff of
     the parts ``decide`` writes, before and after, without building the whole new pod."""
-    return jsondiff.diff(_written_parts(pod), _decided_parts(pod, assignment, config))
+    before = _written_parts(pod)
+    return jsondiff.diff(before, _write_decision(_json_copy(before), assignment, config))
 
 
 def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -53,7 +54,13 @@ def _decided_parts(
     pod: Mapping[str, Any], assignment: Assignment | None, config: DialectConfig
 ) -> dict[str, Any]:
     """A deep copy of the parts of ``pod`` that ``decide`` writes, with its decision written."""
-    parts: dict[str, Any] = _json_copy(_written_parts(pod))
+    return _write_decision(_json_copy(_written_parts(pod)), assignment, config)
+
+
+def _write_decision(
+    parts: dict[str, Any], assignment: Assignment | None, config: DialectConfig
+) -> dict[str, Any]:
+    """Write the decision into ``parts`` (a copy of a pod's written parts); returns them."""
     if assignment is not None:
         _write_metadata(parts, assignment)
         _pin_to_node(parts, assignment.node)

@@ -25,7 +25,7 @@ class Outcome(StrEnum):
     ERRORED = "errored"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     outcome: Outcome
     message: str = ""

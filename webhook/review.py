@@ -69,7 +69,7 @@ class MalformedReviewError(Exception):
         super().__init__(f"{status}: {message}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AdmissionRequest:
     """The parts of a review's request that admission uses, type-checked."""
 
@@ -87,7 +87,8 @@ class AdmissionRequest:
 
     @property
     def is_pod(self) -> bool:
-        return self.kind == {"group": "", "version": "v1", "kind": "Pod"}
+        kind = self.kind
+        return kind["kind"] == "Pod" and kind["version"] == "v1" and kind["group"] == ""
 
 
 def parse_review(body: bytes, content_type: str, max_body_bytes: int) -> AdmissionRequest:
@@ -168,12 +169,10 @@ def _gvk(raw: object) -> GroupVersionKind:
         raise MalformedReviewError(
             400, "request.kind must be an object with group, version and kind"
         )
-    values = {key: raw.get(key, "") for key in ("group", "version", "kind")}
-    if not all(isinstance(v, str) for v in values.values()):
+    group, version, kind = raw.get("group", ""), raw.get("version", ""), raw.get("kind", "")
+    if type(group) is not str or type(version) is not str or type(kind) is not str:
         raise MalformedReviewError(400, "request.kind group, version and kind must be strings")
-    return GroupVersionKind(
-        group=str(values["group"]), version=str(values["version"]), kind=str(values["kind"])
-    )
+    return {"group": group, "version": version, "kind": kind}
 
 
 def _optional_object(request: Mapping[str, Any], key: str) -> dict[str, Any] | None:

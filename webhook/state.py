@@ -45,7 +45,7 @@ class ForwardToLeader(Exception):  # noqa: N818 - a condition, not a bug
         super().__init__(reason)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Claim:
     """What ``reserve`` records: the reservation plus what it charges besides GPUs."""
 

@@ -20,7 +20,7 @@ class Policy(StrEnum):
     BEST_FIT = "best-fit"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Constraints:
     """Where a pod may go.
 
@@ -56,7 +56,7 @@ class Constraints:
         return not self.pools or pool in self.pools
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodDemand:
     """A pod's GPU containers plus the CPU and memory the node must also have free."""
 
@@ -66,7 +66,7 @@ class PodDemand:
     constraints: Constraints = Constraints()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Placement:
     node: str
     containers: tuple[ContainerAssignment, ...]

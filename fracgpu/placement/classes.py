@@ -80,7 +80,7 @@ class StateClasses:
             state.g_mem_free[start:stop].tolist(),
             state.g_mem_total[start:stop].tolist(),
             state.g_split[start:stop].tolist(),
-            state.g_live[start:stop].astype(np.int64).tolist(),
+            state.g_live[start:stop].tolist(),  # bools: equal and hash equal to 1 / 0
             strict=True,
         )
         table, known = self._slot_table, self.slot_features

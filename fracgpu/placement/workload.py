@@ -20,7 +20,7 @@ BUCKETS_PER_DOUBLING = 2
 _RESCALE_AT = 1e100
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Shape:
     """A pod's shape as far as fitting goes: one GPU container kind plus node CPU/memory."""
 

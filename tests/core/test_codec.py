@@ -85,12 +85,34 @@ quotas = st.builds(
 )
 
 
+ascii_names = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=127), min_size=1)
+
+
 @given(assignments)
 def test_assignment_round_trips(assignment: Assignment) -> None:
     text = encode_assignment(assignment)
     assert decode_assignment(text) == assignment
     # The same text as ever (pods already admitted carry it): compact, keys sorted.
     assert text == json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
+
+
+@given(
+    st.builds(
+        Assignment,
+        ascii_names,
+        ascii_names,
+        st.lists(containers(), max_size=3, unique_by=lambda c: c.container).map(tuple),
+        memory_scaling=st.floats(1.0, 16.0),
+        compute_limit=st.booleans(),
+    )
+)
+def test_assignment_text_is_what_earlier_versions_wrote(assignment: Assignment) -> None:
+    # ASCII names with control characters, and any scaling: the fast encoder's text is the
+    # one json.dumps wrote, byte for byte, so pods admitted before an upgrade still validate.
+    payload = json.loads(encode_assignment(assignment))
+    assert encode_assignment(assignment) == json.dumps(
+        payload, separators=(",", ":"), sort_keys=True
+    )
 
 
 @given(st.lists(devices, max_size=8, unique_by=lambda d: d.uuid))
