@@ -10,6 +10,8 @@ Classes depend on state only, not on the workload, so they survive workload chan
 ``node_features`` give back what an id stands for, so a decision can go pair by pair.
 """
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from fracgpu.placement.pairs import ClassPairs
@@ -59,10 +61,20 @@ class StateClasses:
         ):
             self._set_node(state, row, first, ids[first : first + count])
 
-    def update_node(self, state: ClusterState, row: int) -> None:
-        """Re-class one node and its GPUs after their state changed."""
+    def update_node(
+        self, state: ClusterState, row: int, changed: Iterable[int] | None = None
+    ) -> None:
+        """Re-class one node and its GPUs after their state changed: the GPU slots in
+        ``changed`` (all of the node's when None; the others keep their class)."""
         s = state.slots_of_row(row)
-        self._set_node(state, row, s.start, self._set_slots(state, s.start, s.stop))
+        if changed is None:
+            ids = self._set_slots(state, s.start, s.stop)
+        else:
+            ids = self.slot_ids[s.start : s.stop].tolist()
+            for slot in changed:
+                ids[slot - s.start] = class_id = self._slot_class(_slot_features(state, slot))
+                self.slot_ids[slot] = class_id
+        self._set_node(state, row, s.start, ids)
         # Ids of states no GPU or node has any more pile up; renumber now and then.
         if (
             len(self._slot_table) + len(self._node_table)
@@ -83,15 +95,16 @@ class StateClasses:
             state.g_live[start:stop].tolist(),  # bools: equal and hash equal to 1 / 0
             strict=True,
         )
-        table, known = self._slot_table, self.slot_features
-        ids = []
-        for key in features:
-            class_id = table.setdefault(key, len(table))
-            if class_id == len(known):
-                known.append(key)
-            ids.append(class_id)
+        ids = [self._slot_class(key) for key in features]
         self.slot_ids[start:stop] = ids
         return ids
+
+    def _slot_class(self, features: SlotFeatures) -> int:
+        table = self._slot_table
+        class_id = table.setdefault(features, len(table))
+        if class_id == len(self.slot_features):
+            self.slot_features.append(features)
+        return class_id
 
     def _set_node(self, state: ClusterState, row: int, first: int, slot_ids: list[int]) -> None:
         """Class node ``row``, whose GPUs from slot ``first`` on have ``slot_ids``."""
@@ -101,3 +114,16 @@ class StateClasses:
             self.node_features.append(key)
         self.node_ids[row] = node_id
         self.pairs.move_node(first, node_id, slot_ids)
+
+
+def _slot_features(state: ClusterState, slot: int) -> SlotFeatures:
+    """One slot's features, as ``StateClasses._set_slots`` reads them for many."""
+    return (
+        int(state.g_model[slot]),
+        int(state.g_free[slot]),
+        int(state.g_cont[slot]),
+        int(state.g_mem_free[slot]),
+        int(state.g_mem_total[slot]),
+        int(state.g_split[slot]),
+        bool(state.g_live[slot]),
+    )

@@ -14,7 +14,7 @@ per-node sums ``usable`` and ``count`` are arrays [node, shape], recounted for t
 changed when a score next reads them.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -139,14 +139,17 @@ class FragmentationIndex:
             self._classes_topology = state.topology_version
 
     # -- incremental -----------------------------------------------------------------------------
-    def update_node(self, state: ClusterState, row: int) -> None:
+    def update_node(
+        self, state: ClusterState, row: int, changed: Iterable[int] | None = None
+    ) -> None:
+        """Node ``row``'s state changed (only the GPU slots in ``changed``, when given)."""
         if not self.active or self._topology != state.topology_version:
             self._classes_topology = -1  # not kept up to date: rebuilt with the index
             return
         # The node's usable capacity is recounted when a score next reads it (``_refresh``):
         # most decisions are answered from scores cached by class and read none.
         self._stale.add(row)
-        self._classes.update_node(state, row)
+        self._classes.update_node(state, row, changed)
 
     def _refresh(self, state: ClusterState) -> None:
         """Recount the nodes ``update_node`` marked, all in one pass. Per node it sums whole

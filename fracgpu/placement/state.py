@@ -150,8 +150,10 @@ class ClusterState:
         row = self._row_of.get(node)
         if row is None:
             return None
-        self.n_cpu_free[row] -= sign * cpu_milli
-        self.n_mem_free[row] -= sign * memory_mib
+        if cpu_milli:  # numpy scalar updates are slow; many GPU pods ask for no CPU
+            self.n_cpu_free[row] -= sign * cpu_milli
+        if memory_mib:
+            self.n_mem_free[row] -= sign * memory_mib
         for alloc in allocations:
             slot = self._slot_of.get((node, alloc.uuid))
             if slot is None:
@@ -221,6 +223,11 @@ class ClusterState:
 
     def slot(self, node: str, uuid: str) -> int:
         return self._slot_of[(node, uuid)]
+
+    def slots_of(self, node: str, allocations: Iterable[GPUAllocation]) -> list[int]:
+        """The slots of the GPUs ``allocations`` use on ``node`` (unknown GPUs left out)."""
+        found = (self._slot_of.get((node, alloc.uuid)) for alloc in allocations)
+        return [slot for slot in found if slot is not None]
 
     def slots_of_row(self, row: int) -> range:
         first = int(self.n_first[row])

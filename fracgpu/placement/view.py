@@ -123,9 +123,10 @@ class ClusterView:
         memory_mib: int,
         sign: int,
     ) -> None:
+        allocations = tuple(allocations)
         row = self._state.apply(node, allocations, cpu_milli, memory_mib, sign)
         if row is not None:
-            self._frag.update_node(self._state, row)
+            self._frag.update_node(self._state, row, self._state.slots_of(node, allocations))
 
     def observe(self, demand: PodDemand) -> None:
         """Record that a pod of this shape arrived (placed or not): the fragmentation policy

@@ -4,10 +4,13 @@ winner that scoring every candidate picks."""
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fracgpu.model import GPUAllocation
 from fracgpu.placement import ClusterView, Placement, PodDemand, Policy
 from fracgpu.placement.byclass import ClassChooser
+from fracgpu.placement.classes import StateClasses
 from fracgpu.placement.fragmentation import FragmentationIndex
 from tests.placement.helpers import node, share
 
@@ -82,3 +85,43 @@ def test_class_representatives_choose_like_every_candidate(
                 for held in got.containers:
                     view.allocate(got.node, held.devices, demand.cpu_milli, demand.memory_mib)
     assert placed > 10  # the walk really placed pods and changed the classes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    uses=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 3), st.sampled_from([0, 10, 50, 100])),
+        max_size=25,
+    )
+)
+def test_reclassing_only_the_changed_gpus_equals_classing_all(
+    uses: list[tuple[int, int, int]],
+) -> None:
+    """``allocate`` re-classes only the GPUs a pod uses; every GPU's and node's class then
+    stands for its current state, as a full re-classing would find."""
+    nodes = [node(f"n{i}", 4, split_count=3) for i in range(6)]
+    view = ClusterView(nodes)
+    for demand in [share(10, 1024)] * 3:
+        view.observe(demand)
+    view.place(share(10, 1024), Policy.FRAGMENTATION)  # builds the index and its classes
+    for n, gpu, cores in uses:
+        uuid = nodes[n].devices[gpu].uuid
+        view.allocate(f"n{n}", [GPUAllocation(uuid, cores, 256)], cpu_milli=cores * 10)
+        state = view._state
+        classes = view._frag.current_classes(state)
+        assert classes is not None
+        fresh = StateClasses()
+        fresh.rebuild(state)
+        for slot in range(len(state.g_free)):
+            assert (
+                classes.slot_features[classes.slot_ids[slot]]
+                == fresh.slot_features[fresh.slot_ids[slot]]
+            )
+        for row in range(len(state.n_first)):
+            incremental = classes.node_features[classes.node_ids[row]]
+            full = fresh.node_features[fresh.node_ids[row]]
+            assert incremental[:2] == full[:2]  # free CPU and memory
+            # GPU class ids differ between the two numberings: compare what they stand for.
+            assert [classes.slot_features[i] for i in incremental[2:]] == [
+                fresh.slot_features[i] for i in full[2:]
+            ]
