@@ -94,7 +94,12 @@ class ClusterView:
     def set_usage(self, node: str, uses: Iterable[Usage]) -> None:
         """Replace everything counted on ``node`` by ``uses`` (allocations, CPU milli, memory
         MiB each), keeping its inventory: a node whose pods or reservations changed is
-        recounted without a topology change, so the fragmentation index is not rebuilt."""
+        recounted without a topology change, so the fragmentation index is not rebuilt.
+        Only the GPUs whose counts changed are re-classed: most recounts (a pod that went live
+        in place of its reservation) change nothing."""
+        if not self._state.has_node(node):
+            return
+        before = self._state.usage_of(node)
         row = self._state.reset_usage(node)
         if row is None:
             return
@@ -113,7 +118,13 @@ class ClusterView:
                     held[1] += alloc.memory_mib
                     held[2] += 1
         self._state.take(row, cpu, memory, per_gpu)
-        self._frag.update_node(self._state, row)
+        after = self._state.usage_of(node)
+        if after == before:
+            return
+        first = self._state.slots_of_row(row).start
+        pairs = enumerate(zip(before[1], after[1], strict=True), first)
+        changed = [slot for slot, (old, new) in pairs if old != new]
+        self._frag.update_node(self._state, row, changed)
 
     def _apply(
         self,

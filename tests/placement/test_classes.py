@@ -87,41 +87,64 @@ def test_class_representatives_choose_like_every_candidate(
     assert placed > 10  # the walk really placed pods and changed the classes
 
 
+def assert_classes_current(view: ClusterView) -> None:
+    """Every GPU's and node's class stands for its current state, as a full re-classing
+    would find (class ids differ between numberings: compare what they stand for)."""
+    state = view._state
+    classes = view._frag.current_classes(state)
+    assert classes is not None
+    fresh = StateClasses()
+    fresh.rebuild(state)
+    for slot in range(len(state.g_free)):
+        assert (
+            classes.slot_features[classes.slot_ids[slot]]
+            == fresh.slot_features[fresh.slot_ids[slot]]
+        )
+    for row in range(len(state.n_first)):
+        incremental = classes.node_features[classes.node_ids[row]]
+        full = fresh.node_features[fresh.node_ids[row]]
+        assert incremental[:2] == full[:2]  # free CPU and memory
+        assert [classes.slot_features[i] for i in incremental[2:]] == [
+            fresh.slot_features[i] for i in full[2:]
+        ]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     uses=st.lists(
-        st.tuples(st.integers(0, 5), st.integers(0, 3), st.sampled_from([0, 10, 50, 100])),
+        st.tuples(
+            st.integers(0, 5),
+            st.integers(0, 3),
+            st.sampled_from([0, 10, 50, 100]),
+            st.sampled_from(["allocate", "recount", "recount-other"]),
+        ),
         max_size=25,
     )
 )
 def test_reclassing_only_the_changed_gpus_equals_classing_all(
-    uses: list[tuple[int, int, int]],
+    uses: list[tuple[int, int, int, str]],
 ) -> None:
-    """``allocate`` re-classes only the GPUs a pod uses; every GPU's and node's class then
-    stands for its current state, as a full re-classing would find."""
+    """``allocate`` re-classes only the GPUs a pod uses, and a recount (``set_usage``) only
+    the GPUs whose counts changed (none, when it counts what was counted)."""
     nodes = [node(f"n{i}", 4, split_count=3) for i in range(6)]
     view = ClusterView(nodes)
     for demand in [share(10, 1024)] * 3:
         view.observe(demand)
     view.place(share(10, 1024), Policy.FRAGMENTATION)  # builds the index and its classes
-    for n, gpu, cores in uses:
-        uuid = nodes[n].devices[gpu].uuid
-        view.allocate(f"n{n}", [GPUAllocation(uuid, cores, 256)], cpu_milli=cores * 10)
-        state = view._state
-        classes = view._frag.current_classes(state)
-        assert classes is not None
-        fresh = StateClasses()
-        fresh.rebuild(state)
-        for slot in range(len(state.g_free)):
-            assert (
-                classes.slot_features[classes.slot_ids[slot]]
-                == fresh.slot_features[fresh.slot_ids[slot]]
-            )
-        for row in range(len(state.n_first)):
-            incremental = classes.node_features[classes.node_ids[row]]
-            full = fresh.node_features[fresh.node_ids[row]]
-            assert incremental[:2] == full[:2]  # free CPU and memory
-            # GPU class ids differ between the two numberings: compare what they stand for.
-            assert [classes.slot_features[i] for i in incremental[2:]] == [
-                fresh.slot_features[i] for i in full[2:]
-            ]
+    held: dict[str, list[tuple[tuple[GPUAllocation, ...], int, int]]] = {}
+    for n, gpu, cores, how in uses:
+        name = f"n{n}"
+        use = ((GPUAllocation(nodes[n].devices[gpu].uuid, cores, 256),), cores * 10, 0)
+        if how == "allocate":
+            view.allocate(name, use[0], use[1])
+            held.setdefault(name, []).append(use)
+        elif how == "recount":  # the same uses again: nothing changes
+            view.set_usage(name, held.get(name, []))
+        else:  # one pod more, or one fewer, than the view counted
+            uses_now = held.setdefault(name, [])
+            if uses_now and cores == 0:
+                uses_now.pop()
+            else:
+                uses_now.append(use)
+            view.set_usage(name, uses_now)
+        assert_classes_current(view)
