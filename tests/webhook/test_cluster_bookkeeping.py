@@ -3,8 +3,11 @@
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from fracgpu import codec, names
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Reservation
+from fracgpu.placement import ClusterView
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.state import KubeState, KubeStateSettings
 
@@ -197,3 +200,30 @@ def test_a_written_gpunode_is_cached_as_written_without_decoding_the_answer() ->
     decoded = cluster_state(now)
     decoded.gpunodes.put(gpunode("n1", "4", [mine]))
     assert decoded.gpunodes.get("n1") == cached
+
+
+async def test_a_gpunode_update_that_changes_nothing_counted_is_not_recounted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1_000.0]
+    state = cluster_state(now)
+    state.nodes.put(node("n1"))
+    state.gpunodes.put(gpunode("n1", "1", []))
+    await state.view()
+    recounted: list[str] = []
+    recount = ClusterView.set_usage
+    monkeypatch.setattr(
+        ClusterView,
+        "set_usage",
+        lambda view, name, uses: (recounted.append(name), recount(view, name, uses)),
+    )
+    # the leader's own summary write: a new version, status.summary changed, nothing counted
+    published = gpunode("n1", "2", [])
+    published["status"]["summary"] = {"sharedGPUs": 0}
+    state.gpunodes.put(published)
+    await state.view()
+    assert recounted == []
+    later = now[0] + TTL
+    state.gpunodes.put(gpunode("n1", "3", [held("r1", "n1", 0, 30, later)]))
+    assert await free(state, "n1") == [(70, 15360, 1), (100, 16384, 0), (8000, 32768, 0)]
+    assert recounted == ["n1"]

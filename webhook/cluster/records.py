@@ -59,6 +59,19 @@ class GPUNodeRecord:
     # status.allocated + status.summary as last written, to write only on change
     published: str = ""
 
+    def counted(self) -> tuple[object, ...]:
+        """Everything of the record the view counts from (all but the version and what
+        fracgpu publishes): two records equal in this are counted alike."""
+        return (
+            self.devices,
+            self.reservations,
+            self.pool,
+            self.split_count,
+            self.unschedulable,
+            self.memory_scaling,
+            self.compute_limit,
+        )
+
     def inventory(self, node: NodeRecord | None) -> NodeInventory:
         cpu = node.cpu_milli if node else 0
         memory = node.memory_mib if node else 0

@@ -541,6 +541,12 @@ class KubeState:
         self._labels = self._taints = None
 
     def _on_gpunode(self, key: str, old: GPUNodeRecord | None, new: GPUNodeRecord | None) -> None:
+        if old is not None and new is not None and old.counted() == new.counted():
+            # Only what the leader publishes changed (its own summary write, one per changed
+            # node and controller round): the view would recount the same, so it is not.
+            if self._unsummarised is not None:
+                self._unsummarised.add(key)
+            return
         self._changed(key)
         if old is None or new is None:
             self._labels = self._taints = None
