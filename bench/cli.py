@@ -18,6 +18,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.admission.cli",
         "admission latency budget: empty TLS handler, /mutate, pod creates via kube-apiserver",
     ),
+    "admission-cost": (
+        "bench.admission.cost",
+        "one admission in process: CPU time and (under valgrind) instructions per admission",
+    ),
     "placement-synth": (
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",

@@ -71,8 +71,10 @@ def decode_assignment(text: str) -> Assignment:
     if len(text.encode()) > MAX_ANNOTATION_BYTES:
         raise CodecError(what, f"is larger than {MAX_ANNOTATION_BYTES} bytes")
     try:
-        payload = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as error:
+        # orjson: validation reads this annotation on every pod; it also refuses what JSON
+        # does not allow (NaN, integers past 64 bits) and nests no deeper than 1,024 levels.
+        payload = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
         raise CodecError(what, f"is not JSON ({error})") from None
     obj = _object(
         what,
