@@ -28,12 +28,11 @@ from webhook.embedded import EmbeddedState
 from webhook.metrics import Metrics
 from webhook.review import parse_review
 
-WARM_UP = 1000
 # Set in the child that runs under callgrind: switch counting on and off around the loop.
 _UNDER_CALLGRIND = "FRACGPU_BENCH_UNDER_CALLGRIND"
 
 
-def _admit_all(cluster: Path, admissions: int, count_instructions: bool) -> float:
+def _admit_all(cluster: Path, warmup: int, admissions: int, count_instructions: bool) -> float:
     """Seconds of CPU per admission over ``admissions`` admissions, after a warm-up."""
     parser = argparse.ArgumentParser()
     settings.add_arguments(parser)
@@ -42,7 +41,7 @@ def _admit_all(cluster: Path, admissions: int, count_instructions: bool) -> floa
         cluster, config.split_count, config.reservation_ttl_seconds, config.memory_scaling
     )
     admission = Admission(config, state, Metrics())
-    bodies = [orjson.dumps(_review(i)) for i in range(WARM_UP + admissions)]
+    bodies = [orjson.dumps(_review(i)) for i in range(warmup + admissions)]
 
     async def admit(batch: list[bytes]) -> None:
         for body in batch:
@@ -52,10 +51,10 @@ def _admit_all(cluster: Path, admissions: int, count_instructions: bool) -> floa
                 raise RuntimeError(f"the bench's pod was not placed: {verdict.message}")
             orjson.dumps(responses.to_review(review.uid, verdict))
 
-    asyncio.run(admit(bodies[:WARM_UP]))
+    asyncio.run(admit(bodies[:warmup]))
     _callgrind("on", count_instructions)
     started = time.process_time()
-    asyncio.run(admit(bodies[WARM_UP:]))
+    asyncio.run(admit(bodies[warmup:]))
     used = time.process_time() - started
     _callgrind("off", count_instructions)
     return used / admissions
@@ -68,14 +67,14 @@ def _callgrind(switch: str, count_instructions: bool) -> None:
         )
 
 
-def _instructions(cluster: Path, admissions: int, work: Path) -> int:
+def _instructions(cluster: Path, warmup: int, admissions: int, work: Path) -> int:
     """Instructions per admission: this module again, under callgrind, counting the loop only."""
     log = work / "callgrind.log"
     subprocess.run(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no",
          f"--callgrind-out-file={work / 'callgrind.out'}", f"--log-file={log}",
          sys.executable, "-m", "bench.admission.cost", "--cluster", str(cluster),
-         "--admissions", str(admissions)],
+         "--warmup", str(warmup), "--admissions", str(admissions)],
         check=True, env={**os.environ, _UNDER_CALLGRIND: "1"}, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     for line in log.read_text().splitlines():
@@ -88,19 +87,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fracgpu-bench admission-cost", description=__doc__)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=1000, help="untimed admissions first")
     parser.add_argument("--admissions", type=int, default=5000)
     parser.add_argument("--cluster", type=Path, help=argparse.SUPPRESS)  # the callgrind child
     options = parser.parse_args(argv)
-    if options.nodes < 1 or options.gpus < 1 or options.admissions < 1:
-        parser.error("--nodes, --gpus and --admissions: use 1 or more each")
+    if min(options.nodes, options.gpus, options.admissions) < 1 or options.warmup < 0:
+        parser.error("--nodes, --gpus and --admissions: use 1 or more each; --warmup 0 or more")
     if os.environ.get(_UNDER_CALLGRIND):
-        _admit_all(options.cluster, options.admissions, count_instructions=True)
+        _admit_all(options.cluster, options.warmup, options.admissions, count_instructions=True)
         return 0
     with tempfile.TemporaryDirectory(prefix="fracgpu-bench-") as tmp:
         work = Path(tmp)
         cluster = work / "cluster.yaml"
         _cluster_file(cluster, options.nodes, options.gpus)
-        cpu = _admit_all(cluster, options.admissions, count_instructions=False)
+        cpu = _admit_all(cluster, options.warmup, options.admissions, count_instructions=False)
         print(f"CPU per admission: {cpu * 1e6:.1f} us ({options.admissions} admissions)")
         if shutil.which("valgrind") is None:
             print("instructions per admission: valgrind is not installed, not counted")
@@ -108,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Under callgrind everything runs ~50x slower: count a tenth of the admissions.
         counted = max(1, options.admissions // 10)
         print(
-            f"instructions per admission: {_instructions(cluster, counted, work):,} "
+            f"instructions per admission: "
+            f"{_instructions(cluster, options.warmup, counted, work):,} "
             f"(callgrind, {counted} admissions)"
         )
     return 0
