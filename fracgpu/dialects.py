@@ -355,8 +355,10 @@ def _parse_gpushare(name: str, counts: dict[str, int], config: DialectConfig) ->
 
 def canonical_counts(assigned: ContainerAssignment) -> tuple[int, int]:
     """(cores, 256 MiB blocks): what kubelet counts of the canonical resources."""
-    cores = sum(dev.cores for dev in assigned.devices)
-    blocks = sum(dev.memory_mib // names.MEMORY_BLOCK_MIB for dev in assigned.devices)
+    cores = blocks = 0
+    for dev in assigned.devices:  # one loop: most containers hold one GPU
+        cores += dev.cores
+        blocks += dev.memory_mib // names.MEMORY_BLOCK_MIB
     return cores, blocks
 
 

@@ -30,10 +30,9 @@ def capacity_problem(
     per_gpu: dict[str, list[GPUAllocation]] = {}
     for alloc in allocations:
         per_gpu.setdefault(alloc.uuid, []).append(alloc)
-    devices = {d.uuid: d for d in inventory.devices}
     split = inventory.split_count or split_count
     for uuid, allocs in per_gpu.items():
-        device = devices.get(uuid)
+        device = next((d for d in inventory.devices if d.uuid == uuid), None)
         if device is None or not device.shareable:
             return f"GPU {uuid} is not a usable GPU on node {node}"
         free_cores, free_gpu_memory, count = view.gpu_free(node, uuid)

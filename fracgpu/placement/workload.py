@@ -57,7 +57,12 @@ def shape_of(demand: PodDemand) -> Shape | None:
     """The demand's shape; multi-container pods are described by their biggest container."""
     if not demand.containers:
         return None
-    biggest = max(demand.containers, key=lambda c: (c.gpus * c.cores, c.gpus))
+    containers = demand.containers
+    biggest = (
+        containers[0]
+        if len(containers) == 1
+        else max(containers, key=lambda c: (c.gpus * c.cores, c.gpus))
+    )
     c = demand.constraints
     return Shape(
         units=biggest.cores,
