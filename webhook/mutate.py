@@ -31,7 +31,7 @@ def decide(
 ) -> dict[str, Any]:
     """A new pod: ``assignment`` written in, or (None) only ``void`` on every container.
     What ``decide`` does not write is shared with ``pod``: callers only read the result."""
-    written = _decided_parts(pod, assignment, config)
+    written = _write_decision(_json_copy(_written_parts(pod)), assignment, config)
     return _merged(pod, written)
 
 
@@ -48,13 +48,6 @@ def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[
     """The JSONPatch from ``original`` to ``mutated``, where they can differ: metadata
     annotations and labels, spec.affinity, and containers' env and resources."""
     return jsondiff.diff(_written_parts(original), _written_parts(mutated))
-
-
-def _decided_parts(
-    pod: Mapping[str, Any], assignment: Assignment | None, config: DialectConfig
-) -> dict[str, Any]:
-    """A deep copy of the parts of ``pod`` that ``decide`` writes, with its decision written."""
-    return _write_decision(_json_copy(_written_parts(pod)), assignment, config)
 
 
 def _write_decision(

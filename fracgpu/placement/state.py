@@ -234,17 +234,11 @@ class ClusterState:
         return range(first, first + int(self.n_count[row]))
 
     def usage_of(self, name: str) -> tuple[tuple[int, int], list[tuple[int, int, int]]]:
-        """((free CPU, free memory), per GPU slot (free cores, free MiB, containers)) of one
-        node, as plain values to compare."""
-        row = self._row_of[name]
-        s = self.slots_of_row(row)
-        per_gpu = zip(
-            self.g_free[s.start : s.stop].tolist(),
-            self.g_mem_free[s.start : s.stop].tolist(),
-            self.g_cont[s.start : s.stop].tolist(),
-            strict=True,
-        )
-        return (int(self.n_cpu_free[row]), int(self.n_mem_free[row])), list(per_gpu)
+        """``node_snapshot`` as plain values to compare: ((free CPU, free memory), per GPU
+        slot (free cores, free MiB, containers))."""
+        cpu, memory, free, memory_free, containers = self.node_snapshot(name)
+        per_gpu = zip(free.tolist(), memory_free.tolist(), containers.tolist(), strict=True)
+        return (cpu, memory), list(per_gpu)
 
     def node_snapshot(self, name: str) -> tuple[int, int, IntArray, IntArray, IntArray]:
         row = self._row_of[name]
