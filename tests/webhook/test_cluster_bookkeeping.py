@@ -10,6 +10,7 @@ from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Reserv
 from fracgpu.placement import ClusterView
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.state import KubeState, KubeStateSettings
+from webhook.state import Claim
 
 TTL = 60
 
@@ -227,3 +228,40 @@ async def test_a_gpunode_update_that_changes_nothing_counted_is_not_recounted(
     state.gpunodes.put(gpunode("n1", "3", [held("r1", "n1", 0, 30, later)]))
     assert await free(state, "n1") == [(70, 15360, 1), (100, 16384, 0), (8000, 32768, 0)]
     assert recounted == ["n1"]
+
+
+@pytest.mark.parametrize(
+    ("pod_cpu", "recounts"), [("2", []), ("3", ["n1"])], ids=["as-claimed", "more-cpu"]
+)
+async def test_a_pod_that_takes_over_its_claim_is_not_recounted(
+    pod_cpu: str, recounts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim admitted for a pod is counted from admission on; when the pod appears with
+    exactly what was claimed, the view already counts it. A pod that holds more (here CPU,
+    as another webhook could have set) is recounted. Either way the view ends up counting
+    what a fresh replica counts."""
+    now = [1_000.0]
+    state = cluster_state(now)
+    state.nodes.put(node("n1"))
+    state.gpunodes.put(gpunode("n1", "1", []))
+    await state.view()
+    reservation = held("r1", "n1", 0, 30, now[0] + TTL)
+    state._hold_inflight(Claim(reservation, 2000, 0))
+    recounted: list[str] = []
+    recount = ClusterView.set_usage
+    monkeypatch.setattr(
+        ClusterView,
+        "set_usage",
+        lambda view, name, uses: (recounted.append(name), recount(view, name, uses)),
+    )
+    pod = placed_pod("p1", "r1", "n1", 0, 30)
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = pod_cpu
+    state.pods.put(pod)
+    running = await free(state, "n1")
+    assert recounted == recounts
+    fresh = cluster_state(now)
+    fresh.nodes.put(node("n1"))
+    fresh.gpunodes.put(gpunode("n1", "1", []))
+    fresh.pods.put(pod)
+    assert running == await free(fresh, "n1")
+    assert running[0] == (70, 15360, 1)

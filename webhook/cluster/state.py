@@ -552,10 +552,14 @@ class KubeState:
             self._labels = self._taints = None
 
     def _on_pod(self, key: str, old: PodRecord | None, new: PodRecord | None) -> None:
-        for record in (old, new):
-            if record is None:
-                continue
-            self._changed(record.node)
+        if old is None and new is not None and self._takes_over_its_claim(new):
+            # The view already counts exactly what the pod holds (its claim): no recount.
+            if self._unsummarised is not None:
+                self._unsummarised.add(new.node)
+        else:
+            for record in (old, new):
+                if record is not None:
+                    self._changed(record.node)
         if old is not None:
             self._pods_by_node.get(old.node, set()).discard(key)
             if old.reservation_id:
@@ -572,6 +576,21 @@ class KubeState:
                 self._inflight.pop(new.reservation_id, None)
         if old is not None and old.reservation_id not in self._live_reservations:
             self._live_since.pop(old.reservation_id, None)
+
+    def _takes_over_its_claim(self, pod: PodRecord) -> bool:
+        """Whether a new pod holds what the claim admitted for it holds (node, GPUs, CPU,
+        memory) while the view still counts that claim: the usual way a pod appears."""
+        held = self._inflight.get(pod.reservation_id) if pod.reservation_id else None
+        if held is None or pod.terminal:
+            return False
+        claim = held.claim
+        return (
+            claim.reservation.node == pod.node
+            and claim.reservation.allocations == pod.allocations
+            and claim.cpu_milli == pod.cpu_milli
+            and claim.memory_mib == pod.memory_mib
+            and self._holds_capacity(claim.reservation, self._clock())
+        )
 
     def unwritten_claims(self) -> tuple[Claim, ...]:
         """Claims reserved here that still hold capacity and are not yet in their GPUNode."""
