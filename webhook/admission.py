@@ -19,7 +19,7 @@ from fracgpu import names
 from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
-from fracgpu.placement import NoFit, NoFitReason, PodDemand
+from fracgpu.placement import ClusterView, NoFit, NoFitReason, PodDemand
 from webhook import assignments, ephemeral, responses, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
@@ -155,7 +155,8 @@ class Admission:
             )
             allowed = ", ".join(pools) or "none (its GPUQuotas share no pool)"
             pool_note = f" (namespace {namespace}'s GPUQuota allows only pools {allowed})"
-        restricted = await self._restrict_to_allowed_nodes(pod, demand)
+        view = await self._state.view()
+        restricted = await self._restrict_to_allowed_nodes(pod, demand, view)
         if isinstance(restricted, str):
             self._metrics.placement_failure(NoFitReason.NEVER.value)
             return responses.denied(restricted)
@@ -163,10 +164,11 @@ class Admission:
         quota_block: quotalib.QuotaExceeded | None = None
         if not request.dry_run:
             # Every arrival, placed or not, teaches the fragmentation policy the workload.
-            (await self._state.view()).observe(demand)
-        for _ in range(self._settings.placement_attempts):
-            view = await self._state.view()
-            quotas = await self._state.quotas(namespace)
+            view.observe(demand)
+        for attempt in range(self._settings.placement_attempts):
+            if attempt:  # a race was lost while reserving: read the state again
+                view = await self._state.view()
+                quotas = await self._state.quotas(namespace)
             placed = view.place(demand, ask.policy)
             if isinstance(placed, NoFit):
                 if quota_block is not None:  # the models left after quota exclusions are full
@@ -217,12 +219,11 @@ class Admission:
         )
 
     async def _restrict_to_allowed_nodes(
-        self, pod: Mapping[str, Any], demand: PodDemand
+        self, pod: Mapping[str, Any], demand: PodDemand, view: ClusterView
     ) -> tuple[PodDemand, str] | str:
         """Keep placement on nodes the pod's nodeSelector / required affinity allow and whose
         taints it tolerates (when the back end knows labels / taints), by narrowing the GPUs
         it may use."""
-        view = await self._state.view()
         allowed: set[str] | None = None
         if self._labels is not None:
             allowed = allowed_nodes(pod, await self._labels.node_labels())
