@@ -203,14 +203,17 @@ def test_a_written_gpunode_is_cached_as_written_without_decoding_the_answer() ->
     assert decoded.gpunodes.get("n1") == cached
 
 
-async def test_a_gpunode_update_that_changes_nothing_counted_is_not_recounted(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    now = [1_000.0]
+async def one_counted_node(now: list[float]) -> KubeState:
+    """A replica's state with GPU node n1 (no pods, no reservations), counted once."""
     state = cluster_state(now)
     state.nodes.put(node("n1"))
     state.gpunodes.put(gpunode("n1", "1", []))
     await state.view()
+    return state
+
+
+def record_recounts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The nodes the view recounts from now on, in order (recounting them as before)."""
     recounted: list[str] = []
     recount = ClusterView.set_usage
     monkeypatch.setattr(
@@ -218,6 +221,15 @@ async def test_a_gpunode_update_that_changes_nothing_counted_is_not_recounted(
         "set_usage",
         lambda view, name, uses: (recounted.append(name), recount(view, name, uses)),
     )
+    return recounted
+
+
+async def test_a_gpunode_update_that_changes_nothing_counted_is_not_recounted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1_000.0]
+    state = await one_counted_node(now)
+    recounted = record_recounts(monkeypatch)
     # the leader's own summary write: a new version, status.summary changed, nothing counted
     published = gpunode("n1", "2", [])
     published["status"]["summary"] = {"sharedGPUs": 0}
@@ -241,19 +253,10 @@ async def test_a_pod_that_takes_over_its_claim_is_not_recounted(
     as another webhook could have set) is recounted. Either way the view ends up counting
     what a fresh replica counts."""
     now = [1_000.0]
-    state = cluster_state(now)
-    state.nodes.put(node("n1"))
-    state.gpunodes.put(gpunode("n1", "1", []))
-    await state.view()
+    state = await one_counted_node(now)
     reservation = held("r1", "n1", 0, 30, now[0] + TTL)
     state._hold_inflight(Claim(reservation, 2000, 0))
-    recounted: list[str] = []
-    recount = ClusterView.set_usage
-    monkeypatch.setattr(
-        ClusterView,
-        "set_usage",
-        lambda view, name, uses: (recounted.append(name), recount(view, name, uses)),
-    )
+    recounted = record_recounts(monkeypatch)
     pod = placed_pod("p1", "r1", "n1", 0, 30)
     pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = pod_cpu
     state.pods.put(pod)
