@@ -87,8 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def embedded_state(config: settings.Settings) -> EmbeddedState:
-    """The embedded back end over the configured cluster file (also the benches' state)."""
+def _state(config: settings.Settings) -> EmbeddedState:
     if config.cluster_file is None:
         raise settings.SettingsError(
             "no cluster state: pass --cluster-file (or --cluster for admit) or set "
@@ -108,7 +107,7 @@ async def _admit(pod_file: Path, username: str, dry_run: bool, config: settings.
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         print(f"fracgpu: {pod_file} is not a single Pod manifest", file=sys.stderr)
         return 2
-    admission = Admission(config, embedded_state(config), Metrics())
+    admission = Admission(config, _state(config), Metrics())
     for endpoint in ("mutate", "validate"):
         review = build_review(pod, username=username, dry_run=dry_run)
         request = parse_review(json.dumps(review).encode(), "application/json", 2**31)
@@ -135,7 +134,7 @@ async def _serve(config: settings.Settings) -> int:
         TLSFiles(config.tls_cert_file, config.tls_key_file), config.tls_reload_seconds
     )
     if not config.cluster_mode:
-        return await _serve_until_signal(config, embedded_state(config), reloader)
+        return await _serve_until_signal(config, _state(config), reloader)
     forwarder = LeaderForwarder(config.tls_cert_file, config.identity)
     async with kube_state(_cluster_mode(config)) as runtime:
         return await _serve_until_signal(config, runtime.state, reloader, forwarder, runtime)

@@ -24,7 +24,7 @@ import orjson
 from bench.admission.cli import _cluster_file, _review
 from webhook import responses, settings
 from webhook.admission import Admission
-from webhook.cli import embedded_state
+from webhook.embedded import EmbeddedState
 from webhook.metrics import Metrics
 from webhook.review import parse_review
 
@@ -37,7 +37,10 @@ def _admit_all(cluster: Path, warmup: int, admissions: int, count_instructions: 
     parser = argparse.ArgumentParser()
     settings.add_arguments(parser)
     config = settings.load(parser.parse_args(["--cluster-file", str(cluster)]), {})
-    admission = Admission(config, embedded_state(config), Metrics())
+    state = EmbeddedState.from_file(
+        cluster, config.split_count, config.reservation_ttl_seconds, config.memory_scaling
+    )
+    admission = Admission(config, state, Metrics())
     bodies = [orjson.dumps(_review(i)) for i in range(warmup + admissions)]
 
     async def admit(batch: list[bytes]) -> None:
