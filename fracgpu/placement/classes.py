@@ -54,7 +54,7 @@ class StateClasses:
         self.version += 1
         self.slot_ids = np.zeros(len(state.g_free), np.int64)
         self.node_ids = np.zeros(len(state.n_first), np.int64)
-        self.pairs.reset(len(state.g_free))
+        self.pairs.reset()
         ids = self._set_slots(state, 0, len(state.g_free))
         for row, (first, count) in enumerate(
             zip(state.n_first.tolist(), state.n_count.tolist(), strict=True)

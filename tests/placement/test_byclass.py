@@ -18,18 +18,30 @@ SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[Healt
 
 @SETTINGS
 @given(
-    st.integers(1, 12),
-    st.lists(st.tuples(st.integers(0, 11), st.integers(0, 2), st.integers(0, 2)), max_size=200),
+    st.lists(st.integers(0, 3), min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=200),
+    st.data(),
 )
-def test_pairs_agree_with_grouping_the_slots(slots: int, moves: list[tuple[int, int, int]]) -> None:
+def test_pairs_agree_with_grouping_the_slots(
+    node_sizes: list[int], moves: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    """Nodes of ``node_sizes`` GPUs (some with none) move between node classes; a node class
+    id stands for one list of GPU classes, as in ``StateClasses``."""
+    firsts = [sum(node_sizes[:i]) for i in range(len(node_sizes))]
+    gpu_classes: dict[tuple[int, int], list[int]] = {}  # (size, class) -> its GPU classes
     pairs = ClassPairs()
-    pairs.reset(slots)
-    truth: dict[int, tuple[int, int]] = {}
-    for slot, node_id, gpu_id in moves:
-        if slot >= slots:
+    truth: dict[int, tuple[int, int]] = {}  # slot -> pair
+    for row, choice in moves:
+        if row >= len(node_sizes):
             continue
-        pairs.move(slot, (node_id, gpu_id))
-        truth[slot] = (node_id, gpu_id)
+        size = node_sizes[row]
+        key = (size, choice)
+        if key not in gpu_classes:
+            gpu_classes[key] = data.draw(st.lists(st.integers(0, 2), min_size=size, max_size=size))
+        node_id = list(gpu_classes).index(key)
+        pairs.move_node(firsts[row], node_id, gpu_classes[key])
+        for offset, gpu_id in enumerate(gpu_classes[key]):
+            truth[firsts[row] + offset] = (node_id, gpu_id)
         groups: dict[tuple[int, int], list[int]] = {}
         for member, pair in truth.items():
             groups.setdefault(pair, []).append(member)
@@ -41,11 +53,10 @@ def test_pairs_agree_with_grouping_the_slots(slots: int, moves: list[tuple[int, 
 
 def test_stale_heap_entries_are_bounded() -> None:
     pairs = ClassPairs()
-    pairs.reset(4)
     for step in range(10_000):
-        pairs.move(step % 4, (step % 3, 0))
+        pairs.move_node((step % 4) * 2, step % 3, (0, step % 3))
     assert pairs._entries <= 2 * 4 + 64
-    assert {pairs.lowest(p) for p in pairs.pairs()} <= {0, 1, 2, 3}
+    assert {pairs.lowest(p) for p in pairs.pairs()} <= set(range(8))
 
 
 MODELS = ("Tesla T4", "A100")
