@@ -125,19 +125,35 @@ def gpu_resource_values(
     container: Mapping[str, object], config: DialectConfig
 ) -> dict[str, object]:
     """The container's GPU resources (limits), after checking requests equal limits."""
-    return _extended_resources(container, config.names.all())
-
-
-def _extended_resources(container: Mapping[str, object], keys: frozenset[str]) -> dict[str, object]:
-    """The container's limits of ``keys``, after checking each request equals its limit."""
     name = _container_name(container)
+    limits, requests = _resource_maps(name, container)
+    keys = config.names.all()
+    return {key: limits[key] for key in _checked_counts(name, limits, requests, keys)}
+
+
+def _resource_maps(
+    name: str, container: Mapping[str, object]
+) -> tuple[Mapping[str, object], Mapping[str, object]]:
+    """The container's resource limits and requests (each ``{}`` when absent)."""
     resources = container.get("resources") or {}
     if type(resources) is not dict and not isinstance(resources, Mapping):  # exact type: fast
         raise RequestError(name, "resources", type(resources).__name__, "use a mapping")
-    limits = _resource_map(name, resources, "limits")
-    requests = _resource_map(name, resources, "requests")
-    values: dict[str, object] = {}
-    for key in sorted(keys & (limits.keys() | requests.keys())):
+    return _resource_map(name, resources, "limits"), _resource_map(name, resources, "requests")
+
+
+def _checked_counts(
+    name: str,
+    limits: Mapping[str, object],
+    requests: Mapping[str, object],
+    keys: frozenset[str],
+) -> dict[str, int]:
+    """The limits of ``keys`` as counts, in name order, after checking each request equals
+    its limit (a request without a limit is refused)."""
+    counts: dict[str, int] = {}
+    present = [k for k in limits if k in keys]
+    if requests:
+        present.extend(k for k in requests if k in keys and k not in limits)
+    for key in sorted(present):
         if key not in limits:
             raise RequestError(
                 name,
@@ -146,7 +162,8 @@ def _extended_resources(container: Mapping[str, object], keys: frozenset[str]) -
                 "set it under limits: GPU resources are extended resources, and Kubernetes "
                 "requires their requests to equal their limits",
             )
-        if key in requests and _count(name, key, requests[key]) != _count(name, key, limits[key]):
+        counts[key] = limit = _count(name, key, limits[key])
+        if key in requests and _count(name, key, requests[key]) != limit:
             raise RequestError(
                 name,
                 f"requests[{key}]",
@@ -154,8 +171,7 @@ def _extended_resources(container: Mapping[str, object], keys: frozenset[str]) -
                 f"make the request equal the limit {limits[key]} "
                 "(extended resources cannot be overcommitted)",
             )
-        values[key] = limits[key]
-    return values
+    return counts
 
 
 def parse_container(
@@ -163,19 +179,22 @@ def parse_container(
 ) -> ContainerRequest | None:
     """The canonical request of one container, or None when it asks for no GPU."""
     name = _container_name(container)
-    values = gpu_resource_values(container, config)
-    if not values:
+    limits, requests = _resource_maps(name, container)
+    rn = config.names
+    counts = _checked_counts(name, limits, requests, rn.all())
+    if not counts:
         return None
-    used = {d for key in values for d in config.names.dialects_of(key)}
+    used: set[Dialect] = set()
+    for key in counts:
+        used |= rn.dialects_of(key)
     if len(used) > 1:
         raise RequestError(
             name,
             "resources",
-            ",".join(sorted(values)),
+            ",".join(counts),
             "use one dialect per container: TKEStack (vcuda-core/vcuda-memory), HAMi "
             "(nvidia.com/gpu with gpumem/gpucores) or gpushare (aliyun.com/gpu-mem)",
         )
-    counts = {key: _count(name, key, raw) for key, raw in values.items()}
     (dialect,) = used
     request: ContainerRequest | None
     if dialect is Dialect.TKESTACK:
@@ -184,32 +203,24 @@ def parse_container(
         request = _parse_hami(name, counts, config)  # None: nvidia.com/gpu 0 asks for none
     else:
         request = _parse_gpushare(name, counts, config)
-    priority = _container_priority(name, container, config)
+    priority = _container_priority(name, limits, requests, rn.hami_priority)
     if request is None or priority is None:
         return request
     return replace(request, priority=priority)
 
 
-_SECTIONS: Final = ("limits", "requests")
 # HAMi's priority limit: 0 = high, 1 = low.
 _HAMI_PRIORITIES: Final = {0: Priority.HIGH, 1: Priority.LOW}
 
 
 def _container_priority(
-    name: str, container: Mapping[str, object], config: DialectConfig
+    name: str, limits: Mapping[str, object], requests: Mapping[str, object], key: str
 ) -> Priority | None:
-    key = config.names.hami_priority
-    resources = container.get("resources")
-    if type(resources) is dict:
-        sections = [resources.get(s) or {} for s in _SECTIONS]
-        if all(type(m) is dict and key not in m for m in sections):
-            return None  # the usual case, without checking the resources again
-    raw = _extended_resources(container, frozenset({key})).get(key)
-    if raw is None:
-        return None
-    value = _count(name, key, raw)
+    if key not in limits and key not in requests:
+        return None  # the usual case
+    value = _checked_counts(name, limits, requests, frozenset({key}))[key]
     if value not in _HAMI_PRIORITIES:
-        raise RequestError(name, key, raw, "use 0 (high priority) or 1 (low priority)")
+        raise RequestError(name, key, limits[key], "use 0 (high priority) or 1 (low priority)")
     return _HAMI_PRIORITIES[value]
 
 
