@@ -63,6 +63,8 @@ def _diff_objects(
         elif type(old) is str and type(value) is str:  # most members: no call for them
             if old != value:
                 ops.append({"op": "replace", "path": _join(path, key), "value": value})
+        elif type(old) is dict and type(value) is dict:  # nested objects: straight down
+            _diff_objects(old, value, _join(path, key), ops)
         else:
             _diff(old, value, _join(path, key), ops)
 
