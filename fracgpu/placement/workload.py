@@ -6,7 +6,7 @@ shapes, so the model follows the workload as it drifts.
 """
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fracgpu.model import MemoryRequest
 from fracgpu.placement.api import PodDemand
@@ -20,9 +20,11 @@ BUCKETS_PER_DOUBLING = 2
 _RESCALE_AT = 1e100
 
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """A pod's shape as far as fitting goes: one GPU container kind plus node CPU/memory."""
+class Shape(NamedTuple):
+    """A pod's shape as far as fitting goes: one GPU container kind plus node CPU/memory.
+
+    A named tuple, not a dataclass: one is built and hashed twice for every arriving pod, and
+    a tuple is built and hashed in C."""
 
     units: int  # compute units per GPU (the view's unit)
     gpus: int
