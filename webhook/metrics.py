@@ -1,10 +1,18 @@
 """Prometheus metrics of one webhook app, in its own registry (never the global one)."""
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, Iterator
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 # Admission must answer well inside the API server's 10 s default timeout.
@@ -14,39 +22,17 @@ LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._admissions = Counter(
-            "fracgpu_webhook_admissions",
-            "Admission answers by endpoint and verdict (allowed, patched, denied, errored, "
-            "malformed, forwarded to the leader)",
-            ["endpoint", "verdict"],
-            registry=self.registry,
-        )
-        self._latency = Histogram(
-            "fracgpu_webhook_admission_duration_seconds",
-            "Time from receiving a review to answering it",
-            ["endpoint"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self._admissions = AdmissionStats()
+        self.registry.register(self._admissions)
         self._placement_failures = Counter(
             "fracgpu_webhook_placement_failures",
             "Pods that could not be placed, by reason (never, not-now, quota, conflict)",
             ["reason"],
             registry=self.registry,
         )
-        # Labelled children by label values: ``labels()`` costs a lock and argument checks on
-        # every admission; the few combinations are looked up once.
-        self._children: dict[tuple[str, ...], tuple[Counter, Histogram]] = {}
 
     def admission(self, endpoint: str, verdict: str, seconds: float) -> None:
-        children = self._children.get((endpoint, verdict))
-        if children is None:
-            children = self._children[(endpoint, verdict)] = (
-                self._admissions.labels(endpoint, verdict),
-                self._latency.labels(endpoint),
-            )
-        children[0].inc()
-        children[1].observe(seconds)
+        self._admissions.record(endpoint, verdict, seconds)
 
     def watch_placing(self, placing: Callable[[], bool]) -> None:
         """Export whether this replica places GPU pods now (read at every scrape)."""
@@ -62,3 +48,49 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class AdmissionStats(Collector):
+    """Admission answers by (endpoint, verdict) and their latency by endpoint, counted in
+    plain numbers and turned into samples only when scraped: a labelled prometheus_client
+    counter and histogram cost a lock and several calls on every admission. Admissions and
+    scrapes both run on the event loop, so a scrape reads a consistent count."""
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[str, str], int] = {}
+        # endpoint -> [count per bucket (the last one: above every bound), sum of seconds]
+        self._latency: dict[str, tuple[list[int], list[float]]] = {}
+
+    def record(self, endpoint: str, verdict: str, seconds: float) -> None:
+        key = (endpoint, verdict)
+        self._answers[key] = self._answers.get(key, 0) + 1
+        latency = self._latency.get(endpoint)
+        if latency is None:
+            latency = self._latency[endpoint] = ([0] * (len(LATENCY_BUCKETS) + 1), [0.0])
+        # A bucket counts observations up to and including its bound (Prometheus' "le").
+        latency[0][bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        latency[1][0] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        answers = CounterMetricFamily(
+            "fracgpu_webhook_admissions",
+            "Admission answers by endpoint and verdict (allowed, patched, denied, errored, "
+            "malformed, forwarded to the leader)",
+            labels=["endpoint", "verdict"],
+        )
+        for (endpoint, verdict), count in self._answers.items():
+            answers.add_metric([endpoint, verdict], count)
+        yield answers
+        latency = HistogramMetricFamily(
+            "fracgpu_webhook_admission_duration_seconds",
+            "Time from receiving a review to answering it",
+            labels=["endpoint"],
+        )
+        bounds = [*map(floatToGoString, LATENCY_BUCKETS), "+Inf"]
+        for endpoint, (counts, total) in self._latency.items():
+            cumulative, buckets = 0, []
+            for bound, count in zip(bounds, counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            latency.add_metric([endpoint], buckets, total[0])
+        yield latency

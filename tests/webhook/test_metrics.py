@@ -2,11 +2,17 @@
 
 import re
 
-from prometheus_client import REGISTRY
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import Webhook, gpu_pod, plain_pod
 from webhook.client import build_review
+from webhook.metrics import LATENCY_BUCKETS, Metrics
+
+Labels = tuple[tuple[str, str], ...]
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -57,3 +63,52 @@ async def test_each_app_has_its_own_registry(start: StartWebhook) -> None:
         sample(text, "fracgpu_webhook_admissions_total", endpoint="mutate", verdict="patched") == 0
     )
     assert REGISTRY.get_sample_value("fracgpu_webhook_admissions_total") is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["mutate", "validate"]),
+            st.sampled_from(["allowed", "patched", "denied"]),
+            st.one_of(st.sampled_from(LATENCY_BUCKETS), st.floats(0, 20)),
+        ),
+        max_size=40,
+    )
+)
+def test_admission_samples_equal_prometheus_clients_own(
+    answers: list[tuple[str, str, float]],
+) -> None:
+    """The plain counts give the samples a labelled Counter and Histogram would (their
+    optional ``_created`` series aside), bucket bounds included."""
+    ours = Metrics()
+    registry = CollectorRegistry()
+    counter = Counter("fracgpu_webhook_admissions", "x", ["endpoint", "verdict"], registry=registry)
+    histogram = Histogram(
+        "fracgpu_webhook_admission_duration_seconds",
+        "x",
+        ["endpoint"],
+        buckets=LATENCY_BUCKETS,
+        registry=registry,
+    )
+    for endpoint, verdict, seconds in answers:
+        ours.admission(endpoint, verdict, seconds)
+        counter.labels(endpoint, verdict).inc()
+        histogram.labels(endpoint).observe(seconds)
+
+    def samples(
+        registry: CollectorRegistry,
+    ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in registry.collect()
+            if family.name.startswith("fracgpu_webhook_admission")
+            for s in family.samples
+            if not s.name.endswith("_created")
+        }
+
+    expected = samples(registry)
+    got = samples(ours.registry)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value), key
