@@ -36,8 +36,10 @@ def _with_requested(
     container: ContainerAssignment, request: ContainerRequest | None
 ) -> ContainerAssignment:
     """The container's GPUs plus what it asked for besides: its elastic bound and priority."""
-    if request is None:
-        return container
+    if request is None or (
+        request.core_limit == container.core_limit and request.priority == container.priority
+    ):
+        return container  # nothing to add (most pods): no new frozen value
     return ContainerAssignment(
         container.container, container.devices, request.core_limit, request.priority
     )
