@@ -102,6 +102,8 @@ def reserved_env(pod: Mapping[str, Any]) -> dict[str, dict[str, Mapping[str, Any
     """container name -> reserved variable name -> its env entry, over every container kind."""
     found: dict[str, dict[str, Mapping[str, Any]]] = {}
     for field, index, container in containers(pod, ALL_FIELDS):
+        if container.get("env") is None:
+            continue  # most containers: no env to read (and no path to spell out)
         variables = reserved_variables(container, f".spec.{field}[{index}]")
         if variables:
             found[container["name"]] = variables
@@ -115,10 +117,14 @@ def reserved_variables(container: Mapping[str, Any], path: str) -> dict[str, Map
 
 def reserved_metadata(pod: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     """The fracgpu-owned annotations and labels present on the pod."""
-    return {
-        kind: {k: v for k, v in string_map(pod, kind).items() if names.is_reserved_metadata_key(k)}
-        for kind in ("annotations", "labels")
-    }
+    return {kind: _reserved_members(pod, kind) for kind in ("annotations", "labels")}
+
+
+def _reserved_members(pod: Mapping[str, Any], kind: str) -> dict[str, str]:
+    members = mapping_at(metadata(pod), kind, ".metadata")
+    if not members:
+        return {}  # nothing to check or copy
+    return {k: v for k, v in string_map(pod, kind).items() if names.is_reserved_metadata_key(k)}
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:
