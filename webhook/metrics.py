@@ -58,18 +58,17 @@ class AdmissionStats(Collector):
 
     def __init__(self) -> None:
         self._answers: dict[tuple[str, str], int] = {}
-        # endpoint -> [count per bucket (the last one: above every bound), sum of seconds]
-        self._latency: dict[str, tuple[list[int], list[float]]] = {}
+        self._latency: dict[str, _Latency] = {}  # by endpoint
 
     def record(self, endpoint: str, verdict: str, seconds: float) -> None:
         key = (endpoint, verdict)
         self._answers[key] = self._answers.get(key, 0) + 1
         latency = self._latency.get(endpoint)
         if latency is None:
-            latency = self._latency[endpoint] = ([0] * (len(LATENCY_BUCKETS) + 1), [0.0])
+            latency = self._latency[endpoint] = _Latency()
         # A bucket counts observations up to and including its bound (Prometheus' "le").
-        latency[0][bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        latency[1][0] += seconds
+        latency.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        latency.total += seconds
 
     def collect(self) -> Iterator[Metric]:
         answers = CounterMetricFamily(
@@ -87,10 +86,21 @@ class AdmissionStats(Collector):
             labels=["endpoint"],
         )
         bounds = [*map(floatToGoString, LATENCY_BUCKETS), "+Inf"]
-        for endpoint, (counts, total) in self._latency.items():
+        for endpoint, observed in self._latency.items():
             cumulative, buckets = 0, []
-            for bound, count in zip(bounds, counts, strict=True):
+            for bound, count in zip(bounds, observed.counts, strict=True):
                 cumulative += count
                 buckets.append((bound, cumulative))
-            latency.add_metric([endpoint], buckets, total[0])
+            latency.add_metric([endpoint], buckets, observed.total)
         yield latency
+
+
+class _Latency:
+    """One endpoint's observations: a count per bucket (the last above every bound) and
+    their sum in seconds."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.total = 0.0

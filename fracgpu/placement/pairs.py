@@ -70,16 +70,17 @@ class ClassPairs:
             self._rebuild_heaps()
 
     def pairs(self) -> list[Pair]:
+        return list(self._live())
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def _live(self) -> list[Pair]:
         if self._pairs is None:
             self._pairs = [
                 (node_id, slot_id) for node_id in self._sizes for slot_id in self._offsets[node_id]
             ]
-        return list(self._pairs)
-
-    def __len__(self) -> int:
-        if self._pairs is None:
-            return len(self.pairs())
-        return len(self._pairs)
+        return self._pairs
 
     def lowest(self, pair: Pair) -> int:
         """The lowest slot in ``pair`` (which must be live)."""
