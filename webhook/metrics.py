@@ -2,6 +2,7 @@
 
 import bisect
 from collections.abc import Callable, Iterator
+from itertools import accumulate
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -87,10 +88,7 @@ class AdmissionStats(Collector):
         )
         bounds = [*map(floatToGoString, LATENCY_BUCKETS), "+Inf"]
         for endpoint, observed in self._latency.items():
-            cumulative, buckets = 0, []
-            for bound, count in zip(bounds, observed.counts, strict=True):
-                cumulative += count
-                buckets.append((bound, cumulative))
+            buckets = list(zip(bounds, accumulate(observed.counts), strict=True))
             latency.add_metric([endpoint], buckets, observed.total)
         yield latency
 

@@ -41,7 +41,11 @@ def metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def string_map(pod: Mapping[str, Any], key: str) -> dict[str, str]:
     """metadata.annotations or metadata.labels as a str -> str dict."""
-    raw = mapping_at(metadata(pod), key, ".metadata")
+    return _strings(mapping_at(metadata(pod), key, ".metadata"), key)
+
+
+def _strings(raw: Mapping[str, Any], key: str) -> dict[str, str]:
+    """``raw`` (metadata member ``key``) as a str -> str dict, each value checked."""
     result: dict[str, str] = {}
     for k, v in raw.items():
         if not isinstance(v, str):
@@ -124,7 +128,7 @@ def _reserved_members(pod: Mapping[str, Any], kind: str) -> dict[str, str]:
     members = mapping_at(metadata(pod), kind, ".metadata")
     if not members:
         return {}  # nothing to check or copy
-    return {k: v for k, v in string_map(pod, kind).items() if names.is_reserved_metadata_key(k)}
+    return {k: v for k, v in _strings(members, kind).items() if names.is_reserved_metadata_key(k)}
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:
