@@ -20,13 +20,13 @@ from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
 from fracgpu.placement import ClusterView, NoFit, NoFitReason, PodDemand
-from webhook import assignments, ephemeral, responses, validate
+from webhook import assignments, ephemeral, podbounds, responses, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
 from webhook.demand import PodAsk, gpu_container_names, read_ask
 from webhook.metrics import Metrics
 from webhook.mutate import canonical_resources, patch_for
-from webhook.nodeaffinity import allowed_nodes
+from webhook.nodeaffinity import NodeIndexCache, allowed_nodes
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
 from webhook.state import (
@@ -78,6 +78,7 @@ class Admission:
         # every pod.
         self._labels = state if isinstance(state, NodeLabels) else None
         self._taints = state if isinstance(state, NodeTaints) else None
+        self._node_index = NodeIndexCache()
 
     # -- mutating ------------------------------------------------------------------------------
     async def mutate(self, request: AdmissionRequest) -> responses.Verdict:
@@ -94,6 +95,9 @@ class Admission:
         namespace = _namespace(request)
         if not await self._state.namespace_managed(namespace):
             return responses.allowed()
+        over = self._over_limit(request, pod)
+        if over:
+            return responses.denied(over)
         trusted = request.username in self._settings.service_accounts
         try:
             # The annotation first: most pods lack it, and then their containers are read once.
@@ -106,6 +110,11 @@ class Admission:
             ask = read_ask(pod, self._settings.dialects, self._settings.policy)
             if ask.demand is None:
                 return self._mutate_without_gpu(pod, trusted)
+            too_many = podbounds.gpu_containers_problem(
+                len(ask.requests), self._settings.pod_limits
+            )
+            if too_many and not trusted:
+                return responses.denied(too_many)
             if not trusted:
                 findings = validate.tamper_findings(
                     pod, placed_by_fracgpu=False, void_allowed=False
@@ -226,7 +235,7 @@ class Admission:
         it may use."""
         allowed: set[str] | None = None
         if self._labels is not None:
-            allowed = allowed_nodes(pod, await self._labels.node_labels())
+            allowed = allowed_nodes(pod, await self._labels.node_labels(), self._node_index)
         if self._taints is not None:
             # Most nodes carry no taint: find the few excluded ones rather than the many allowed.
             excluded = untolerated_nodes(pod, await self._taints.node_taints())
@@ -278,6 +287,9 @@ class Admission:
         if request.username in self._settings.service_accounts:
             return responses.allowed()
         pod = request.obj
+        over = self._over_limit(request, pod)
+        if over:
+            return responses.denied(over)
         try:
             if request.operation == "UPDATE":
                 return self._validate_update(request.old_obj, pod)
@@ -321,6 +333,10 @@ class Admission:
         """Debug containers added to a running pod in a managed namespace."""
         if not await self._state.namespace_managed(_namespace(request)):
             return responses.allowed()
+        assert request.obj is not None  # is_ephemeral_update checked it
+        over = self._over_limit(request, request.obj)
+        if over:
+            return responses.denied(over)
         try:
             return check(request)
         except FracgpuError as error:
@@ -335,6 +351,30 @@ class Admission:
         if findings:
             return responses.denied(validate.tamper_message(findings, "this update"))
         return responses.allowed()
+
+    # -- over a limit before parsing -----------------------------------------------------------
+    async def refuse(self, request: AdmissionRequest, problem: str) -> responses.Verdict:
+        """The answer to a review whose pod a worker found over a limit (``podbounds``), read
+        without its objects: denied where admission would read the pod, else allowed as
+        ``mutate`` and ``validate`` would (they read nothing of it there)."""
+        if (
+            request.operation not in ("CREATE", "UPDATE")
+            or not request.is_pod
+            or request.sub_resource not in CHECKED_SUB_RESOURCES
+        ):
+            return responses.allowed()
+        if request.username in self._settings.service_accounts:
+            return responses.allowed()
+        if not await self._state.namespace_managed(_namespace(request)):
+            return responses.allowed()
+        return responses.denied(problem)
+
+    def _over_limit(self, request: AdmissionRequest, pod: Mapping[str, Any]) -> str | None:
+        """Why admission will not read this pod (``podbounds``); fracgpu's own accounts are
+        trusted with any pod."""
+        if request.username in self._settings.service_accounts:
+            return None
+        return podbounds.problem(pod, self._settings.pod_limits)
 
     # -- shared --------------------------------------------------------------------------------
     async def _verified_assignment(

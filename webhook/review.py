@@ -91,8 +91,11 @@ class AdmissionRequest:
         return kind["kind"] == "Pod" and kind["version"] == "v1" and kind["group"] == ""
 
 
-def parse_review(body: bytes, content_type: str, max_body_bytes: int) -> AdmissionRequest:
-    """Parse an HTTP body into a request, or raise ``MalformedReviewError`` saying what is wrong."""
+def parse_review(
+    body: bytes, content_type: str, max_body_bytes: int, *, check_depth: bool = True
+) -> AdmissionRequest:
+    """Parse an HTTP body into a request, or raise ``MalformedReviewError`` saying what is wrong.
+    ``check_depth=False`` only for a body whose depth was checked already (``webhook.screen``)."""
     if content_type.split(";", maxsplit=1)[0].strip().lower() != JSON_CONTENT_TYPE:
         raise MalformedReviewError(
             415,
@@ -108,7 +111,11 @@ def parse_review(body: bytes, content_type: str, max_body_bytes: int) -> Admissi
         document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise MalformedReviewError(400, f"body is not JSON: {error}") from None
-    if _may_nest_deeper(body, MAX_NESTING) and _depth_exceeds(document, MAX_NESTING):
+    if (
+        check_depth
+        and _may_nest_deeper(body, MAX_NESTING)
+        and _depth_exceeds(document, MAX_NESTING)
+    ):
         raise MalformedReviewError(400, f"body is nested deeper than {MAX_NESTING} levels")
     if not isinstance(document, dict):
         raise MalformedReviewError(

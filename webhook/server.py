@@ -22,6 +22,7 @@ from webhook.forward import FORWARDED_BY_HEADER, ForwardError, LeaderForwarder
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
 from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
+from webhook.screen import Screened, Screener, ScreenUnavailableError
 from webhook.settings import Settings
 from webhook.state import ClusterState, ForwardToLeader, StateUnavailable
 from webhook.tls import CertificateReloader
@@ -34,6 +35,7 @@ METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", Settings)
 RELOADER: Final = web.AppKey("reloader", CertificateReloader)
 FORWARDER: Final = web.AppKey("forwarder", LeaderForwarder)
+SCREENER: Final = web.AppKey("screener", Screener)
 
 Decide = Callable[[Admission, AdmissionRequest], Awaitable[responses.Verdict]]
 
@@ -51,6 +53,8 @@ def build_app(
     app[STATE] = state
     app[METRICS] = metrics
     app[ADMISSION] = Admission(settings, state, metrics)
+    app[SCREENER] = Screener(settings.screen_workers, settings.pod_limits, settings.max_body_bytes)
+    app.on_cleanup.append(_close_screener)
     metrics.watch_placing(state.placing)
     app.router.add_post("/mutate", _admission_handler("mutate", Admission.mutate))
     app.router.add_post("/validate", _admission_handler("validate", Admission.validate))
@@ -64,6 +68,10 @@ def build_app(
         app[FORWARDER] = forwarder
         app.on_cleanup.append(_close_forwarder)
     return app
+
+
+async def _close_screener(app: web.Application) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, app[SCREENER].close)
 
 
 async def _close_forwarder(app: web.Application) -> None:
@@ -86,10 +94,19 @@ def _admission_handler(
         app = request.app
         metrics = app[METRICS]
         try:
-            body = await request.read()
+            read = await _read(request)
+            if isinstance(read, Screened):
+                return await _screened(app, endpoint, started, read)
+            body, depth_checked = read
             review = parse_review(
-                body, request.headers.get("Content-Type", ""), app[SETTINGS].max_body_bytes
+                body,
+                request.headers.get("Content-Type", ""),
+                app[SETTINGS].max_body_bytes,
+                check_depth=not depth_checked,
             )
+        except ScreenUnavailableError as error:
+            log.error("%s: %s", endpoint, error)
+            return _malformed(metrics, endpoint, started, MalformedReviewError(503, str(error)))
         except web.HTTPRequestEntityTooLarge:
             return _malformed(
                 metrics,
@@ -138,6 +155,54 @@ def _admission_handler(
         )
 
     return handle
+
+
+async def _read(request: web.Request) -> tuple[bytes, bool] | Screened:
+    """The body (and whether its depth was checked), or a worker's finding that answers it:
+    a body larger than ``screen_body_bytes`` (or of unknown length) is read only when a
+    screening slot is free, and screened off the loop (``webhook.screen``)."""
+    settings = request.app[SETTINGS]
+    length = request.content_length
+    if length is not None and length <= settings.screen_body_bytes:
+        return await request.read(), False
+    screener = request.app[SCREENER]
+    async with screener.slots:
+        body = await request.read()
+        if len(body) <= settings.screen_body_bytes:
+            return body, False
+        screened = await screener.screen(body, request.headers.get("Content-Type", ""))
+    if screened.malformed is not None or screened.problem:
+        return screened
+    return body, True
+
+
+async def _screened(
+    app: web.Application, endpoint: str, started: float, screened: Screened
+) -> web.Response:
+    """The answer to a large review from its screening alone: malformed, or a pod over a
+    limit (denied where admission reads the pod)."""
+    metrics = app[METRICS]
+    if screened.malformed is not None:
+        return _malformed(metrics, endpoint, started, screened.malformed)
+    review = screened.request
+    assert review is not None
+    verdict = await app[ADMISSION].refuse(review, screened.problem)
+    metrics.admission(endpoint, verdict.outcome.value, time.perf_counter() - started)
+    log.info(
+        "%s uid=%s %s %s/%s user=%s -> %s %s (screened)",
+        endpoint,
+        review.uid,
+        review.operation,
+        review.namespace,
+        review.name,
+        review.username,
+        verdict.outcome.value,
+        verdict.message,
+    )
+    return web.Response(
+        body=orjson.dumps(responses.to_review(review.uid, verdict)),
+        content_type="application/json",
+    )
 
 
 async def _forward(

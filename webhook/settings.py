@@ -19,6 +19,7 @@ from fracgpu.errors import QuantityError
 from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
 from fracgpu.quantity import parse_quantity
+from webhook.podbounds import COUNTED, PodLimits
 from webhook.review import DEFAULT_MAX_BODY_BYTES
 
 ENV_PREFIX: Final = "FRACGPU_"
@@ -43,6 +44,9 @@ class Settings:
     policy: Policy = Policy.FRAGMENTATION
     service_accounts: frozenset[str] = frozenset(DEFAULT_SERVICE_ACCOUNTS)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    pod_limits: PodLimits = dataclasses.field(default_factory=PodLimits)
+    screen_body_bytes: int = 128 * 1024
+    screen_workers: int = 1
     dialects: DialectConfig = dataclasses.field(default_factory=DialectConfig)
     split_count: int = 10
     # Node defaults; a GPUNode's spec (or the cluster file) may override each per node.
@@ -248,6 +252,23 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "largest AdmissionReview body accepted",
         _positive_int,
     ),
+    *(
+        Option(f.name, str(f.default), f"most {COUNTED[f.name]} in one pod", _positive_int)
+        for f in dataclasses.fields(PodLimits)
+    ),
+    Option(
+        "screen_body_bytes",
+        str(128 * 1024),
+        "reviews larger than this are parsed and checked against the pod limits in a worker "
+        "process first, off the event loop that answers every other review",
+        _positive_int,
+    ),
+    Option(
+        "screen_workers",
+        "1",
+        "worker processes for large reviews (also the most such reviews read at once)",
+        _positive_int,
+    ),
     Option(
         "default_gpu_memory",
         "100%",
@@ -423,6 +444,9 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         policy=values["policy"],
         service_accounts=values["service_accounts"],
         max_body_bytes=values["max_body_bytes"],
+        pod_limits=PodLimits(**{f.name: values[f.name] for f in dataclasses.fields(PodLimits)}),
+        screen_body_bytes=values["screen_body_bytes"],
+        screen_workers=values["screen_workers"],
         dialects=DialectConfig(
             names=resource_names,
             default_memory=values["default_gpu_memory"],

@@ -3,6 +3,9 @@
 A pod pinned to a node whose taint it does not tolerate would never be scheduled there.
 Matching follows the scheduler: ``Exists`` ignores the value (and with no key matches every
 taint), ``Equal`` (the default) needs key and value; an empty effect matches every effect.
+
+The pod's tolerations are indexed once (by key, and by key and value), so each taint is
+checked in constant time: the work is the tolerations plus the taints, not their product.
 """
 
 from collections.abc import Mapping, Sequence
@@ -12,6 +15,7 @@ from typing import Any, Final
 from webhook import pod as podlib
 
 BLOCKING_EFFECTS: Final = ("NoSchedule", "NoExecute")
+_ANY_EFFECT: Final = ""
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,25 @@ class Taint:
     key: str
     effect: str
     value: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Tolerations:
+    """Effects tolerated (``""`` = every effect): by every key, by key, by (key, value)."""
+
+    everything: frozenset[str]
+    by_key: Mapping[str, frozenset[str]]
+    by_pair: Mapping[tuple[str, str], frozenset[str]]
+
+    def tolerate(self, taint: Taint) -> bool:
+        return any(
+            _ANY_EFFECT in effects or taint.effect in effects
+            for effects in (
+                self.everything,
+                self.by_key.get(taint.key, frozenset()),
+                self.by_pair.get((taint.key, taint.value), frozenset()),
+            )
+        )
 
 
 def untolerated_nodes(
@@ -35,22 +58,36 @@ def untolerated_nodes(
     return {
         node
         for node, taints in blocking.items()
-        if not all(any(_tolerates(t, taint) for t in tolerations) for taint in taints)
+        if not all(tolerations.tolerate(taint) for taint in taints)
     }
 
 
-def _tolerations(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _tolerations(pod: Mapping[str, Any]) -> _Tolerations:
     items = podlib.spec(pod).get("tolerations") or []
     if not isinstance(items, list) or not all(isinstance(t, Mapping) for t in items):
         raise podlib.PodShapeError(".spec.tolerations", "must be a list of objects")
-    return items
+    everything: set[str] = set()
+    by_key: dict[str, set[str]] = {}
+    by_pair: dict[tuple[str, str], set[str]] = {}
+    for index, toleration in enumerate(items):
+        key, value, effect, operator = (
+            _string(toleration, member, index) for member in ("key", "value", "effect", "operator")
+        )
+        if operator == "Exists":
+            (by_key.setdefault(key, set()) if key else everything).add(effect)
+        else:
+            by_pair.setdefault((key, value), set()).add(effect)
+    return _Tolerations(
+        frozenset(everything),
+        {k: frozenset(v) for k, v in by_key.items()},
+        {k: frozenset(v) for k, v in by_pair.items()},
+    )
 
 
-def _tolerates(toleration: Mapping[str, Any], taint: Taint) -> bool:
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.effect:
-        return False
-    key = toleration.get("key") or ""
-    if toleration.get("operator") == "Exists":
-        return not key or key == taint.key
-    return key == taint.key and (toleration.get("value") or "") == taint.value
+def _string(toleration: Mapping[str, Any], member: str, index: int) -> str:
+    value = toleration.get(member)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise podlib.PodShapeError(f".spec.tolerations[{index}].{member}", "must be a string")
+    return value
