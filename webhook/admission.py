@@ -95,9 +95,6 @@ class Admission:
         namespace = _namespace(request)
         if not await self._state.namespace_managed(namespace):
             return responses.allowed()
-        over = self._over_limit(request, pod)
-        if over:
-            return responses.denied(over)
         trusted = request.username in self._settings.service_accounts
         try:
             # The annotation first: most pods lack it, and then their containers are read once.
@@ -287,9 +284,6 @@ class Admission:
         if request.username in self._settings.service_accounts:
             return responses.allowed()
         pod = request.obj
-        over = self._over_limit(request, pod)
-        if over:
-            return responses.denied(over)
         try:
             if request.operation == "UPDATE":
                 return self._validate_update(request.old_obj, pod)
@@ -333,10 +327,6 @@ class Admission:
         """Debug containers added to a running pod in a managed namespace."""
         if not await self._state.namespace_managed(_namespace(request)):
             return responses.allowed()
-        assert request.obj is not None  # is_ephemeral_update checked it
-        over = self._over_limit(request, request.obj)
-        if over:
-            return responses.denied(over)
         try:
             return check(request)
         except FracgpuError as error:
@@ -352,29 +342,27 @@ class Admission:
             return responses.denied(validate.tamper_message(findings, "this update"))
         return responses.allowed()
 
-    # -- over a limit before parsing -----------------------------------------------------------
+    # -- pods over a limit ---------------------------------------------------------------------
+    def over_limit(self, request: AdmissionRequest) -> str | None:
+        """Why admission will not read this review's pod (``podbounds``); checked before
+        ``mutate`` and ``validate``. fracgpu's own accounts are trusted with any pod."""
+        if request.obj is None or request.username in self._settings.service_accounts:
+            return None
+        return podbounds.problem(request.obj, self._settings.pod_limits)
+
     async def refuse(self, request: AdmissionRequest, problem: str) -> responses.Verdict:
-        """The answer to a review whose pod a worker found over a limit (``podbounds``), read
-        without its objects: denied where admission would read the pod, else allowed as
-        ``mutate`` and ``validate`` would (they read nothing of it there)."""
+        """The answer to a review whose pod is over a limit (``over_limit``, or a worker
+        that read it, in which case ``request`` has no objects): denied where ``mutate`` and
+        ``validate`` would read the pod, else allowed as they would (reading nothing)."""
         if (
             request.operation not in ("CREATE", "UPDATE")
             or not request.is_pod
             or request.sub_resource not in CHECKED_SUB_RESOURCES
         ):
             return responses.allowed()
-        if request.username in self._settings.service_accounts:
-            return responses.allowed()
         if not await self._state.namespace_managed(_namespace(request)):
             return responses.allowed()
         return responses.denied(problem)
-
-    def _over_limit(self, request: AdmissionRequest, pod: Mapping[str, Any]) -> str | None:
-        """Why admission will not read this pod (``podbounds``); fracgpu's own accounts are
-        trusted with any pod."""
-        if request.username in self._settings.service_accounts:
-            return None
-        return podbounds.problem(pod, self._settings.pod_limits)
 
     # -- shared --------------------------------------------------------------------------------
     async def _verified_assignment(

@@ -4,6 +4,7 @@ Used by the demo and the tests; it also builds reviews from pod manifests.
 """
 
 import base64
+import io
 import json
 import ssl
 import uuid
@@ -87,6 +88,9 @@ def trusting(ca_file: Path) -> ssl.SSLContext:
     return context
 
 
+_STREAMED_BYTES = 2**20
+
+
 class WebhookClient:
     """HTTPS client of one webhook; use as ``async with``."""
 
@@ -117,8 +121,10 @@ class WebhookClient:
     async def post_raw(
         self, path: str, body: bytes, content_type: str = JSON_CONTENT_TYPE
     ) -> Reply:
+        # A large body goes as a stream: as raw bytes aiohttp warns that it blocks the loop.
+        data = io.BytesIO(body) if len(body) > _STREAMED_BYTES else body
         async with self.session.post(
-            self._base + path, data=body, headers={"Content-Type": content_type}, ssl=self._ssl
+            self._base + path, data=data, headers={"Content-Type": content_type}, ssl=self._ssl
         ) as response:
             text = await response.text()
             try:

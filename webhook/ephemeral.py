@@ -7,15 +7,12 @@ subresource's object is the Pod from Kubernetes 1.22; 1.20 and 1.21 send an
 ``EphemeralContainers`` object holding the list at its top level.
 """
 
-import copy
 from collections.abc import Mapping
 from typing import Any, Final
 
-import jsonpatch
-
 from fracgpu import names
+from webhook import jsondiff, responses, validate
 from webhook import pod as podlib
-from webhook import responses, validate
 from webhook.mutate import set_env
 from webhook.review import AdmissionRequest
 
@@ -39,10 +36,7 @@ def mutate(request: AdmissionRequest) -> responses.Verdict:
     findings = _tampering(added)
     if findings:
         return responses.denied(validate.tamper_message(findings, "this debug container"))
-    mutated = copy.deepcopy(request.obj)
-    for container in _added(mutated, request.old_obj):
-        set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
-    return responses.patched(jsonpatch.make_patch(request.obj, mutated).patch)
+    return responses.patched(_void_patch(request.obj, added))
 
 
 def validate_update(request: AdmissionRequest) -> responses.Verdict:
@@ -60,6 +54,22 @@ def validate_update(request: AdmissionRequest) -> responses.Verdict:
             "MutatingWebhookConfiguration names pods/ephemeralcontainers, then try again"
         )
     return responses.allowed()
+
+
+def _void_patch(obj: Mapping[str, Any], added: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The patch writing ``void`` into the added containers: only their env is copied and
+    diffed, never the whole pod (a pod of megabytes cost as much to copy and diff)."""
+    holder = "" if obj.get("kind") == EPHEMERAL_KIND["kind"] else "/spec"
+    ops: list[dict[str, Any]] = []
+    wanted = {id(c) for c in added}
+    for index, container in enumerate(_ephemeral(obj)):
+        if id(container) not in wanted:
+            continue
+        env = {"env": container["env"]} if "env" in container else {}
+        voided = {k: list(v) if isinstance(v, list) else v for k, v in env.items()}
+        set_env(voided, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
+        ops += jsondiff.diff(env, voided, f"{holder}/{podlib.EPHEMERAL_CONTAINERS}/{index}")
+    return ops
 
 
 def _reserved(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

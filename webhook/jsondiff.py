@@ -16,10 +16,11 @@ _SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 _ABSENT: Final = object()
 
 
-def diff(source: Any, target: Any) -> list[Operation]:
-    """Operations that, applied in order to ``source``, give ``target``."""
+def diff(source: Any, target: Any, path: str = "") -> list[Operation]:
+    """Operations that, applied in order to ``source``, give ``target``; with ``path``, to
+    the document that holds ``source`` at that JSON pointer."""
     ops: list[Operation] = []
-    _diff(source, target, "", ops)
+    _diff(source, target, path, ops)
     return ops
 
 

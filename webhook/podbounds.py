@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from fracgpu import names
 from webhook import pod as podlib
 
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -38,7 +39,7 @@ class PodLimits:
 COUNTED: Final = {
     "max_containers": "containers (initContainers, containers and ephemeralContainers together)",
     "max_gpu_containers": "containers asking for GPUs",
-    "max_env_entries": "env entries (all containers together)",
+    "max_env_entries": "env entries (all containers together, fracgpu's own not counted)",
     "max_tolerations": "tolerations",
     "max_volumes": "volumes",
     "max_node_selector_terms": "required node-affinity nodeSelectorTerms",
@@ -111,7 +112,23 @@ def _containers(spec: Mapping[str, Any], limits: PodLimits) -> str | None:
                     "must be unique across initContainers, containers and ephemeralContainers"
                 )
             seen[name] = where
+    if limits.max_env_entries < env_entries <= limits.max_env_entries + len(seen):
+        # fracgpu writes NVIDIA_VISIBLE_DEVICES into every container: those are not counted,
+        # or the pod it mutated would be over the limit at validation (a short walk: the
+        # total is at most the limit plus one per container)
+        env_entries -= sum(_fracgpus_entry(c) for items in lists for c in _objects(items))
     return _count(env_entries, "max_env_entries", limits)
+
+
+def _objects(items: object) -> list[dict[str, Any]]:
+    return [c for c in items if isinstance(c, dict)] if isinstance(items, list) else []
+
+
+def _fracgpus_entry(container: Mapping[str, Any]) -> bool:
+    return any(
+        isinstance(e, dict) and e.get("name") == names.ENV_VISIBLE_DEVICES
+        for e in _objects(container.get("env"))
+    )
 
 
 def _node_requirements(spec: Mapping[str, Any], limits: PodLimits) -> str | None:
@@ -124,16 +141,36 @@ def _node_requirements(spec: Mapping[str, Any], limits: PodLimits) -> str | None
     for term in terms:
         if not isinstance(term, dict):
             continue
+        pinned = False  # fracgpu's own pin (one per term) is not counted: see _is_pin
         for key in ("matchExpressions", "matchFields"):
             items = term.get(key)
             requirements += _length(items)
-            if requirements > limits.max_node_requirements:
+            if requirements > limits.max_node_requirements + len(terms):
                 return _message("max_node_requirements", limits, requirements, exact=False)
             for item in items if isinstance(items, list) else ():
-                values += _length(item.get("values")) if isinstance(item, dict) else 0
+                if not isinstance(item, dict):
+                    continue
+                if not pinned and key == "matchFields" and _is_pin(item):
+                    pinned = True
+                    requirements -= 1
+                    continue
+                values += _length(item.get("values"))
                 if values > limits.max_node_requirement_values:
                     return _message("max_node_requirement_values", limits, values, exact=False)
     return _count(requirements, "max_node_requirements", limits)
+
+
+def _is_pin(requirement: Mapping[str, Any]) -> bool:
+    """``metadata.name In [node]``: what fracgpu ANDs into every term to pin a pod it placed
+    (webhook.mutate), or the pod would be over a limit at validation that it was not at
+    mutation."""
+    values = requirement.get("values")
+    return (
+        requirement.get("key") == "metadata.name"
+        and requirement.get("operator") == "In"
+        and isinstance(values, list)
+        and len(values) == 1
+    )
 
 
 def _required_terms(spec: Mapping[str, Any]) -> list[Any]:

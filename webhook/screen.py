@@ -74,6 +74,7 @@ class Screener:
         self._max_body_bytes = max_body_bytes
         self._pool: ProcessPoolExecutor | None = None
         self.slots = asyncio.Semaphore(workers)
+        self.screened = 0  # reviews screened so far
 
     async def screen(self, body: bytes, content_type: str) -> Screened:
         if self._pool is None:
@@ -81,6 +82,7 @@ class Screener:
             context = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(self._workers, mp_context=context)
         loop = asyncio.get_running_loop()
+        self.screened += 1
         try:
             return await loop.run_in_executor(
                 self._pool, screen, body, content_type, self._max_body_bytes, self._limits

@@ -119,7 +119,11 @@ def _admission_handler(
         except MalformedReviewError as error:
             return _malformed(metrics, endpoint, started, error)
         try:
-            verdict = await decide(app[ADMISSION], review)
+            problem = app[ADMISSION].over_limit(review)
+            if problem:
+                verdict = await app[ADMISSION].refuse(review, problem)
+            else:
+                verdict = await decide(app[ADMISSION], review)
         except ForwardToLeader as where:
             forwarded = await _forward(request, body, review.uid, where)
             if isinstance(forwarded, bytes):
@@ -171,8 +175,10 @@ async def _read(request: web.Request) -> tuple[bytes, bool] | Screened:
         if len(body) <= settings.screen_body_bytes:
             return body, False
         screened = await screener.screen(body, request.headers.get("Content-Type", ""))
-    if screened.malformed is not None or screened.problem:
+    if screened.malformed is not None:
         return screened
+    if screened.request is not None and screened.request.username not in settings.service_accounts:
+        return screened  # over a limit: fracgpu's own accounts are held to none (over_limit)
     return body, True
 
 
