@@ -22,6 +22,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.admission.cost",
         "one admission in process: CPU time and (under valgrind) instructions per admission",
     ),
+    "admission-stall": (
+        "bench.admission.stall",
+        "p99 of ordinary pods while pods as large as kube-apiserver stores arrive, vs without",
+    ),
     "placement-synth": (
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",

@@ -96,6 +96,14 @@ def parse_review(
 ) -> AdmissionRequest:
     """Parse an HTTP body into a request, or raise ``MalformedReviewError`` saying what is wrong.
     ``check_depth=False`` only for a body whose depth was checked already (``webhook.screen``)."""
+    document = load_review(body, content_type, max_body_bytes)
+    if check_depth:
+        check_nesting(body, document)
+    return read_request(document)
+
+
+def load_review(body: bytes, content_type: str, max_body_bytes: int) -> object:
+    """The body's JSON document, after its content type and size are checked."""
     if content_type.split(";", maxsplit=1)[0].strip().lower() != JSON_CONTENT_TYPE:
         raise MalformedReviewError(
             415,
@@ -108,15 +116,19 @@ def parse_review(
     try:
         # orjson: several times faster than json. Unlike json it refuses NaN and lone
         # surrogates (not JSON) and reads integers past 64 bits as floats (no pod has them).
-        document = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise MalformedReviewError(400, f"body is not JSON: {error}") from None
-    if (
-        check_depth
-        and _may_nest_deeper(body, MAX_NESTING)
-        and _depth_exceeds(document, MAX_NESTING)
-    ):
+
+
+def check_nesting(body: bytes, document: object) -> None:
+    """Refuse a document nested deeper than ``MAX_NESTING`` (``body`` is its text)."""
+    if _may_nest_deeper(body, MAX_NESTING) and _depth_exceeds(document, MAX_NESTING):
         raise MalformedReviewError(400, f"body is nested deeper than {MAX_NESTING} levels")
+
+
+def read_request(document: object) -> AdmissionRequest:
+    """The request of a review document, its shape checked."""
     if not isinstance(document, dict):
         raise MalformedReviewError(
             400, f"body must be a JSON object, not {type(document).__name__}"

@@ -19,7 +19,13 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from webhook import podbounds
-from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
+from webhook.review import (
+    AdmissionRequest,
+    MalformedReviewError,
+    check_nesting,
+    load_review,
+    read_request,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +52,16 @@ def screen(
 ) -> Screened:
     """Runs in the worker: parse the review and check its pod (picklable in and out)."""
     try:
-        request = parse_review(body, content_type, max_body_bytes)
+        # The limits first: they walk no deeper than a pod's fixed fields, and a pod over one
+        # is answered without the nesting check's walk of every value (most of the cost).
+        document = load_review(body, content_type, max_body_bytes)
+        request = read_request(document)
+        problem = podbounds.problem(request.obj, limits) if request.obj is not None else None
+        if not problem:
+            check_nesting(body, document)
+            return Screened()
     except MalformedReviewError as error:
         return Screened(status=error.status, message=error.message)
-    problem = podbounds.problem(request.obj, limits) if request.obj is not None else None
-    if not problem:
-        return Screened()
     return Screened(
         request=dataclasses.replace(request, obj=None, old_obj=None, namespace=_namespace(request)),
         problem=problem,

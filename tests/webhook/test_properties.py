@@ -406,3 +406,157 @@ async def test_corrupted_reviews_never_get_a_500(
             ops = patch_of(reply.body)
             if ops and isinstance(review["request"].get("object"), dict):
                 jsonpatch.apply_patch(review["request"]["object"], ops)
+
+
+# -- malformed pods: a clear denial, never an internal error ------------------------------------
+WRONG = st.sampled_from(
+    [None, True, 0, -1, 2.5, "", "x", [], {}, [1], ["a"], {"a": 1}, [{}], [None]]
+)
+OPERATORS = st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"])
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+CONTAINER_FIELDS = ["containers", "initContainers", "ephemeralContainers"]
+_AFFINITY = ("spec", "affinity", "nodeAffinity", REQUIRED_AFFINITY, "nodeSelectorTerms")
+_MAIN = ("spec", "containers", 0)
+# Where a malformation goes (a path from the pod): every field admission reads.
+MALFORMED_AT: list[tuple[Any, ...]] = [
+    ("spec",),
+    ("metadata",),
+    ("metadata", "annotations"),
+    ("metadata", "annotations", names.ANNOTATION_USE_MODELS),
+    ("metadata", "labels"),
+    ("spec", "nodeSelector"),
+    ("spec", "nodeSelector", "topology.kubernetes.io/zone"),
+    ("spec", "tolerations"),
+    ("spec", "tolerations", 0),
+    *(("spec", "tolerations", 0, m) for m in ("key", "operator", "value", "effect")),
+    ("spec", "affinity"),
+    ("spec", "affinity", "nodeAffinity"),
+    _AFFINITY[:-1],
+    _AFFINITY,
+    (*_AFFINITY, 0),
+    (*_AFFINITY, 0, "matchExpressions"),
+    (*_AFFINITY, 0, "matchFields"),
+    *((*_AFFINITY, 0, "matchExpressions", 0, m) for m in ("key", "operator", "values")),
+    (*_AFFINITY, 0, "matchExpressions", 0, "values", 0),
+    ("spec", "overhead"),
+    ("spec", "overhead", "cpu"),
+    ("spec", "nodeName"),
+    ("spec", "containers"),
+    _MAIN,
+    *((*_MAIN, m) for m in ("name", "env", "resources", "restartPolicy")),
+    (*_MAIN, "env", 0),
+    *((*_MAIN, "env", 0, m) for m in ("name", "value", "valueFrom")),
+    (*_MAIN, "resources", "limits"),
+    (*_MAIN, "resources", "limits", "tencent.com/vcuda-core"),
+    (*_MAIN, "resources", "requests"),
+    ("spec", "initContainers"),
+    ("spec", "initContainers", 0, "restartPolicy"),
+    ("spec", "ephemeralContainers"),
+    ("spec", "volumes"),
+]
+
+
+def well_formed_gpu_pod() -> dict[str, Any]:
+    """A GPU pod that reads every field admission reads, and is admitted as it is."""
+    gpu = {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8", "cpu": "1"}
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "team",
+            "annotations": {names.ANNOTATION_USE_MODELS: "A100", "note": "x"},
+            "labels": {"app": "x"},
+        },
+        "spec": {
+            "nodeSelector": {"topology.kubernetes.io/zone": "a"},
+            "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {
+                "nodeAffinity": {REQUIRED_AFFINITY: {"nodeSelectorTerms": [
+                    {"matchExpressions": [zone, {"key": "n", "operator": "DoesNotExist"}]}
+                ]}}
+            },
+            "overhead": {"cpu": "100m"},
+            "containers": [
+                {"name": "main", "image": "cuda", "resources": {"limits": gpu},
+                 "env": [{"name": "X", "value": "1"}]},
+                {"name": "side", "image": "x", "resources": {"requests": {"cpu": "1"}}},
+            ],
+            "initContainers": [{"name": "init", "image": "x", "restartPolicy": "Always"}],
+            "ephemeralContainers": [{"name": "debug", "image": "busybox"}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+    }  # fmt: skip
+
+
+def _child(parent: Any, step: Any) -> Any:
+    if isinstance(parent, dict):
+        return parent.get(step)
+    if isinstance(parent, list) and isinstance(step, int) and step < len(parent):
+        return parent[step]
+    return None
+
+
+@st.composite
+def malformed_pods(draw: st.DrawFn) -> dict[str, Any]:
+    """A well-formed GPU pod with one to three fields of the wrong type or shape, and (or)
+    a container named like another."""
+    pod = well_formed_gpu_pod()
+    duplicated = draw(st.booleans())
+    if duplicated:
+        source = draw(st.sampled_from(CONTAINER_FIELDS))
+        target = draw(st.sampled_from(CONTAINER_FIELDS))
+        twin = copy.deepcopy(draw(st.sampled_from(pod["spec"][source])))
+        if target == "ephemeralContainers":
+            twin.pop("resources", None)
+        pod["spec"][target].append(twin)
+    for _ in range(draw(st.integers(0 if duplicated else 1, 3))):
+        path = draw(st.sampled_from(MALFORMED_AT))
+        parent: Any = pod
+        for step in path[:-1]:
+            parent = _child(parent, step)
+        if isinstance(parent, dict) or _child(parent, path[-1]) is not None:
+            parent[path[-1]] = draw(OPERATORS | WRONG if path[-1] == "operator" else WRONG)
+    return pod
+
+
+def duplicate_names(pod: Any) -> bool:
+    """Whether the pod is still well formed enough to name the same container twice."""
+    spec = _child(pod, "spec")
+    found = [
+        container.get("name")
+        for field in CONTAINER_FIELDS
+        for container in (_child(spec, field) if isinstance(_child(spec, field), list) else [])
+        if isinstance(container, dict) and isinstance(container.get("name"), str)
+    ]
+    return len(found) != len(set(found))
+
+
+@pytest.fixture
+async def zoned(start: StartWebhook) -> Webhook:
+    return await start(cluster_state(CLUSTER, split_count=1000))
+
+
+async def test_the_base_of_the_malformed_pods_is_admitted(zoned: Webhook) -> None:
+    admitted = await zoned.admit(well_formed_gpu_pod())
+    assert admitted.allowed, admitted.message
+
+
+@SETTINGS
+@given(pod=malformed_pods(), operation=st.sampled_from(["CREATE", "UPDATE"]))
+async def test_malformed_pods_get_a_clear_denial_never_an_internal_error(
+    zoned: Webhook, pod: dict[str, Any], operation: str
+) -> None:
+    old = well_formed_gpu_pod() if operation == "UPDATE" else None
+    review = build_review(pod, operation, old=old)  # type: ignore[arg-type]
+    for endpoint in ("/mutate", "/validate"):
+        reply = await zoned.client.review(endpoint, review)
+        check_reply(reply.status, reply.body, review)
+        assert reply.status == 200, reply.body
+        response = reply.body["response"]
+        if not response["allowed"]:
+            assert response["status"]["code"] in (400, 403, 409, 422), response
+            assert "failed on request" not in response["status"]["message"], response
+        if duplicate_names(pod) and (endpoint == "/validate" or operation == "CREATE"):
+            assert not response["allowed"], response
