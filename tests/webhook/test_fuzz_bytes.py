@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.webhook.support import Webhook, gpu_pod
+from webhook import server
 from webhook.client import build_review
 from webhook.review import JSON_CONTENT_TYPE
 
@@ -94,3 +95,42 @@ async def test_any_content_type_gets_a_clean_answer(
     webhook: Webhook, sent: dict[str, int], content_type: str, body: bytes
 ) -> None:
     await _post_everywhere(webhook, body, sent, content_type)
+
+
+LARGE = json.dumps(
+    build_review(
+        gpu_pod(
+            {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"},
+            env=[{"name": f"E{i}", "value": "x" * 40} for i in range(3000)],  # over 2048
+        )
+    )
+).encode()
+
+
+def screened(webhook: Webhook) -> int:
+    app = webhook.running.runner.app
+    assert app is not None
+    return app[server.SCREENER].screened
+
+
+@settings(
+    max_examples=max(FUZZ_EXAMPLES // 10, 10),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+async def test_damaged_large_reviews_are_screened_and_get_a_clean_answer(
+    webhook: Webhook, sent: dict[str, int], data: st.DataObject
+) -> None:
+    """Bodies over the screening size (a pod over a limit, damaged) are read by the worker
+    process, whatever the damage; the answer is as clean as for small ones."""
+    body = bytearray(LARGE)
+    for _ in range(data.draw(st.integers(0, 6), label="damages")):
+        at = data.draw(st.integers(0, len(body) - 1), label="at")
+        if data.draw(st.booleans(), label="flip"):
+            body[at] ^= 1 << data.draw(st.integers(0, 7), label="bit")
+        else:
+            del body[at : at + data.draw(st.integers(1, 64), label="length")]
+    before = screened(webhook)
+    await _post_everywhere(webhook, bytes(body), sent)
+    assert screened(webhook) == before + 2

@@ -210,6 +210,7 @@ async def test_a_large_malformed_review_is_refused_by_the_worker(webhook: Webhoo
     )
     reply = await webhook.client.post_raw("/mutate", deep.encode())
     assert reply.status == 400 and "nested deeper than 64" in reply.body["message"]
+    assert screened(webhook) == 2  # both refused by the worker, neither parsed on the loop
 
 
 class CountingLabels(dict[str, str]):

@@ -7,7 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from webhook import review
+from webhook.podbounds import PodLimits
 from webhook.review import MAX_NESTING, MalformedReviewError, parse_review
+from webhook.screen import Screened, screen
 
 
 def review_with_depth(levels: int, leaf: object) -> bytes:
@@ -59,3 +61,16 @@ JSON = st.recursive(
 def test_the_shortcut_never_skips_a_document_that_nests_too_deep(value: object, limit: int) -> None:
     if review._depth_exceeds(value, limit):
         assert review._may_nest_deeper(json.dumps(value).encode(), limit)
+
+
+@pytest.mark.parametrize("leaf", [1, "x", [], {}])
+def test_the_screening_worker_keeps_the_limit(leaf: object) -> None:
+    """A large review is parsed in a worker first (webhook.screen), which checks the nesting
+    that the loop then does not check again."""
+    pad = b' "pad": "' + b"p" * 200_000 + b'",'
+    at_limit = review_with_depth(MAX_NESTING, leaf).replace(b"{", b"{" + pad, 1)
+    deeper = review_with_depth(MAX_NESTING + 1, leaf).replace(b"{", b"{" + pad, 1)
+    limits = PodLimits()
+    assert screen(at_limit, "application/json", 10**7, limits) == Screened()
+    refused = screen(deeper, "application/json", 10**7, limits)
+    assert refused.status == 400 and f"nested deeper than {MAX_NESTING}" in refused.message
