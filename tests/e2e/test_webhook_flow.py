@@ -365,6 +365,43 @@ def test_node_selector_and_taints_steer_placement_in_cluster_mode(
     del other
 
 
+def test_a_pod_as_large_as_the_api_server_stores_is_denied_by_name_beside_ordinary_ones(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    """Through a real kube-apiserver: a 1.2 MB pod of 20,000 tolerations is denied naming the
+    limit (screened in the webhook's worker), ordinary pods sent meanwhile are placed, and
+    duplicate container names get fracgpu's denial, not an internal error."""
+    nodes.gpu_node(f"large-{uuid.uuid4().hex[:6]}", gpus=1, memory_mib=A100)
+    time.sleep(1.0)
+    limits = {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "4"}
+    tolerations = [{"key": f"k{i}-{'x' * 24}", "operator": "Exists"} for i in range(20_000)]
+    huge = pod("huge", limits, spec={"tolerations": tolerations})
+    assert len(json.dumps(huge)) > 1_000_000
+    with ThreadPoolExecutor(4) as pool:
+        attack = pool.submit(create, kube_client, namespace, huge)
+        ordinary = [
+            pool.submit(create, kube_client, namespace, pod(f"beside-{i}", limits), True)
+            for i in range(6)
+        ]
+        for placed in ordinary:
+            assert names.ANNOTATION_ASSIGNMENT in placed.result()["metadata"]["annotations"]
+        with pytest.raises(ApiException) as denied:
+            attack.result()
+    assert denied.value.status == 403
+    message = json.loads(denied.value.body)["message"]
+    # the API server's DefaultTolerationSeconds plugin adds two tolerations of its own
+    assert "20002 tolerations, over fracgpu's limit of 256 (setting max-tolerations)" in message
+    twins = pod("twins", limits)
+    twins["spec"]["containers"].append(dict(twins["spec"]["containers"][0]))
+    with pytest.raises(ApiException) as denied:
+        create(kube_client, namespace, twins)
+    message = json.loads(denied.value.body)["message"]
+    assert 'container name "main" is used twice' in message, message
+
+
 def test_an_assignment_copied_from_a_live_pod_is_denied(
     webhooks: Webhooks,
     kube_client: kubernetes.client.ApiClient,
