@@ -82,6 +82,9 @@ class Admission:
 
     # -- mutating ------------------------------------------------------------------------------
     async def mutate(self, request: AdmissionRequest) -> responses.Verdict:
+        over = self.over_limit(request)  # before anything reads the pod
+        if over:
+            return await self.refuse(request, over)
         if ephemeral.is_ephemeral_update(request):
             return await self._ephemeral(request, ephemeral.mutate)
         if (
@@ -267,6 +270,9 @@ class Admission:
 
     # -- validating ----------------------------------------------------------------------------
     async def validate(self, request: AdmissionRequest) -> responses.Verdict:
+        over = self.over_limit(request)  # before anything reads the pod
+        if over:
+            return await self.refuse(request, over)
         if ephemeral.is_ephemeral_update(request):
             if request.username in self._settings.service_accounts:
                 return responses.allowed()
@@ -344,8 +350,8 @@ class Admission:
 
     # -- pods over a limit ---------------------------------------------------------------------
     def over_limit(self, request: AdmissionRequest) -> str | None:
-        """Why admission will not read this review's pod (``podbounds``); checked before
-        ``mutate`` and ``validate``. fracgpu's own accounts are trusted with any pod."""
+        """Why admission will not read this review's pod (``podbounds``), checked first by
+        ``mutate`` and ``validate``; fracgpu's own accounts are trusted with any pod."""
         if request.obj is None or request.username in self._settings.service_accounts:
             return None
         return podbounds.problem(request.obj, self._settings.pod_limits)

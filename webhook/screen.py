@@ -104,6 +104,11 @@ class Screener:
                 f"the worker screening large reviews died: {error}"
             ) from None
 
+    def worker_pids(self) -> list[int]:
+        """Process IDs of the running workers (none before the first large review)."""
+        processes = getattr(self._pool, "_processes", None) or {}
+        return [int(pid) for pid in processes]
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

@@ -119,11 +119,7 @@ def _admission_handler(
         except MalformedReviewError as error:
             return _malformed(metrics, endpoint, started, error)
         try:
-            problem = app[ADMISSION].over_limit(review)
-            if problem:
-                verdict = await app[ADMISSION].refuse(review, problem)
-            else:
-                verdict = await decide(app[ADMISSION], review)
+            verdict = await decide(app[ADMISSION], review)
         except ForwardToLeader as where:
             forwarded = await _forward(request, body, review.uid, where)
             if isinstance(forwarded, bytes):

@@ -5,6 +5,8 @@ does not multiply the pod's requirements by the nodes."""
 import asyncio
 import copy
 import json
+import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -363,3 +365,26 @@ def test_a_debug_container_added_to_a_huge_pod_copies_only_what_it_writes() -> N
 def review_of(review: dict[str, Any]) -> AdmissionRequest:
     """The request of a review built in memory (its objects kept as they are)."""
     return read_request(review)
+
+
+async def test_a_worker_that_dies_is_replaced_and_its_review_fails_closed(
+    webhook: Webhook,
+) -> None:
+    """A worker killed while the webhook runs (out of memory, say): the review in its hands,
+    or the next, is refused with a message (503: the API server's failurePolicy fails it
+    closed), never a 500, and the one after is screened by a new worker."""
+    body = orjson.dumps(build_review(big("tolerations", 20_000)))
+    first = await webhook.client.post_raw("/mutate", body)
+    assert first.status == 200
+    app = webhook.running.runner.app
+    assert app is not None
+    (pid,) = app[server.SCREENER].worker_pids()
+    os.kill(pid, signal.SIGKILL)
+    statuses = []
+    for _ in range(3):
+        reply = await webhook.client.post_raw("/mutate", body)
+        statuses.append(reply.status)
+        if reply.status == 503:
+            assert "worker screening large reviews died" in reply.body["message"]
+    assert 500 not in statuses and statuses[-1] == 200, statuses
+    assert app[server.SCREENER].worker_pids() not in ([], [pid])
