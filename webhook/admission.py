@@ -20,13 +20,15 @@ from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
 from fracgpu.placement import ClusterView, NoFit, NoFitReason, PodDemand
-from webhook import assignments, ephemeral, podbounds, responses, validate
+from webhook import assignments, ephemeral, responses, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
 from webhook.demand import PodAsk, gpu_container_names, read_ask
 from webhook.metrics import Metrics
 from webhook.mutate import canonical_resources, patch_for
 from webhook.nodeaffinity import NodeIndexCache, allowed_nodes
+from webhook.podbounds import gpu_containers_problem
+from webhook.podbounds import problem as pod_problem
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
 from webhook.state import (
@@ -80,6 +82,28 @@ class Admission:
         self._taints = state if isinstance(state, NodeTaints) else None
         self._node_index = NodeIndexCache()
 
+    # -- pods over a limit ---------------------------------------------------------------------
+    def over_limit(self, request: AdmissionRequest) -> str | None:
+        """Why admission will not read this review's pod (``podbounds``), checked first by
+        ``mutate`` and ``validate``; fracgpu's own accounts are trusted with any pod."""
+        if request.obj is None or request.username in self._settings.service_accounts:
+            return None
+        return pod_problem(request.obj, self._settings.pod_limits)
+
+    async def refuse(self, request: AdmissionRequest, why: str) -> responses.Verdict:
+        """The answer to a review whose pod is over a limit (``over_limit``, or a worker
+        that read it, in which case ``request`` has no objects): denied where ``mutate`` and
+        ``validate`` would read the pod, else allowed as they would (reading nothing)."""
+        if (
+            request.operation not in ("CREATE", "UPDATE")
+            or not request.is_pod
+            or request.sub_resource not in CHECKED_SUB_RESOURCES
+        ):
+            return responses.allowed()
+        if not await self._state.namespace_managed(_namespace(request)):
+            return responses.allowed()
+        return responses.denied(why)
+
     # -- mutating ------------------------------------------------------------------------------
     async def mutate(self, request: AdmissionRequest) -> responses.Verdict:
         over = self.over_limit(request)  # before anything reads the pod
@@ -110,9 +134,7 @@ class Admission:
             ask = read_ask(pod, self._settings.dialects, self._settings.policy)
             if ask.demand is None:
                 return self._mutate_without_gpu(pod, trusted)
-            too_many = podbounds.gpu_containers_problem(
-                len(ask.requests), self._settings.pod_limits
-            )
+            too_many = gpu_containers_problem(len(ask.requests), self._settings.pod_limits)
             if too_many and not trusted:
                 return responses.denied(too_many)
             if not trusted:
@@ -347,28 +369,6 @@ class Admission:
         if findings:
             return responses.denied(validate.tamper_message(findings, "this update"))
         return responses.allowed()
-
-    # -- pods over a limit ---------------------------------------------------------------------
-    def over_limit(self, request: AdmissionRequest) -> str | None:
-        """Why admission will not read this review's pod (``podbounds``), checked first by
-        ``mutate`` and ``validate``; fracgpu's own accounts are trusted with any pod."""
-        if request.obj is None or request.username in self._settings.service_accounts:
-            return None
-        return podbounds.problem(request.obj, self._settings.pod_limits)
-
-    async def refuse(self, request: AdmissionRequest, problem: str) -> responses.Verdict:
-        """The answer to a review whose pod is over a limit (``over_limit``, or a worker
-        that read it, in which case ``request`` has no objects): denied where ``mutate`` and
-        ``validate`` would read the pod, else allowed as they would (reading nothing)."""
-        if (
-            request.operation not in ("CREATE", "UPDATE")
-            or not request.is_pod
-            or request.sub_resource not in CHECKED_SUB_RESOURCES
-        ):
-            return responses.allowed()
-        if not await self._state.namespace_managed(_namespace(request)):
-            return responses.allowed()
-        return responses.denied(problem)
 
     # -- shared --------------------------------------------------------------------------------
     async def _verified_assignment(
