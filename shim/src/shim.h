@@ -129,8 +129,13 @@ HIDDEN int fracgpu_board_alone(int di, uint64_t now);
 #define FRACGPU_PRIORITY_RECENT_NS 10000000000ull
 
 /* ---- pacing ---- */
-HIDDEN void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, void **token);
-HIDDEN void fracgpu_pace_after(int di, CUstream stream, int per_thread, void *token, CUresult rc);
+/* One launch being measured: two events around it on its stream. di < 0: not measured. */
+struct fracgpu_pending { CUevent start, end; uint64_t launch_ns; CUcontext ctx; };
+struct fracgpu_pace_token { struct fracgpu_pending p; int di; };
+HIDDEN void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread,
+                                struct fracgpu_pace_token *token);
+HIDDEN void fracgpu_pace_after(CUstream stream, int per_thread, struct fracgpu_pace_token *token,
+                               CUresult rc);
 HIDDEN void fracgpu_pace_reset_after_fork(void);
 HIDDEN uint64_t fracgpu_now_ns(void);
 

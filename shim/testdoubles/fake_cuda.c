@@ -25,7 +25,8 @@ struct CUctx_st { int dev; int primary; };
 #define QUEUE_DEPTH 1024
 /* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
  * still pending, like a hardware queue that is full. */
-struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH]; };
+struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH];
+                     struct CUctx_st *ctx; /* the context it was created in */ };
 struct CUevent_st { uint64_t ts; int recorded; };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
@@ -974,6 +975,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
         return rc;
     struct CUstream_st *st = calloc(1, sizeof *st);
     st->dev = dev;
+    st->ctx = cur_ctx;
     pthread_mutex_init(&st->mu, NULL);
     *s = st;
     return CUDA_SUCCESS;
@@ -1103,6 +1105,103 @@ EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* ---- launch entry points beyond cuLaunchKernel: deprecated, multi-device, and
+ * the context stack they need (cuStreamGetCtx, cuCtxPush/PopCurrent) ---- */
+
+#define CTX_STACK 16
+static __thread struct CUctx_st *ctx_stack[CTX_STACK];
+static __thread unsigned ctx_depth;
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CHECK_INIT("cuCtxPushCurrent_v2");
+    if (ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == CTX_STACK)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_stack[ctx_depth++] = cur_ctx;
+    cur_ctx = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CHECK_INIT("cuCtxPopCurrent_v2");
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx)
+        *pctx = cur_ctx;
+    cur_ctx = ctx_depth > 0 ? ctx_stack[--ctx_depth] : NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
+{
+    CHECK_INIT("cuStreamGetCtx");
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+        if (cur_ctx == NULL)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *pctx = cur_ctx;
+        return CUDA_SUCCESS;
+    }
+    *pctx = s->ctx;
+    return s->ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Deprecated since CUDA 3.2 but still exported: the block shape comes from
+ * cuFuncSetBlockShape (not simulated: a kernel takes the time in its name). */
+EXPORT CUresult cuLaunch(CUfunction f)
+{
+    CHECK_INIT("cuLaunch");
+    return f ? launch(f, NULL, 0) : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h)
+{
+    CHECK_INIT("cuLaunchGrid");
+    if (w <= 0 || h <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return f ? launch(f, NULL, 0) : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
+{
+    CHECK_INIT("cuLaunchGridAsync");
+    if (w <= 0 || h <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return f ? launch(f, s, 0) : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* One kernel per device, each on a created stream of that device (not the NULL
+ * stream), no device twice; each runs in its stream's context. */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n,
+                                                     unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT("cuLaunchCooperativeKernelMultiDevice");
+    if (list == NULL || n == 0 || n > FAKE_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned seen = 0;
+    for (unsigned i = 0; i < n; i++) {
+        CUstream s = list[i].hStream;
+        if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->ctx == NULL ||
+            list[i].function == NULL)
+            return CUDA_ERROR_INVALID_HANDLE;
+        if (seen & (1u << s->dev))
+            return CUDA_ERROR_INVALID_DEVICE;
+        seen |= 1u << s->dev;
+    }
+    struct CUctx_st *saved = cur_ctx;
+    for (unsigned i = 0; i < n; i++) {
+        cur_ctx = list[i].hStream->ctx;
+        launch(list[i].function, list[i].hStream, 0);
+    }
+    cur_ctx = saved;
+    return CUDA_SUCCESS;
+}
+
 /* ---- cuGetProcAddress: versioned and per-thread-stream resolution ---- */
 
 struct proc { const char *base; int version; int ptds; void *fn; };
@@ -1183,6 +1282,14 @@ static const struct proc procs[] = {
     P("cuEventQuery", 2000, cuEventQuery),
     P("cuEventSynchronize", 2000, cuEventSynchronize),
     P("cuEventElapsedTime", 2000, cuEventElapsedTime),
+    /* launch entry points beyond cuLaunchKernel, and the context stack */
+    P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    P("cuStreamGetCtx", 9020, cuStreamGetCtx),
+    P("cuLaunch", 2000, cuLaunch),
+    P("cuLaunchGrid", 2000, cuLaunchGrid),
+    P("cuLaunchGridAsync", 2000, cuLaunchGridAsync),
+    P("cuLaunchCooperativeKernelMultiDevice", 9000, cuLaunchCooperativeKernelMultiDevice),
 };
 
 static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t flags,

@@ -131,3 +131,22 @@ def test_elastic_bound_applies_only_when_alone(node: Sandbox) -> None:
     node.node_dir.mkdir()
     share = run_launches(node, seconds="1.5")
     assert abs(share - 0.60) <= TOLERANCE, share
+
+
+@pytest.mark.parametrize(
+    ("kind", "lookup"),
+    [
+        ("ctx2", "direct"),  # one launch in the primary context, the rest in a second one
+        ("ctxmix", "procaddr"),  # alternating between two contexts and their streams
+        ("culaunch", "direct"),  # deprecated cuLaunch
+        ("grid", "dlsym"),  # deprecated cuLaunchGrid
+        ("gridasync", "procaddr"),  # deprecated cuLaunchGridAsync
+        ("multi", "procaddr_ptds"),  # cuLaunchCooperativeKernelMultiDevice
+    ],
+)
+def test_no_context_or_entry_point_escapes_the_slice(node: Sandbox, kind: str, lookup: str) -> None:
+    node.write_limits(core=10)
+    share = run_launches(node, kind=kind, seconds="1.5", lookup=lookup)
+    assert abs(share - 0.10) <= TOLERANCE, share
+    device = node.region().devices[0]
+    assert device.throttle_ns > 0
