@@ -88,6 +88,12 @@ int fracgpu_priority_before(int di)
     uint64_t until = __atomic_load_n(&b->high_active_until_ns, __ATOMIC_ACQUIRE);
     if (LIKELY(until == 0))
         return 0; /* no high-priority work has ever run on this GPU */
+    /* A paced container runs at most at its requested share while a neighbour is
+     * active (no burst then): that share is guaranteed, whatever the neighbours'
+     * priority, so it never waits for them. Only work without a reserved share
+     * (unpaced, best effort) yields to high priority. */
+    if (G.limits.compute_limit_enabled && G.limits.dev[di].core_limit < 100)
+        return fracgpu_now_ns() < until + FRACGPU_PRIORITY_RECENT_NS;
     uint64_t now = fracgpu_now_ns(), start = now;
     while ((until = __atomic_load_n(&b->high_active_until_ns, __ATOMIC_ACQUIRE)) > now) {
         uint64_t wait = until - now;

@@ -62,3 +62,27 @@ def test_without_a_priority_board_they_share(node: Sandbox) -> None:
     alone, high, low = contend(node)  # no node directory: no priority
     assert high < 0.75 * alone, (alone, high, low)
     assert low > 0.25, (alone, high, low)
+
+
+def sliced(node: Sandbox, name: str, priority: int, core_max: int | None = None) -> tuple[Path, Path]:
+    root = node.root / name
+    root.mkdir()
+    limits = shim_abi.Limits(
+        devices=(shim_abi.DeviceLimits(UUIDS[0], GiB, 50, core_max),),
+        priority=priority,
+        burst_when_alone=core_max is not None,
+    )
+    (root / "limits").write_bytes(shim_abi.encode_limits(limits))
+    return root / "limits", root / "region"
+
+
+def test_priority_never_takes_a_neighbours_requested_share(node: Sandbox) -> None:
+    """Two containers at 50 % each; the high-priority one may burst to 100 %: the
+    low-priority one, with work queued all the time, keeps at least 45 %."""
+    node.node_dir.mkdir()
+    high = sliced(node, "high", shim_abi.PRIORITY_HIGH, core_max=100)
+    low = sliced(node, "low", shim_abi.PRIORITY_LOW)
+    both = [launches(node, *high, "3"), launches(node, *low, "3")]
+    high_share, low_share = busy(both[0]), busy(both[1])
+    assert low_share >= 0.45, (high_share, low_share)
+    assert high_share >= 0.45, (high_share, low_share)
