@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from prometheus_client import start_http_server
 
+from agent.boards import BoardLoop, BoardPublisher, allocation_sources
 from agent.containers import live_containers, live_keys
 from agent.containerstart import ContainerStarter
 from agent.deviceplugin.plugin import DevicePlugin
@@ -107,6 +108,14 @@ class Agent:
         api_client = _kube_api_client(s)
         files = AllocationFiles(s.host_state_dir)
         prepare_node_dir(s.host_node_dir)
+        boards = BoardLoop(
+            BoardPublisher(
+                s.host_node_dir,
+                lambda: [d.uuid for d in gpus.devices],
+                allocation_sources(files),
+            ),
+            s.board_publish_seconds,
+        )
         resources = (s.compute_resource, s.memory_resource)
         # kubelet gives PreStartContainer 30 s: 10 lookups of at most 2 s, 0.5 s apart, fit.
         pod_resources = PodResourcesClient(s.pod_resources_socket, timeout_seconds=2.0)
@@ -158,6 +167,7 @@ class Agent:
         log.info("metrics serving", extra={"port": http_server.server_port})
 
         health.start()
+        boards.start()
         manager.start()
         if inventory is not None:
             inventory.start()
@@ -177,6 +187,7 @@ class Agent:
         finally:
             log.info("shutting down")
             manager.stop()
+            boards.stop()
             if inventory is not None:
                 inventory.stop()
             health.stop()

@@ -92,7 +92,7 @@ struct fracgpu_globals {
     struct fracgpu_region *region;
     int slot;              /* -1 until registered (again after fork) */
     int launch_hooks;      /* some device is paced or on a priority board */
-    struct fracgpu_board *board[FRACGPU_MAX_DEVICES]; /* NULL: no priority board */
+    struct fracgpu_board_view *board[FRACGPU_MAX_DEVICES]; /* NULL: no priority board */
     char failure[512];
 };
 HIDDEN extern struct fracgpu_globals G;
@@ -118,8 +118,15 @@ HIDDEN int fracgpu_cuda_dev_index(CUdevice dev);
 HIDDEN int fracgpu_current_dev_index(void);
 HIDDEN void fracgpu_cuda_reset_after_fork(void);
 
-/* ---- priority board ---- */
-HIDDEN struct fracgpu_board *fracgpu_board_open(const char *dir, const char *uuid);
+/* ---- priority board (read-only, written by the agent) ---- */
+struct fracgpu_board_view;
+/* What a board says, bounded: fresh = 0 says nothing (stale or never published). */
+struct fracgpu_board_state { int fresh; uint64_t published, high_until, others_active; };
+/* 0 with *out filled from a whole board of this format, -1 for anything else. */
+HIDDEN int fracgpu_board_parse(const unsigned char *buf, size_t len, uint64_t my_id, uint64_t now,
+                               struct fracgpu_board_state *out);
+HIDDEN struct fracgpu_board_view *fracgpu_board_open(const char *dir, const char *uuid);
+HIDDEN void fracgpu_board_reset_after_fork(void);
 /* Waits while high-priority work is active; returns 1 if this launch must be
  * tracked to bound the low-priority container's in-flight work. */
 HIDDEN int fracgpu_priority_before(int di);
