@@ -122,7 +122,11 @@ HIDDEN void fracgpu_cuda_reset_after_fork(void);
 struct fracgpu_board_view;
 /* What a board says, bounded: fresh = 0 says nothing (stale or never published). */
 struct fracgpu_board_state { int fresh; uint64_t published, high_until, others_active; };
-/* 0 with *out filled from a whole board of this format, -1 for anything else. */
+/* The agent's clock and ours are the same CLOCK_MONOTONIC; a board may be this far ahead. */
+#define FRACGPU_BOARD_FUTURE_SLACK_NS 5000000ull
+/* 0 with *out filled from a whole board of this format, -1 for anything else (*out zero).
+ * fresh: published within FRACGPU_BOARD_STALE_NS; then high_until <= published + hold
+ * and others_active <= published. */
 HIDDEN int fracgpu_board_parse(const unsigned char *buf, size_t len, uint64_t my_id, uint64_t now,
                                struct fracgpu_board_state *out);
 HIDDEN struct fracgpu_board_view *fracgpu_board_open(const char *dir, const char *uuid);
