@@ -17,6 +17,7 @@
 #define RING 16
 #define POOL (2 * RING + 4)
 #define POOLS 8 /* contexts per device whose spare events are kept */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 /* Spare events of one context (an event belongs to the context it was made in). */
@@ -137,6 +138,36 @@ static void make_room(int di, struct dev_pace *p)
     }
 }
 
+/* The context a launch runs in: its stream's (a created stream may belong to a
+ * context other than the current one), else the current context. */
+static CUcontext launch_ctx(CUstream stream)
+{
+    CUcontext cur = NULL, ctx = NULL;
+    real_cuCtxGetCurrent(&cur);
+    int created = stream != NULL && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD;
+    if (created && real_cuStreamGetCtx != NULL && real_cuStreamGetCtx(stream, &ctx) == CUDA_SUCCESS &&
+        ctx != NULL)
+        return ctx;
+    return cur;
+}
+
+/* Make ctx current for the measuring calls if it is not; 1 if pushed. */
+static int enter_ctx(CUcontext ctx)
+{
+    CUcontext cur = NULL;
+    if (ctx == NULL || real_cuCtxPushCurrent_v2 == NULL || real_cuCtxPopCurrent_v2 == NULL)
+        return 0;
+    real_cuCtxGetCurrent(&cur);
+    return cur != ctx && real_cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+}
+
+static void leave_ctx(int pushed)
+{
+    CUcontext popped;
+    if (pushed)
+        real_cuCtxPopCurrent_v2(&popped);
+}
+
 void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread,
                          struct fracgpu_pace_token *t)
 {
@@ -150,8 +181,7 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread,
     if (!paced && !bounded)
         return;
     struct dev_pace *p = &pace[di];
-    CUcontext ctx = NULL;
-    real_cuCtxGetCurrent(&ctx);
+    CUcontext ctx = launch_ctx(stream);
     pthread_mutex_lock(&p->mu);
     make_room(di, p);
     pthread_mutex_unlock(&p->mu);
@@ -179,6 +209,8 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread,
          * us: oversleeping on a busy host must not shrink the slice. */
         launch_ns = tat;
     }
+    /* The events are made and recorded in the stream's context, current or not. */
+    int pushed = enter_ctx(ctx);
     pthread_mutex_lock(&p->mu);
     t->p.ctx = ctx;
     t->p.start = take_event(p, ctx);
@@ -187,8 +219,10 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread,
     t->p.launch_ns = launch_ns;
     if (stream == NULL && per_thread)
         stream = CU_STREAM_PER_THREAD;
-    if (t->p.start == NULL || t->p.end == NULL ||
-        real_cuEventRecord(t->p.start, stream) != CUDA_SUCCESS) {
+    int recorded = t->p.start != NULL && t->p.end != NULL &&
+                   real_cuEventRecord(t->p.start, stream) == CUDA_SUCCESS;
+    leave_ctx(pushed);
+    if (!recorded) {
         pthread_mutex_lock(&p->mu);
         give_event(p, ctx, t->p.start);
         give_event(p, ctx, t->p.end);
@@ -206,7 +240,9 @@ void fracgpu_pace_after(CUstream stream, int per_thread, struct fracgpu_pace_tok
     struct dev_pace *p = &pace[di];
     if (stream == NULL && per_thread)
         stream = CU_STREAM_PER_THREAD;
+    int pushed = enter_ctx(t->p.ctx);
     int ok = rc == CUDA_SUCCESS && real_cuEventRecord(t->p.end, stream) == CUDA_SUCCESS;
+    leave_ctx(pushed);
     pthread_mutex_lock(&p->mu);
     if (ok) {
         /* Other threads may have filled the ring since: every launch that ran

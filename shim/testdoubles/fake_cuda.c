@@ -27,7 +27,8 @@ struct CUctx_st { int dev; int primary; };
  * still pending, like a hardware queue that is full. */
 struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH];
                      struct CUctx_st *ctx; /* the context it was created in */ };
-struct CUevent_st { uint64_t ts; int recorded; };
+struct CUevent_st { uint64_t ts; int recorded;
+                    struct CUctx_st *ctx; /* an event belongs to the context it was created in */ };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
 struct CUgraph_st { uint64_t dur_ns; };
@@ -1016,6 +1017,8 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
     (void)flags;
     CHECK_INIT("cuEventCreate");
     *e = calloc(1, sizeof(struct CUevent_st));
+    if (*e)
+        (*e)->ctx = cur_ctx;
     return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -1033,6 +1036,10 @@ static CUresult event_record(CUevent e, CUstream s)
     struct CUstream_st *st = stream_of(s);
     if (st == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
+    /* like the driver: the event and the stream must belong to one context */
+    struct CUctx_st *sctx = st->ctx ? st->ctx : cur_ctx;
+    if (e->ctx != NULL && sctx != NULL && e->ctx != sctx)
+        return CUDA_ERROR_INVALID_HANDLE;
     e->ts = submit(st, 0);
     e->recorded = 1;
     return CUDA_SUCCESS;
