@@ -6,58 +6,12 @@
  * (deprecated entry points); multi (cuLaunchCooperativeKernelMultiDevice on one
  * device); ctx2 (one launch in the primary context, then only in a second
  * context); ctxmix (alternating between two contexts, each with its stream);
- * xctx (the primary context current, every launch on a stream of a second one);
- * threads (8 threads, each on its own stream, launching at once)
+ * xctx (the primary context current, every launch on a stream of a second one)
  * prints: "launch <kernels> <elapsed_ns> <busy_fraction>"
  */
 #include <stdlib.h>
 #include <string.h>
 #include "harness.h"
-
-#include <pthread.h>
-#define THREADS 8
-
-struct worker { CUcontext ctx; CUfunction f; uint64_t until; long n; CUresult rc; };
-
-static void *work(void *arg)
-{
-    struct worker *w = arg;
-    CUstream s;
-    A.cuCtxSetCurrent(w->ctx);
-    A.cuStreamCreate(&s, 0);
-    while (harness_now_ns() < w->until && w->rc == CUDA_SUCCESS) {
-        w->rc = A.cuLaunchKernel(w->f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
-        w->n++;
-    }
-    A.cuStreamSynchronize(s);
-    return NULL;
-}
-
-static int run_threads(CUfunction f, unsigned us, double seconds)
-{
-    struct worker w[THREADS];
-    pthread_t t[THREADS];
-    CUcontext ctx;
-    A.cuCtxGetCurrent(&ctx);
-    uint64_t start = harness_now_ns();
-    for (int i = 0; i < THREADS; i++) {
-        w[i] = (struct worker){ctx, f, start + (uint64_t)(seconds * 1e9), 0, CUDA_SUCCESS};
-        pthread_create(&t[i], NULL, work, &w[i]);
-    }
-    long n = 0;
-    for (int i = 0; i < THREADS; i++) {
-        pthread_join(t[i], NULL);
-        if (w[i].rc != CUDA_SUCCESS) {
-            printf("launch_error %d\n", w[i].rc);
-            return 1;
-        }
-        n += w[i].n;
-    }
-    uint64_t elapsed = harness_now_ns() - start;
-    printf("launch %ld %llu %.4f\n", n, (unsigned long long)elapsed,
-           (double)n * us * 1000.0 / (double)elapsed);
-    return 0;
-}
 
 int main(int argc, char **argv)
 {
@@ -115,8 +69,6 @@ int main(int argc, char **argv)
         if (strcmp(kind, "xctx") == 0)
             A.cuCtxSetCurrent(primary);
     }
-    if (strcmp(kind, "threads") == 0)
-        return run_threads(f, us, seconds);
     CUDA_LAUNCH_PARAMS multi;
     memset(&multi, 0, sizeof multi);
     multi.function = f;
