@@ -79,6 +79,17 @@ def discover_command() -> int:
     return 0
 
 
+def _host_files(settings: AgentSettings, gpus: list[str]) -> tuple[AllocationFiles, BoardLoop]:
+    """The per-container files, and the node's priority boards rewritten from every
+    container's region by a running loop (the node directory emptied first)."""
+    files = AllocationFiles(settings.host_state_dir)
+    prepare_node_dir(settings.host_node_dir)
+    publisher = BoardPublisher(settings.host_node_dir, lambda: gpus, allocation_sources(files))
+    boards = BoardLoop(publisher, settings.board_publish_seconds)
+    boards.start()
+    return files, boards
+
+
 @dataclass
 class Agent:
     settings: AgentSettings
@@ -106,16 +117,7 @@ class Agent:
         )
         health.add_listener(state.set_health)
         api_client = _kube_api_client(s)
-        files = AllocationFiles(s.host_state_dir)
-        prepare_node_dir(s.host_node_dir)
-        boards = BoardLoop(
-            BoardPublisher(
-                s.host_node_dir,
-                lambda: [d.uuid for d in gpus.devices],
-                allocation_sources(files),
-            ),
-            s.board_publish_seconds,
-        )
+        files, boards = _host_files(s, [d.uuid for d in gpus.devices])
         resources = (s.compute_resource, s.memory_resource)
         # kubelet gives PreStartContainer 30 s: 10 lookups of at most 2 s, 0.5 s apart, fit.
         pod_resources = PodResourcesClient(s.pod_resources_socket, timeout_seconds=2.0)
@@ -167,7 +169,6 @@ class Agent:
         log.info("metrics serving", extra={"port": http_server.server_port})
 
         health.start()
-        boards.start()
         manager.start()
         if inventory is not None:
             inventory.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.boards import BoardPublisher
-from agent.containers import live_containers
+from agent.containers import LiveContainer, live_containers
 from agent.hostfiles import AllocationFiles, allocation_key
 from agent.podresources import ContainerDevices
 from fracgpu import shim_abi
@@ -184,8 +184,7 @@ def test_the_metrics_scrape_never_blocks_on_a_planted_fifo(tmp_path: Path) -> No
         def list(self) -> list[ContainerDevices]:
             return [ContainerDevices("ns", "pod", "main", {resource: frozenset({"d1"})})]
 
-    found: list[object] = []
+    found: list[LiveContainer] = []
     _within(5, lambda: found.extend(live_containers(Source(), [resource], files)))
     assert len(found) == 1
-    container = found[0]
-    assert getattr(container, "region") is None and getattr(container, "limits") is not None
+    assert found[0].region is None and found[0].limits is not None

@@ -249,9 +249,10 @@ def test_board_decoder_on_arbitrary_and_mutated_bytes() -> None:
         assert isinstance(value, shim_abi.Board) == valid
         if isinstance(value, shim_abi.Board):
             assert len(value.entries) == count
-            assert value.published_ns == struct.unpack_from(
-                "<Q", data, shim_abi.BOARD_OFF_PUBLISHED_NS
-            )[0]
+            assert (
+                value.published_ns
+                == struct.unpack_from("<Q", data, shim_abi.BOARD_OFF_PUBLISHED_NS)[0]
+            )
 
     run()
     print(f"\ndecode_board: {dict(tried)}")

@@ -39,9 +39,7 @@ def _long_run_seconds(env: Mapping[str, str]) -> int | None:
 LONG_RUN_SECONDS = _long_run_seconds(os.environ)
 
 
-def _build(
-    build_dir: Path, limits_src: Path | None = None, board_src: Path | None = None
-) -> Path:
+def _build(build_dir: Path, limits_src: Path | None = None, board_src: Path | None = None) -> Path:
     if shutil.which("clang") is None:
         reason = (
             "clang is not installed "

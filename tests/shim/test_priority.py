@@ -67,7 +67,9 @@ def test_without_a_priority_board_they_share(node: Sandbox) -> None:
     assert low > 0.25, (alone, high, low)
 
 
-def sliced(node: Sandbox, name: str, priority: int, core_max: int | None = None) -> tuple[Path, Path]:
+def sliced(
+    node: Sandbox, name: str, priority: int, core_max: int | None = None
+) -> tuple[Path, Path]:
     root = node.root / name
     root.mkdir()
     limits = shim_abi.Limits(
