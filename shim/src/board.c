@@ -140,17 +140,26 @@ int fracgpu_priority_before(int di)
     announce(di, now);
     if (G.limits.priority == FRACGPU_PRIORITY_HIGH)
         return 0;
+    /* Best-effort work (no reserved share, unpaced) on a shared GPU always keeps at
+     * most a ring of launches in flight: a deep backlog in the GPU's queues would
+     * hold back the kernels of a neighbour arriving later and take the share it
+     * was promised. Other unpaced work does so next to a recently active
+     * neighbour. */
+    int best_effort = !G.limits.compute_limit_enabled;
     refresh(v, now);
     if (!__atomic_load_n(&v->fresh, __ATOMIC_ACQUIRE))
-        return 0;
+        return best_effort;
+    int paced = G.limits.compute_limit_enabled && G.limits.dev[di].core_limit < 100;
+    int neighbour = best_effort || (!paced && __atomic_load_n(&v->others_active, __ATOMIC_RELAXED) +
+                                                     FRACGPU_PRIORITY_RECENT_NS > now);
     uint64_t until = __atomic_load_n(&v->high_until, __ATOMIC_RELAXED);
     if (LIKELY(until == 0))
-        return 0; /* no high-priority work on this GPU */
+        return neighbour; /* no high-priority work on this GPU */
     /* A paced container runs at most at its requested share while a neighbour is
      * active (no burst then): that share is guaranteed, whatever the neighbours'
      * priority, so it never waits for them. Only work without a reserved share
      * (unpaced, best effort) yields to high priority. */
-    if (G.limits.compute_limit_enabled && G.limits.dev[di].core_limit < 100)
+    if (paced)
         return now < until + FRACGPU_PRIORITY_RECENT_NS;
     now = fracgpu_now_ns();
     uint64_t start = now;

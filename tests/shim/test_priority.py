@@ -141,3 +141,24 @@ def test_a_forged_high_priority_stamp_cannot_stall_a_container(node: Sandbox) ->
     assert proc.returncode == 0, out + err
     assert time.monotonic() - started < 5
     assert float(step(out, "launch")[3]) >= 0.9
+
+
+def test_best_effort_work_never_takes_a_neighbours_requested_share(node: Sandbox) -> None:
+    """A best-effort container (no reserved compute, unpaced) saturating the GPU next to a
+    50 % container: the 50 % one keeps at least 45 %; the best-effort one gets the rest."""
+    node.publish_boards()
+    paced = sliced(node, "paced", shim_abi.PRIORITY_LOW)
+    root = node.root / "best-effort"
+    root.mkdir()
+    (root / "limits").write_bytes(
+        shim_abi.encode_limits(
+            shim_abi.Limits(
+                devices=(shim_abi.DeviceLimits(UUIDS[0], GiB, 50),), compute_limit_enabled=False
+            )
+        )
+    )
+    # The best-effort one starts first: a backlog it queued alone must not hold the other back.
+    both = [launches(node, root / "limits", root / "region", "3"), launches(node, *paced, "3")]
+    best_effort_share, paced_share = busy(both[0]), busy(both[1])
+    assert paced_share >= 0.45, (paced_share, best_effort_share)
+    assert best_effort_share >= 0.3, (paced_share, best_effort_share)  # work-conserving
