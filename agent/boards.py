@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.hostfiles import AllocationFiles, UntrustedFileError, read_untrusted
+from agent.hostfiles import AllocationFiles, UntrustedFileError, open_untrusted, read_untrusted
 from fracgpu.errors import CodecError
 from fracgpu.shim_abi import (
     BOARD_HIGH_HOLD_NS,
@@ -43,6 +43,17 @@ log = logging.getLogger(__name__)
 # (limits file, region file) of one container: the first is the agent's, the second the
 # container's own.
 BoardSource = tuple[Path, Path]
+
+
+# A container's files are checked again (lstat, open, fstat) at most this often; between
+# checks the open region is only read (one pread per publication).
+_RECHECK_NS = 1_000_000_000
+
+
+@dataclass
+class _OpenRegion:
+    fd: int
+    checked_ns: int
 
 
 @dataclass(frozen=True)
@@ -76,24 +87,31 @@ class BoardPublisher:
         self._sources = sources
         self._clock_ns = clock_ns
         self._sequence = 0
-        # limits path -> (inode, mtime_ns, limits): the agent's own file, parsed once
-        self._limits: dict[Path, tuple[int, int, Limits]] = {}
+        # limits path -> (checked at, limits or None): the agent's own file, parsed once
+        # per recheck
+        self._limits: dict[Path, tuple[int, Limits | None]] = {}
+        # region path -> the region held open between rechecks
+        self._regions: dict[Path, _OpenRegion] = {}
 
     def publish(self) -> dict[str, Board]:
         """Read every container's announcement and rewrite every GPU's board."""
         now = self._clock_ns()
         seen: dict[str, list[_Seen]] = {uuid: [] for uuid in self._gpus()}
-        used: set[Path] = set()
+        limits_used: set[Path] = set()
+        regions_used: set[Path] = set()
         for limits_path, region_path in self._sources():
-            used.add(limits_path)
-            limits = self._read_limits(limits_path)
+            limits_used.add(limits_path)
+            limits = self._read_limits(limits_path, now)
             if limits is None or limits.whole:
                 continue
+            regions_used.add(region_path)
             for uuid, item in self._activity(limits, region_path, now):
                 if uuid in seen:
                     seen[uuid].append(item)
-        for stale in set(self._limits) - used:
-            del self._limits[stale]
+        for gone in set(self._limits) - limits_used:
+            del self._limits[gone]
+        for gone in set(self._regions) - regions_used:
+            os.close(self._regions.pop(gone).fd)
         self._sequence += 1
         boards = {}
         for uuid, items in seen.items():
@@ -101,34 +119,51 @@ class BoardPublisher:
             self._write(uuid, board)
         return boards
 
-    def _read_limits(self, path: Path) -> Limits | None:
-        try:
-            st = path.stat()
-        except OSError:
-            return None
+    def close(self) -> None:
+        for region in self._regions.values():
+            os.close(region.fd)
+        self._regions.clear()
+
+    def _read_limits(self, path: Path, now: int) -> Limits | None:
         cached = self._limits.get(path)
-        if cached is not None and cached[:2] == (st.st_ino, st.st_mtime_ns):
-            return cached[2]
+        if cached is not None and now - cached[0] < _RECHECK_NS:
+            return cached[1]
+        limits: Limits | None = None
         try:
             read = read_untrusted(path, LIMITS_MAX_BYTES)
-            if read is None:
-                return None
-            limits = decode_limits(read.data)
+            if read is not None:
+                limits = decode_limits(read.data)
         except (UntrustedFileError, CodecError) as error:
             log.warning("limits file skipped for the boards", extra={"error": str(error)})
-            return None
-        self._limits[path] = (st.st_ino, st.st_mtime_ns, limits)
+        self._limits[path] = (now, limits)
         return limits
 
-    @staticmethod
-    def _activity(limits: Limits, region: Path, now: int) -> list[tuple[str, _Seen]]:
+    def _region_head(self, path: Path, now: int) -> bytes | None:
+        """The head of a container's region: opened (and checked) at most once per
+        recheck interval, read with one pread otherwise."""
+        held = self._regions.get(path)
+        if held is not None and now - held.checked_ns >= _RECHECK_NS:
+            os.close(self._regions.pop(path).fd)
+            held = None
+        if held is None:
+            opened = open_untrusted(path, REGION_SIZE)
+            if opened is None:
+                return None
+            fd, st = opened
+            if st.st_size != REGION_SIZE:
+                os.close(fd)
+                return None
+            held = self._regions[path] = _OpenRegion(fd, now)
+        return os.pread(held.fd, REGION_HEAD_SIZE, 0)
+
+    def _activity(self, limits: Limits, region: Path, now: int) -> list[tuple[str, _Seen]]:
         """Per GPU of the container (in its limits' order): its id and last launch."""
         try:
-            read = read_untrusted(region, REGION_SIZE, head=REGION_HEAD_SIZE)
-            if read is None or read.size != REGION_SIZE:
+            head = self._region_head(region, now)
+            if head is None:
                 return []
-            activity = decode_region_activity(read.data)
-        except (UntrustedFileError, CodecError):
+            activity = decode_region_activity(head)
+        except (UntrustedFileError, CodecError, OSError):
             return []  # the container's own file is broken: it simply is not seen
         high = limits.priority == PRIORITY_HIGH  # from the agent's file, not the region
         out = []
@@ -191,6 +226,8 @@ class BoardLoop:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._publisher.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -43,13 +43,13 @@ class UntrustedRead:
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
-def read_untrusted(path: Path, max_bytes: int, head: int | None = None) -> UntrustedRead | None:
-    """Read a file a container can write, or None if it does not exist.
+def open_untrusted(path: Path, max_bytes: int) -> tuple[int, os.stat_result] | None:
+    """Open a file a container can write for reading, or None if it does not exist.
 
-    Only a regular file is read: never through a symbolic link (O_NOFOLLOW), never a FIFO,
-    socket or device node (checked before opening, again on the open file), never blocking
-    (O_NONBLOCK), and never one larger than max_bytes. head: read only that many leading
-    bytes. Anything else raises UntrustedFileError naming what was found.
+    Only a regular file is opened: never through a symbolic link (O_NOFOLLOW), never a
+    FIFO, socket or device node (checked before opening, again on the open file), never
+    blocking (O_NONBLOCK), and never one larger than max_bytes. Anything else raises
+    UntrustedFileError naming what was found. The caller closes the descriptor.
     """
     try:
         before = os.lstat(path)
@@ -72,9 +72,22 @@ def read_untrusted(path: Path, max_bytes: int, head: int | None = None) -> Untru
             raise UntrustedFileError(f"{path} changed while being opened")
         if st.st_size > max_bytes:
             raise UntrustedFileError(f"{path} has {st.st_size} bytes, at most {max_bytes} are read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_untrusted(path: Path, max_bytes: int, head: int | None = None) -> UntrustedRead | None:
+    """Read a file a container can write (see open_untrusted), or None if it does not
+    exist. head: read only that many leading bytes."""
+    opened = open_untrusted(path, max_bytes)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
         want = max_bytes if head is None else min(head, max_bytes)
-        data = os.pread(fd, want, 0)
-        return UntrustedRead(data, st.st_mtime, st.st_size)
+        return UntrustedRead(os.pread(fd, want, 0), st.st_mtime, st.st_size)
     finally:
         os.close(fd)
 
