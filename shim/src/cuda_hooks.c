@@ -402,6 +402,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return real_cuCtxDestroy_v2(ctx);
     uint64_t key = (uint64_t)(uintptr_t)ctx, sz;
     unsigned di;
+    fracgpu_pace_ctx_gone(ctx); /* pacing: charge its launches before its events go */
     int had = fracgpu_table_take(ALLOC_CTX, key, &sz, &di) == 0;
     CUresult rc = real_cuCtxDestroy_v2(ctx);
     if (rc == CUDA_SUCCESS) {
@@ -456,6 +457,8 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         return real_cuDevicePrimaryCtxRelease_v2(dev);
     int di = fracgpu_cuda_dev_index(dev);
     pthread_mutex_lock(&prim_mu);
+    if (di >= 0 && prim_refs[di] == 1) /* pacing: the last release destroys it */
+        fracgpu_pace_ctx_gone((CUcontext)(uintptr_t)prim_ctx[di]);
     CUresult rc = real_cuDevicePrimaryCtxRelease_v2(dev);
     if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0 && --prim_refs[di] == 0)
         primary_gone(di);
@@ -470,6 +473,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         return real_cuDevicePrimaryCtxReset_v2(dev);
     int di = fracgpu_cuda_dev_index(dev);
     pthread_mutex_lock(&prim_mu);
+    fracgpu_pace_ctx_gone(di >= 0 && prim_refs[di] > 0 ? (CUcontext)(uintptr_t)prim_ctx[di] : NULL);
     CUresult rc = real_cuDevicePrimaryCtxReset_v2(dev);
     if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0)
         primary_gone(di);

@@ -108,6 +108,11 @@ static void drain(int di, struct dev_pace *p)
 {
     while (p->n > 0) {
         struct fracgpu_pending *e = &p->ring[p->head];
+        if (e->end == NULL) { /* charged already, before its context went away */
+            p->head = (p->head + 1) % RING;
+            p->n--;
+            continue;
+        }
         CUresult q = real_cuEventQuery(e->end);
         if (q == CUDA_ERROR_NOT_READY)
             break;
@@ -256,6 +261,40 @@ void fracgpu_pace_after(CUstream stream, int per_thread, struct fracgpu_pace_tok
     }
     pthread_mutex_unlock(&p->mu);
     __atomic_fetch_add(&G.region->dev[di].kernel_launches, 1, __ATOMIC_RELAXED);
+}
+
+void fracgpu_pace_ctx_gone(CUcontext ctx)
+{
+    if (real_cuEventSynchronize == NULL || G.region == NULL)
+        return;
+    for (unsigned di = 0; di < G.limits.device_count; di++) {
+        struct dev_pace *p = &pace[di];
+        pthread_mutex_lock(&p->mu);
+        /* Its launches complete and are charged now, while their events still exist
+         * (the context's events die with it). */
+        for (unsigned k = 0; k < p->n; k++) {
+            struct fracgpu_pending *e = &p->ring[(p->head + k) % RING];
+            if (e->end == NULL || (ctx != NULL && e->ctx != ctx))
+                continue;
+            float ms = 0;
+            if (real_cuEventSynchronize(e->end) == CUDA_SUCCESS &&
+                real_cuEventElapsedTime(&ms, e->start, e->end) == CUDA_SUCCESS && ms > 0)
+                charge((int)di, e->launch_ns, (uint64_t)((double)ms * 1e6));
+            real_cuEventDestroy_v2(e->start);
+            real_cuEventDestroy_v2(e->end);
+            e->start = e->end = NULL;
+        }
+        for (unsigned i = 0; i < POOLS; i++) {
+            struct pool *q = &p->pool[i];
+            if (q->ctx == NULL || (ctx != NULL && q->ctx != ctx))
+                continue;
+            while (q->n > 0)
+                real_cuEventDestroy_v2(q->ev[--q->n]);
+            q->ctx = NULL;
+        }
+        drain((int)di, p);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 void fracgpu_pace_reset_after_fork(void)

@@ -147,6 +147,9 @@ HIDDEN void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_th
                                 struct fracgpu_pace_token *token);
 HIDDEN void fracgpu_pace_after(CUstream stream, int per_thread, struct fracgpu_pace_token *token,
                                CUresult rc);
+/* A context is about to be destroyed (NULL: some context, unknown which): its launches
+ * still in flight are waited for and charged, its spare events freed. */
+HIDDEN void fracgpu_pace_ctx_gone(CUcontext ctx);
 HIDDEN void fracgpu_pace_reset_after_fork(void);
 HIDDEN uint64_t fracgpu_now_ns(void);
 

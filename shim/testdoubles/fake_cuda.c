@@ -21,7 +21,7 @@
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
-struct CUctx_st { int dev; int primary; };
+struct CUctx_st { int dev; int primary; int destroyed; /* a destroyed context is kept, marked */ };
 #define QUEUE_DEPTH 1024
 /* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
  * still pending, like a hardware queue that is full. */
@@ -467,13 +467,15 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *p, unsigned int flags, CUd
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     CHECK_INIT("cuCtxDestroy_v2");
-    if (ctx == NULL || ctx->primary)
+    if (ctx == NULL || ctx->primary || ctx->destroyed)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (cfg()->context_bytes)
         give_memory(ctx->dev, cfg()->context_bytes);
     if (cur_ctx == ctx)
         cur_ctx = NULL;
-    free(ctx);
+    /* Kept, marked destroyed: its events then fail as the driver's would (their
+     * handles are gone), and a new context never reuses its address. */
+    ctx->destroyed = 1;
     return CUDA_SUCCESS;
 }
 
@@ -1029,9 +1031,11 @@ EXPORT CUresult cuEventDestroy_v2(CUevent e)
     return CUDA_SUCCESS;
 }
 
+static int event_dead(CUevent e);
+
 static CUresult event_record(CUevent e, CUstream s)
 {
-    if (e == NULL)
+    if (event_dead(e))
         return CUDA_ERROR_INVALID_HANDLE;
     struct CUstream_st *st = stream_of(s);
     if (st == NULL)
@@ -1057,10 +1061,16 @@ EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s)
     return event_record(e, s);
 }
 
+/* An event dies with the context it was created in. */
+static int event_dead(CUevent e)
+{
+    return e == NULL || (e->ctx != NULL && e->ctx->destroyed);
+}
+
 EXPORT CUresult cuEventQuery(CUevent e)
 {
     CHECK_INIT("cuEventQuery");
-    if (e == NULL)
+    if (event_dead(e))
         return CUDA_ERROR_INVALID_HANDLE;
     return !e->recorded || fake_now_ns() >= e->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -1068,7 +1078,7 @@ EXPORT CUresult cuEventQuery(CUevent e)
 EXPORT CUresult cuEventSynchronize(CUevent e)
 {
     CHECK_INIT("cuEventSynchronize");
-    if (e == NULL)
+    if (event_dead(e))
         return CUDA_ERROR_INVALID_HANDLE;
     if (e->recorded)
         sleep_until(e->ts);
@@ -1078,7 +1088,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
     CHECK_INIT("cuEventElapsedTime");
-    if (ms == NULL || start == NULL || end == NULL || !start->recorded || !end->recorded)
+    if (ms == NULL || event_dead(start) || event_dead(end) || !start->recorded || !end->recorded)
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = fake_now_ns();
     if (now < start->ts || now < end->ts)

@@ -6,12 +6,39 @@
  * (deprecated entry points); multi (cuLaunchCooperativeKernelMultiDevice on one
  * device); ctx2 (one launch in the primary context, then only in a second
  * context); ctxmix (alternating between two contexts, each with its stream);
- * xctx (the primary context current, every launch on a stream of a second one)
+ * xctx (the primary context current, every launch on a stream of a second one);
+ * ctxchurn (again and again: create a context, launch 4 kernels in it, destroy it)
  * prints: "launch <kernels> <elapsed_ns> <busy_fraction>"
  */
 #include <stdlib.h>
 #include <string.h>
 #include "harness.h"
+
+/* One round of ctxchurn: a fresh context, 4 launches in it, destroyed at once.
+ * Counts 3 of its 4 launches in *n (the loop counts one more). */
+static CUresult churn(CUfunction unused, const char *name, long *n)
+{
+    (void)unused;
+    CUcontext primary, c;
+    CUdevice dev;
+    CUmodule m;
+    CUfunction f;
+    CUstream s;
+    A.cuCtxGetCurrent(&primary);
+    A.cuDeviceGet(&dev, 0);
+    CUresult rc = A.cuCtxCreate(&c, 0, dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    A.cuModuleLoadData(&m, "fake");
+    A.cuModuleGetFunction(&f, m, name);
+    A.cuStreamCreate(&s, 0);
+    for (int i = 0; i < 4 && rc == CUDA_SUCCESS; i++)
+        rc = A.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+    *n += 3;
+    A.cuCtxDestroy(c);
+    A.cuCtxSetCurrent(primary);
+    return rc;
+}
 
 int main(int argc, char **argv)
 {
@@ -96,6 +123,8 @@ int main(int argc, char **argv)
             rc = A.cuLaunchGridAsync(f, 1, 1, s);
         else if (strcmp(kind, "multi") == 0)
             rc = A.cuLaunchCooperativeKernelMultiDevice(&multi, 1, 0);
+        else if (strcmp(kind, "ctxchurn") == 0)
+            rc = churn(f, name, &n);
         else if (strcmp(kind, "ctx2") == 0 || strcmp(kind, "xctx") == 0)
             rc = A.cuLaunchKernel(f2, 1, 1, 1, 1, 1, 1, 0, s2, NULL, NULL);
         else if (strcmp(kind, "ctxmix") == 0) {

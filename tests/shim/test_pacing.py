@@ -139,6 +139,7 @@ def test_elastic_bound_applies_only_when_alone(node: Sandbox) -> None:
         ("ctx2", "direct"),  # one launch in the primary context, the rest in a second one
         ("ctxmix", "procaddr"),  # alternating between two contexts and their streams
         ("xctx", "dlsym"),  # one context current, launching on another context's stream
+        ("ctxchurn", "direct"),  # create a context, launch, destroy it (its events die too)
         ("culaunch", "direct"),  # deprecated cuLaunch
         ("grid", "dlsym"),  # deprecated cuLaunchGrid
         ("gridasync", "procaddr"),  # deprecated cuLaunchGridAsync
