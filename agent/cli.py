@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from prometheus_client import start_http_server
 
+from agent.boards import BoardLoop, BoardPublisher, allocation_sources
 from agent.containers import live_containers, live_keys
 from agent.containerstart import ContainerStarter
 from agent.deviceplugin.plugin import DevicePlugin
@@ -78,6 +79,17 @@ def discover_command() -> int:
     return 0
 
 
+def _host_files(settings: AgentSettings, gpus: list[str]) -> tuple[AllocationFiles, BoardLoop]:
+    """The per-container files, and the node's priority boards rewritten from every
+    container's region by a running loop (the node directory emptied first)."""
+    files = AllocationFiles(settings.host_state_dir)
+    prepare_node_dir(settings.host_node_dir)
+    publisher = BoardPublisher(settings.host_node_dir, lambda: gpus, allocation_sources(files))
+    boards = BoardLoop(publisher, settings.board_publish_seconds)
+    boards.start()
+    return files, boards
+
+
 @dataclass
 class Agent:
     settings: AgentSettings
@@ -105,8 +117,7 @@ class Agent:
         )
         health.add_listener(state.set_health)
         api_client = _kube_api_client(s)
-        files = AllocationFiles(s.host_state_dir)
-        prepare_node_dir(s.host_node_dir)
+        files, boards = _host_files(s, [d.uuid for d in gpus.devices])
         resources = (s.compute_resource, s.memory_resource)
         # kubelet gives PreStartContainer 30 s: 10 lookups of at most 2 s, 0.5 s apart, fit.
         pod_resources = PodResourcesClient(s.pod_resources_socket, timeout_seconds=2.0)
@@ -177,6 +188,7 @@ class Agent:
         finally:
             log.info("shutting down")
             manager.stop()
+            boards.stop()
             if inventory is not None:
                 inventory.stop()
             health.stop()

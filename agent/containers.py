@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.containerstart import PodResourcesSource
-from agent.hostfiles import AllocationFiles, allocation_key
+from agent.hostfiles import AllocationFiles, UntrustedFileError, allocation_key, read_untrusted
 from fracgpu.errors import CodecError
-from fracgpu.shim_abi import Limits, RegionDevice, decode_limits, decode_region
+from fracgpu.shim_abi import REGION_SIZE, Limits, RegionDevice, decode_limits, decode_region
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +56,19 @@ def _read_limits(files: AllocationFiles, key: str) -> Limits | None:
 
 def _read_region(files: AllocationFiles, keys: Iterable[str]) -> tuple[RegionDevice, ...] | None:
     # Kubelet mounts one of a container's allocation dirs; the shim's region is in that one.
+    # The region is the container's to write: it is read as hostile input (a regular file
+    # of at most REGION_SIZE bytes, no links, FIFOs or devices).
     newest: tuple[float, bytes] | None = None
     for key in keys:
-        path = files.region_path(key)
         try:
-            mtime = path.stat().st_mtime
-            data = path.read_bytes()
-        except FileNotFoundError:
+            read = read_untrusted(files.region_path(key), REGION_SIZE)
+        except UntrustedFileError as error:
+            log.warning("accounting region refused", extra={"key": key, "error": str(error)})
             continue
-        if newest is None or mtime > newest[0]:
-            newest = (mtime, data)
+        if read is None:
+            continue
+        if newest is None or read.mtime > newest[0]:
+            newest = (read.mtime, read.data)
     if newest is None:
         return None
     try:

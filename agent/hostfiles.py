@@ -15,22 +15,108 @@ touching files a previous holder may still have open or mounted.
 import hashlib
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.atomic import write_atomically
+from fracgpu.shim_abi import LIMITS_MAX_BYTES
 
 LIMITS_FILE = "limits"
 RUN_DIR = "run"
 REGION_FILE = "region"
 
 
+class UntrustedFileError(Exception):
+    """A container-writable path that is not a plain file of a sane size; says what it is."""
+
+
+@dataclass(frozen=True)
+class UntrustedRead:
+    data: bytes
+    mtime: float
+    size: int
+
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def open_untrusted(path: Path, max_bytes: int) -> tuple[int, os.stat_result] | None:
+    """Open a file a container can write for reading, or None if it does not exist.
+
+    Only a regular file is opened: never through a symbolic link (O_NOFOLLOW), never a
+    FIFO, socket or device node (checked before opening, again on the open file), never
+    blocking (O_NONBLOCK), and never one larger than max_bytes. Anything else raises
+    UntrustedFileError naming what was found. The caller closes the descriptor.
+    """
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(before.st_mode):
+        raise UntrustedFileError(f"{path} is a {_kind(before.st_mode)}, a regular file is read")
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise UntrustedFileError(f"{path} cannot be opened safely: {error.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (
+            before.st_dev,
+            before.st_ino,
+        ):
+            raise UntrustedFileError(f"{path} changed while being opened")
+        if st.st_size > max_bytes:
+            raise UntrustedFileError(f"{path} has {st.st_size} bytes, at most {max_bytes} are read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_untrusted(path: Path, max_bytes: int, head: int | None = None) -> UntrustedRead | None:
+    """Read a file a container can write (see open_untrusted), or None if it does not
+    exist. head: read only that many leading bytes."""
+    opened = open_untrusted(path, max_bytes)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
+        want = max_bytes if head is None else min(head, max_bytes)
+        return UntrustedRead(os.pread(fd, want, 0), st.st_mtime, st.st_size)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
 def prepare_node_dir(path: Path) -> None:
-    """The directory of the node's priority boards: the shims of all containers create and
-    share one board per GPU there, whatever user they run as (sticky, like /tmp)."""
+    """The directory of the node's priority boards: written by the agent only, mounted
+    read-only into every container. Anything else found there (left by an older version
+    whose containers could write it) is removed."""
     path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o1777)
+    os.chmod(path, 0o755)
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def allocation_key(resource: str, device_ids: Iterable[str]) -> str:
@@ -79,10 +165,12 @@ class AllocationFiles:
         write_atomically(self.limits_path(key), content.encode(), 0o444)
 
     def read_limits(self, key: str) -> str | None:
+        """The limits file the agent wrote (None if missing or not a sane plain file)."""
         try:
-            return self.limits_path(key).read_text()
-        except FileNotFoundError:
+            read = read_untrusted(self.limits_path(key), LIMITS_MAX_BYTES)
+        except UntrustedFileError:
             return None
+        return None if read is None else read.data.decode(errors="replace")
 
     def all_keys(self) -> list[str]:
         if not self.state_dir.is_dir():

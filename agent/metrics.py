@@ -81,12 +81,8 @@ class AgentCollector(Collector):
         self._samples: dict[tuple[str, str, str, str], _KernelSample] = {}
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            yield from self._collect()
-
-    def _collect(self) -> Iterator[Metric]:
-        gpus = list(self._gpus())
-        health = self._health()
+        # Listing containers reads their files (container-writable): never under the lock,
+        # so one slow or hostile file cannot hold up other scrapes behind it.
         scrape_errors = 0
         try:
             containers = self._containers()
@@ -94,6 +90,13 @@ class AgentCollector(Collector):
             log.warning("listing live containers failed", extra={"error": str(error)})
             containers = []
             scrape_errors += 1
+        with self._lock:
+            metrics = list(self._collect(containers, scrape_errors))
+        yield from metrics
+
+    def _collect(self, containers: list[LiveContainer], scrape_errors: int) -> Iterator[Metric]:
+        gpus = list(self._gpus())
+        health = self._health()
 
         mem_used = GaugeMetricFamily(
             "fracgpu_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=_GPU_LABELS

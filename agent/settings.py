@@ -47,6 +47,8 @@ class AgentSettings:
     inventory_resync_seconds: float = 60.0
     stale_grace_seconds: float = 300.0
     housekeeping_seconds: float = 60.0
+    # How often the GPUs' priority boards are rewritten from the containers' regions.
+    board_publish_seconds: float = 0.02
     prestart_lookup_attempts: int = 10
     prestart_lookup_interval_seconds: float = 0.5
     # metrics and logs
@@ -105,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=d.housekeeping_seconds,
         help="how often allocation directories no running container owns are looked for",
+    )
+    p.add_argument(
+        "--board-publish-seconds",
+        type=float,
+        default=d.board_publish_seconds,
+        help="how often the GPUs' priority boards are rewritten (0.005 to 1)",
     )
     p.add_argument("--metrics-address", default=d.metrics_address)
     p.add_argument("--metrics-port", type=int, default=d.metrics_port)
@@ -181,6 +189,11 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     for flag in ("xid_recovery_seconds", "stale_grace_seconds"):
         if getattr(ns, flag) < 0:
             raise SettingsError(f"--{flag.replace('_', '-')} must be 0 or more")
+    if not 0.005 <= ns.board_publish_seconds <= 1.0:
+        # A shim trusts a board for 2 s; high priority holds a GPU 50 ms past a launch.
+        raise SettingsError(
+            f"--board-publish-seconds={ns.board_publish_seconds} is not allowed: use 0.005 to 1"
+        )
     if not 0 <= ns.metrics_port <= 65535:
         raise SettingsError(f"--metrics-port={ns.metrics_port} is not allowed: use 0-65535")
     for flag in ("compute_resource", "memory_resource"):
@@ -215,6 +228,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         inventory_resync_seconds=ns.inventory_resync_seconds,
         stale_grace_seconds=ns.stale_grace_seconds,
         housekeeping_seconds=ns.housekeeping_seconds,
+        board_publish_seconds=ns.board_publish_seconds,
         metrics_address=ns.metrics_address,
         metrics_port=ns.metrics_port,
         gpu_manager_metrics=gpu_manager_metrics,

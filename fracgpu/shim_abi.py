@@ -99,6 +99,8 @@ DEV_OFF_MEMORY_HOST_USED: Final = 128
 DEV_OFF_HOST_ALLOCATIONS: Final = 136
 
 SLOTS_OFF: Final = 3328
+# The part of a region the agent reads for the boards: the header and the devices.
+REGION_HEAD_SIZE: Final = 3328
 SLOT_SIZE: Final = 320
 SLOT_OFF_PID: Final = 0
 SLOT_OFF_STATE: Final = 4
@@ -108,22 +110,27 @@ SLOT_OFF_HOST_USED: Final = 144
 SLOT_STATE_FREE: Final = 0
 SLOT_STATE_ACTIVE: Final = 1
 
-# ---- node priority board (one file per GPU in NODE_DIR) ----
+# ---- node priority board (one file per GPU in NODE_DIR, written by the agent only) ----
 NODE_DIR: Final = names.CONTAINER_NODE_DIR
 BOARD_MAGIC: Final = 0x45444F4E43415246  # "FRACNODE" little-endian
-BOARD_VERSION: Final = 1
+BOARD_VERSION: Final = 2
 BOARD_SIZE: Final = 4096
 BOARD_OFF_MAGIC: Final = 0
 BOARD_OFF_VERSION: Final = 8
 BOARD_OFF_SIZE: Final = 12
 BOARD_OFF_HIGH_ACTIVE_UNTIL_NS: Final = 16
-BOARD_OFF_HIGH_LAUNCHES: Final = 24
-BOARD_OFF_LOW_WAIT_NS: Final = 32
+BOARD_OFF_PUBLISHED_NS: Final = 24
+BOARD_OFF_SEQUENCE: Final = 32
+BOARD_OFF_ENTRY_COUNT: Final = 40
 BOARD_HIGH_HOLD_NS: Final = 50_000_000
 BOARD_OFF_ENTRIES: Final = 64
 BOARD_ENTRY_SIZE: Final = 16
 BOARD_MAX_ENTRIES: Final = 64
+BOARD_OFF_SEQUENCE_END: Final = 1088
+BOARD_READ_SIZE: Final = 1096
 BOARD_ALONE_NS: Final = 1_000_000_000
+BOARD_STALE_NS: Final = 2_000_000_000
+BOARD_REFRESH_NS: Final = 2_000_000
 
 _UUID_RE: Final = re.compile(r"[A-Za-z0-9-]{1,63}")
 _UINT_RE: Final = re.compile(r"[0-9]{1,20}")
@@ -136,6 +143,7 @@ _DEVICE_FIELDS: Final = (
 )
 _WHAT_LIMITS: Final = "shim limits file"
 _WHAT_REGION: Final = "shim region"
+_WHAT_BOARD: Final = "shim priority board"
 
 
 @dataclass(frozen=True)
@@ -452,24 +460,103 @@ class Region:
 
 
 @dataclass(frozen=True)
+class BoardEntry:
+    """One container on a GPU: its id (its region's creation time; 0 when two
+    containers claim the same id) and when it last launched work."""
+
+    id: int
+    last_active_ns: int
+
+
+@dataclass(frozen=True)
 class Board:
-    """A GPU's priority board: how busy high-priority work keeps it."""
+    """A GPU's board, as the agent publishes it to every container on the GPU."""
 
     high_active_until_ns: int
-    high_launches: int
-    low_wait_ns: int
+    published_ns: int
+    sequence: int
+    entries: tuple[BoardEntry, ...] = ()
+
+
+_U64_MAX: Final = (1 << 64) - 1
+
+
+def encode_board(board: Board) -> bytes:
+    """The whole board file (BOARD_SIZE bytes); the sequence is written at both ends."""
+    if len(board.entries) > BOARD_MAX_ENTRIES:
+        raise CodecError(
+            _WHAT_BOARD, f"{len(board.entries)} entries, at most {BOARD_MAX_ENTRIES} fit"
+        )
+    values = [board.high_active_until_ns, board.published_ns, board.sequence]
+    values += [v for e in board.entries for v in (e.id, e.last_active_ns)]
+    if any(not 0 <= v <= _U64_MAX for v in values):
+        raise CodecError(_WHAT_BOARD, "every value must fit in 64 unsigned bits")
+    buf = bytearray(BOARD_SIZE)
+    struct.pack_into("<QII", buf, BOARD_OFF_MAGIC, BOARD_MAGIC, BOARD_VERSION, BOARD_SIZE)
+    struct.pack_into(
+        "<QQQI",
+        buf,
+        BOARD_OFF_HIGH_ACTIVE_UNTIL_NS,
+        board.high_active_until_ns,
+        board.published_ns,
+        board.sequence,
+        len(board.entries),
+    )
+    for i, entry in enumerate(board.entries):
+        struct.pack_into(
+            "<QQ", buf, BOARD_OFF_ENTRIES + i * BOARD_ENTRY_SIZE, entry.id, entry.last_active_ns
+        )
+    struct.pack_into("<Q", buf, BOARD_OFF_SEQUENCE_END, board.sequence)
+    return bytes(buf)
 
 
 def decode_board(data: bytes) -> Board:
-    """Decode a priority board file; refuses other magics, versions and sizes."""
+    """Decode a board file; refuses other magics, versions, sizes, entry counts and
+    boards read while being written (sequence at both ends differs)."""
     if len(data) != BOARD_SIZE:
-        raise CodecError("shim priority board", f"{len(data)} bytes, exactly {BOARD_SIZE} expected")
-    if _u64(data, BOARD_OFF_MAGIC) != BOARD_MAGIC or _u32(data, BOARD_OFF_VERSION) != BOARD_VERSION:
-        raise CodecError("shim priority board", f"not a version {BOARD_VERSION} board")
+        raise CodecError(_WHAT_BOARD, f"{len(data)} bytes, exactly {BOARD_SIZE} expected")
+    magic, version = _u64(data, BOARD_OFF_MAGIC), _u32(data, BOARD_OFF_VERSION)
+    if magic != BOARD_MAGIC or version != BOARD_VERSION:
+        raise CodecError(_WHAT_BOARD, f"not a version {BOARD_VERSION} board")
+    if _u32(data, BOARD_OFF_SIZE) != BOARD_SIZE:
+        raise CodecError(_WHAT_BOARD, f"header size is not {BOARD_SIZE}")
+    sequence = _u64(data, BOARD_OFF_SEQUENCE)
+    if sequence != _u64(data, BOARD_OFF_SEQUENCE_END):
+        raise CodecError(_WHAT_BOARD, "torn: the sequence at its two ends differs")
+    count = _u32(data, BOARD_OFF_ENTRY_COUNT)
+    if count > BOARD_MAX_ENTRIES:
+        raise CodecError(_WHAT_BOARD, f"{count} entries, at most {BOARD_MAX_ENTRIES} fit")
     return Board(
         high_active_until_ns=_u64(data, BOARD_OFF_HIGH_ACTIVE_UNTIL_NS),
-        high_launches=_u64(data, BOARD_OFF_HIGH_LAUNCHES),
-        low_wait_ns=_u64(data, BOARD_OFF_LOW_WAIT_NS),
+        published_ns=_u64(data, BOARD_OFF_PUBLISHED_NS),
+        sequence=sequence,
+        entries=tuple(
+            BoardEntry(
+                _u64(data, BOARD_OFF_ENTRIES + i * BOARD_ENTRY_SIZE),
+                _u64(data, BOARD_OFF_ENTRIES + i * BOARD_ENTRY_SIZE + 8),
+            )
+            for i in range(count)
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RegionActivity:
+    """What the boards need from one container's region: its id and, per device in
+    limits order, when it last launched work (CLOCK_MONOTONIC ns; 0: never)."""
+
+    created_ns: int
+    active_launch_ns: tuple[int, ...]
+
+
+def decode_region_activity(data: bytes) -> RegionActivity:
+    """Decode the head of a region (REGION_HEAD_SIZE bytes or more)."""
+    count = _check_region_header(data, exact=False)
+    return RegionActivity(
+        created_ns=_u64(data, HDR_OFF_CREATED_NS),
+        active_launch_ns=tuple(
+            _u64(data, DEVICES_OFF + i * DEV_SIZE + DEV_OFF_ACTIVE_LAUNCH_NS) for i in range(count)
+        ),
     )
 
 
@@ -481,10 +568,16 @@ def _u64(data: bytes, off: int) -> int:
     return int(struct.unpack_from("<Q", data, off)[0])
 
 
-def _check_region_header(data: bytes) -> int:
-    """Refuse a region whose header does not describe this layout; returns device count."""
-    if len(data) != REGION_SIZE:
+def _check_region_header(data: bytes, *, exact: bool = True) -> int:
+    """Refuse a region whose header does not describe this layout; returns device count.
+
+    exact=False accepts the head of a region (at least REGION_HEAD_SIZE bytes)."""
+    if exact and len(data) != REGION_SIZE:
         raise CodecError(_WHAT_REGION, f"{len(data)} bytes, exactly {REGION_SIZE} expected")
+    if not exact and not REGION_HEAD_SIZE <= len(data) <= REGION_SIZE:
+        raise CodecError(
+            _WHAT_REGION, f"{len(data)} bytes, {REGION_HEAD_SIZE} to {REGION_SIZE} expected"
+        )
     magic, version = _u64(data, HDR_OFF_MAGIC), _u32(data, HDR_OFF_VERSION)
     if magic != REGION_MAGIC:
         raise CodecError(_WHAT_REGION, f"magic {magic:#x}, {REGION_MAGIC:#x} expected")

@@ -135,11 +135,12 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                             host_path=str(self._files.limits_path(key)),
                             read_only=True,
                         ),
-                        # Priority and burst-when-alone need the node's view of each GPU.
+                        # Priority and burst-when-alone need the node's view of each GPU:
+                        # boards only the agent writes, read-only to every container.
                         pb.Mount(
                             container_path=CONTAINER_NODE_DIR,
                             host_path=str(self._node_dir),
-                            read_only=False,
+                            read_only=True,
                         ),
                     ]
                 )

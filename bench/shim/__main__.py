@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from fracgpu import shim_abi
@@ -59,7 +60,11 @@ def environments(workdir: Path) -> tuple[dict[str, str], dict[str, str], dict[st
         FRACGPU_TEST_LIMITS_PATH=str(workdir / "limits"),
         FRACGPU_TEST_REGION_PATH=str(workdir / "region"),
     )
+    # A board as the agent publishes it (the shim re-reads it every 2 ms at most).
     (workdir / "node").mkdir()
+    (workdir / "node" / UUID).write_bytes(
+        shim_abi.encode_board(shim_abi.Board(0, time.monotonic_ns(), 1))
+    )
     on_board = dict(shimmed, FRACGPU_TEST_NODE_DIR=str(workdir / "node"))
     return base, shimmed, on_board
 

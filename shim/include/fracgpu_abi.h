@@ -91,6 +91,8 @@
 
 /* process slots, FRACGPU_MAX_PROCS of them after the devices */
 #define FRACGPU_SLOTS_OFF 3328
+/* header and devices: the part of a region the agent reads for the boards */
+#define FRACGPU_REGION_HEAD_SIZE 3328
 #define FRACGPU_SLOT_SIZE 320
 #define FRACGPU_SLOT_OFF_PID 0
 #define FRACGPU_SLOT_OFF_STATE 4
@@ -100,25 +102,37 @@
 #define FRACGPU_SLOT_STATE_FREE 0
 #define FRACGPU_SLOT_STATE_ACTIVE 1
 
-/* ---- node priority board: one small file per GPU, shared by every container on
- * it (a read-write directory the device plugin mounts into each container).
- * A high-priority container marks the GPU busy; low-priority ones wait. ---- */
+/* ---- node priority board: one file per GPU in a directory mounted read-only
+ * into every container. Only the agent writes it, from what each container's
+ * shim announces in its own region (dev[].active_launch_ns) and from the
+ * limits the agent itself wrote (priority): no container can write anything
+ * another container reads. The shim reads it with pread (never mmap), so a
+ * short or garbage file cannot fault it, and bounds every value it reads.
+ * A board is whole when sequence == sequence_end (the agent bumps both). ---- */
 #define FRACGPU_NODE_DIR "/var/run/fracgpu-node"
 #define FRACGPU_BOARD_MAGIC 0x45444f4e43415246ULL /* "FRACNODE" */
-#define FRACGPU_BOARD_VERSION 1
+#define FRACGPU_BOARD_VERSION 2
 #define FRACGPU_BOARD_SIZE 4096
 #define FRACGPU_BOARD_OFF_MAGIC 0
 #define FRACGPU_BOARD_OFF_VERSION 8
 #define FRACGPU_BOARD_OFF_SIZE 12
 #define FRACGPU_BOARD_OFF_HIGH_ACTIVE_UNTIL_NS 16
-#define FRACGPU_BOARD_OFF_HIGH_LAUNCHES 24
-#define FRACGPU_BOARD_OFF_LOW_WAIT_NS 32
+#define FRACGPU_BOARD_OFF_PUBLISHED_NS 24
+#define FRACGPU_BOARD_OFF_SEQUENCE 32
+#define FRACGPU_BOARD_OFF_ENTRY_COUNT 40
 #define FRACGPU_BOARD_HIGH_HOLD_NS 50000000
-/* paced containers announce themselves: entries of {container id, last launch ns} */
+/* containers on the GPU: entries of {container id (its region's created_ns; 0:
+ * not known for sure), last launch ns}, CLOCK_MONOTONIC */
 #define FRACGPU_BOARD_OFF_ENTRIES 64
 #define FRACGPU_BOARD_ENTRY_SIZE 16
 #define FRACGPU_BOARD_MAX_ENTRIES 64
+#define FRACGPU_BOARD_OFF_SEQUENCE_END 1088
+#define FRACGPU_BOARD_READ_SIZE 1096 /* the bytes a reader needs */
 #define FRACGPU_BOARD_ALONE_NS 1000000000
+/* a board the agent has not published for this long is not trusted to say "alone" */
+#define FRACGPU_BOARD_STALE_NS 2000000000
+/* the shim re-reads a board at most this often */
+#define FRACGPU_BOARD_REFRESH_NS 2000000
 
 #ifndef FRACGPU_ABI_NO_STRUCTS
 #include <stdint.h>
@@ -150,7 +164,7 @@ struct fracgpu_region_device {
     uint64_t pace_tat_ns;     /* pacing: theoretical arrival time, CLOCK_MONOTONIC */
     uint32_t core_limit;
     uint32_t reserved0;
-    uint64_t active_launch_ns; /* last launch time, for priority yielding */
+    uint64_t active_launch_ns; /* last launch time, CLOCK_MONOTONIC: read by the agent for the board */
     uint64_t memory_host_used; /* part of memory_used served from host memory */
     uint64_t host_allocations; /* allocations served from host memory, ever */
     uint8_t reserved1[FRACGPU_DEV_SIZE - FRACGPU_DEV_OFF_HOST_ALLOCATIONS - 8];
@@ -176,15 +190,16 @@ struct fracgpu_board {
     uint32_t version;
     uint32_t size;
     uint64_t high_active_until_ns; /* CLOCK_MONOTONIC, node-wide */
-    uint64_t high_launches;
-    uint64_t low_wait_ns;
-    uint8_t reserved0[FRACGPU_BOARD_OFF_ENTRIES - 40];
+    uint64_t published_ns;         /* when the agent last wrote it */
+    uint64_t sequence;
+    uint32_t entry_count;
+    uint8_t reserved0[FRACGPU_BOARD_OFF_ENTRIES - 44];
     struct {
-        uint64_t id;             /* the container's region creation time */
-        uint64_t last_active_ns; /* CLOCK_MONOTONIC of its last paced launch */
+        uint64_t id;             /* the container's region creation time; 0: ambiguous */
+        uint64_t last_active_ns; /* CLOCK_MONOTONIC of its last launch */
     } entry[FRACGPU_BOARD_MAX_ENTRIES];
-    uint8_t reserved1[FRACGPU_BOARD_SIZE - FRACGPU_BOARD_OFF_ENTRIES -
-                      FRACGPU_BOARD_MAX_ENTRIES * FRACGPU_BOARD_ENTRY_SIZE];
+    uint64_t sequence_end;
+    uint8_t reserved1[FRACGPU_BOARD_SIZE - FRACGPU_BOARD_OFF_SEQUENCE_END - 8];
 };
 #endif /* FRACGPU_ABI_NO_STRUCTS */
 

@@ -122,6 +122,16 @@ typedef struct {
     void **extra;
 } CUDA_KERNEL_NODE_PARAMS;
 
+/* cuLaunchCooperativeKernelMultiDevice: one entry per device. */
+typedef struct {
+    CUfunction function;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    void **kernelParams;
+} CUDA_LAUNCH_PARAMS;
+
 /* ---- NVML ---- */
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;

@@ -402,6 +402,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return real_cuCtxDestroy_v2(ctx);
     uint64_t key = (uint64_t)(uintptr_t)ctx, sz;
     unsigned di;
+    fracgpu_pace_ctx_gone(ctx); /* pacing: charge its launches before its events go */
     int had = fracgpu_table_take(ALLOC_CTX, key, &sz, &di) == 0;
     CUresult rc = real_cuCtxDestroy_v2(ctx);
     if (rc == CUDA_SUCCESS) {
@@ -456,6 +457,8 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         return real_cuDevicePrimaryCtxRelease_v2(dev);
     int di = fracgpu_cuda_dev_index(dev);
     pthread_mutex_lock(&prim_mu);
+    if (di >= 0 && prim_refs[di] == 1) /* pacing: the last release destroys it */
+        fracgpu_pace_ctx_gone((CUcontext)(uintptr_t)prim_ctx[di]);
     CUresult rc = real_cuDevicePrimaryCtxRelease_v2(dev);
     if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0 && --prim_refs[di] == 0)
         primary_gone(di);
@@ -470,6 +473,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         return real_cuDevicePrimaryCtxReset_v2(dev);
     int di = fracgpu_cuda_dev_index(dev);
     pthread_mutex_lock(&prim_mu);
+    fracgpu_pace_ctx_gone(di >= 0 && prim_refs[di] > 0 ? (CUcontext)(uintptr_t)prim_ctx[di] : NULL);
     CUresult rc = real_cuDevicePrimaryCtxReset_v2(dev);
     if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0)
         primary_gone(di);
@@ -762,12 +766,12 @@ static inline int launch_dev_index(void)
     ENTER(name);                                                                                 \
     if (LIKELY(!G.launch_hooks) || mode_ != MODE_ACCOUNT)                                        \
         return real_##name callargs;                                                             \
-    void *tok_;                                                                                  \
+    struct fracgpu_pace_token tok_;                                                              \
     int di_ = launch_dev_index();                                                                \
     int bounded_ = fracgpu_priority_before(di_);                                                 \
-    fracgpu_pace_before(di_, bounded_, (stream), (ptsz), &tok_);                                           \
+    fracgpu_pace_before(di_, bounded_, (stream), (ptsz), &tok_);                                 \
     CUresult rc_ = real_##name callargs;                                                         \
-    fracgpu_pace_after(di_, (stream), (ptsz), tok_, rc_);                                        \
+    fracgpu_pace_after((stream), (ptsz), &tok_, rc_);                                            \
     return rc_;
 
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -821,4 +825,62 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
     LAUNCH(cuGraphLaunch_ptsz, s, 1, (g, s))
+}
+
+/* ---- deprecated and multi-device launch entry points: paced like the rest ---- */
+
+EXPORT CUresult cuLaunch(CUfunction f)
+{
+    LAUNCH(cuLaunch, NULL, 0, (f))
+}
+
+EXPORT CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
+{
+    LAUNCH(cuLaunchGrid, NULL, 0, (f, grid_width, grid_height))
+}
+
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream s)
+{
+    LAUNCH(cuLaunchGridAsync, s, 0, (f, grid_width, grid_height, s))
+}
+
+/* Each kernel runs on its own device, on a stream of that device's context:
+ * every one waits for and is charged to its device's slice, measured in its
+ * stream's context (made current around the measuring calls). */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
+                                                     unsigned int numDevices, unsigned int flags)
+{
+    ENTER(cuLaunchCooperativeKernelMultiDevice);
+    if (LIKELY(!G.launch_hooks) || mode_ != MODE_ACCOUNT)
+        return real_cuLaunchCooperativeKernelMultiDevice(list, numDevices, flags);
+    if (list == NULL || numDevices == 0 || numDevices > FRACGPU_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_VALUE; /* one kernel per device, at most every device */
+    if (real_cuStreamGetCtx == NULL || real_cuCtxPushCurrent_v2 == NULL ||
+        real_cuCtxPopCurrent_v2 == NULL)
+        return CUDA_ERROR_NOT_SUPPORTED; /* cannot measure it: refuse, never run it unpaced */
+    struct fracgpu_pace_token tok[FRACGPU_MAX_DEVICES];
+    CUcontext ctx[FRACGPU_MAX_DEVICES];
+    for (unsigned i = 0; i < numDevices; i++) {
+        tok[i].di = -1;
+        ctx[i] = NULL;
+        CUcontext popped;
+        if (real_cuStreamGetCtx(list[i].hStream, &ctx[i]) != CUDA_SUCCESS ||
+            real_cuCtxPushCurrent_v2(ctx[i]) != CUDA_SUCCESS) {
+            ctx[i] = NULL;
+            continue; /* the driver refuses this launch list too */
+        }
+        int di = fracgpu_current_dev_index();
+        int bounded = fracgpu_priority_before(di);
+        fracgpu_pace_before(di, bounded, list[i].hStream, 0, &tok[i]);
+        real_cuCtxPopCurrent_v2(&popped);
+    }
+    CUresult rc = real_cuLaunchCooperativeKernelMultiDevice(list, numDevices, flags);
+    for (unsigned i = 0; i < numDevices; i++) {
+        CUcontext popped;
+        if (ctx[i] == NULL || real_cuCtxPushCurrent_v2(ctx[i]) != CUDA_SUCCESS)
+            continue;
+        fracgpu_pace_after(list[i].hStream, 0, &tok[i], rc);
+        real_cuCtxPopCurrent_v2(&popped);
+    }
+    return rc;
 }

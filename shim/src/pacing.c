@@ -16,22 +16,25 @@
 
 #define RING 16
 #define POOL (2 * RING + 4)
+#define POOLS 8 /* contexts per device whose spare events are kept */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
-struct pending { CUevent start, end; uint64_t launch_ns; };
+/* Spare events of one context (an event belongs to the context it was made in). */
+struct pool { CUcontext ctx; CUevent ev[POOL]; unsigned n; };
+/* One ring per device for every context of the process: a launch is charged
+ * whichever context, stream or thread made it, so a second context cannot
+ * run unmeasured (events of any context can be queried and timed). */
 struct dev_pace {
     pthread_mutex_t mu;
-    CUcontext ctx;
-    struct pending ring[RING];
+    struct fracgpu_pending ring[RING];
     unsigned head, n;
-    CUevent pool[POOL];
-    unsigned npool;
+    struct pool pool[POOLS];
+    unsigned next_pool;
 };
-struct token { struct pending p; };
 
 static struct dev_pace pace[FRACGPU_MAX_DEVICES] = {
     [0 ... FRACGPU_MAX_DEVICES - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER}};
-static __thread struct token tls_token; /* one launch in flight per thread */
 static int alone[FRACGPU_MAX_DEVICES];   /* last seen alone on the GPU's board */
 
 uint64_t fracgpu_now_ns(void)
@@ -62,23 +65,41 @@ static void charge(int di, uint64_t launch_ns, uint64_t busy_ns)
     __atomic_fetch_add(&d->kernel_time_ns, busy_ns, __ATOMIC_RELAXED);
 }
 
-static CUevent take_event(struct dev_pace *p)
+static struct pool *pool_of(struct dev_pace *p, CUcontext ctx, int claim)
 {
-    if (p->npool > 0)
-        return p->pool[--p->npool];
+    for (unsigned i = 0; i < POOLS; i++)
+        if (p->pool[i].ctx == ctx)
+            return &p->pool[i];
+    if (!claim)
+        return NULL;
+    /* A context not seen before takes the next pool; the spare events of the
+     * context it displaces are dropped, not destroyed: that context may be
+     * gone, and with it its events. */
+    struct pool *q = &p->pool[p->next_pool++ % POOLS];
+    q->ctx = ctx;
+    q->n = 0;
+    return q;
+}
+
+static CUevent take_event(struct dev_pace *p, CUcontext ctx)
+{
+    struct pool *q = pool_of(p, ctx, 1);
+    if (q->n > 0)
+        return q->ev[--q->n];
     CUevent e = NULL;
     if (real_cuEventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
         return NULL;
     return e;
 }
 
-static void give_event(struct dev_pace *p, CUevent e)
+static void give_event(struct dev_pace *p, CUcontext ctx, CUevent e)
 {
     if (e == NULL)
         return;
-    if (p->npool < POOL)
-        p->pool[p->npool++] = e;
-    else
+    struct pool *q = pool_of(p, ctx, 0);
+    if (q != NULL && q->n < POOL)
+        q->ev[q->n++] = e;
+    else if (q != NULL)
         real_cuEventDestroy_v2(e);
 }
 
@@ -86,7 +107,12 @@ static void give_event(struct dev_pace *p, CUevent e)
 static void drain(int di, struct dev_pace *p)
 {
     while (p->n > 0) {
-        struct pending *e = &p->ring[p->head];
+        struct fracgpu_pending *e = &p->ring[p->head];
+        if (e->end == NULL) { /* charged already, before its context went away */
+            p->head = (p->head + 1) % RING;
+            p->n--;
+            continue;
+        }
         CUresult q = real_cuEventQuery(e->end);
         if (q == CUDA_ERROR_NOT_READY)
             break;
@@ -94,16 +120,63 @@ static void drain(int di, struct dev_pace *p)
         if (q == CUDA_SUCCESS && real_cuEventElapsedTime(&ms, e->start, e->end) == CUDA_SUCCESS &&
             ms > 0)
             charge(di, e->launch_ns, (uint64_t)((double)ms * 1e6));
-        give_event(p, e->start);
-        give_event(p, e->end);
+        give_event(p, e->ctx, e->start);
+        give_event(p, e->ctx, e->end);
         p->head = (p->head + 1) % RING;
         p->n--;
     }
 }
 
-void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, void **token)
+/* Room for one more launch in the ring: wait for the oldest if it is full. */
+static void make_room(int di, struct dev_pace *p)
 {
-    *token = NULL;
+    drain(di, p);
+    while (p->n == RING) {
+        real_cuEventSynchronize(p->ring[p->head].end);
+        struct fracgpu_pending *e = &p->ring[p->head];
+        if (real_cuEventQuery(e->end) == CUDA_ERROR_NOT_READY) {
+            /* cannot complete (its context is gone): charge nothing, drop it */
+            p->head = (p->head + 1) % RING;
+            p->n--;
+        }
+        drain(di, p);
+    }
+}
+
+/* The context a launch runs in: its stream's (a created stream may belong to a
+ * context other than the current one), else the current context. */
+static CUcontext launch_ctx(CUstream stream)
+{
+    CUcontext cur = NULL, ctx = NULL;
+    real_cuCtxGetCurrent(&cur);
+    int created = stream != NULL && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD;
+    if (created && real_cuStreamGetCtx != NULL && real_cuStreamGetCtx(stream, &ctx) == CUDA_SUCCESS &&
+        ctx != NULL)
+        return ctx;
+    return cur;
+}
+
+/* Make ctx current for the measuring calls if it is not; 1 if pushed. */
+static int enter_ctx(CUcontext ctx)
+{
+    CUcontext cur = NULL;
+    if (ctx == NULL || real_cuCtxPushCurrent_v2 == NULL || real_cuCtxPopCurrent_v2 == NULL)
+        return 0;
+    real_cuCtxGetCurrent(&cur);
+    return cur != ctx && real_cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+}
+
+static void leave_ctx(int pushed)
+{
+    CUcontext popped;
+    if (pushed)
+        real_cuCtxPopCurrent_v2(&popped);
+}
+
+void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread,
+                         struct fracgpu_pace_token *t)
+{
+    t->di = -1;
     if (di < 0 || real_cuEventRecord == NULL || real_cuEventQuery == NULL)
         return;
     int paced = G.limits.compute_limit_enabled && G.limits.dev[di].core_limit < 100;
@@ -113,21 +186,9 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, v
     if (!paced && !bounded)
         return;
     struct dev_pace *p = &pace[di];
-    CUcontext ctx = NULL;
-    real_cuCtxGetCurrent(&ctx);
+    CUcontext ctx = launch_ctx(stream);
     pthread_mutex_lock(&p->mu);
-    if (p->ctx != ctx && p->n == 0) {
-        p->ctx = ctx; /* events belong to a context; the old pool is dropped */
-        p->npool = 0;
-    }
-    int usable = p->ctx == ctx;
-    if (usable) {
-        drain(di, p);
-        if (p->n == RING) {
-            real_cuEventSynchronize(p->ring[p->head].end);
-            drain(di, p);
-        }
-    }
+    make_room(di, p);
     pthread_mutex_unlock(&p->mu);
 
     struct fracgpu_region_device *d = &G.region->dev[di];
@@ -153,46 +214,87 @@ void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, v
          * us: oversleeping on a busy host must not shrink the slice. */
         launch_ns = tat;
     }
-    if (!usable)
-        return;
+    /* The events are made and recorded in the stream's context, current or not. */
+    int pushed = enter_ctx(ctx);
     pthread_mutex_lock(&p->mu);
-    struct token *t = &tls_token;
-    t->p.start = take_event(p);
-    t->p.end = take_event(p);
+    t->p.ctx = ctx;
+    t->p.start = take_event(p, ctx);
+    t->p.end = take_event(p, ctx);
     pthread_mutex_unlock(&p->mu);
     t->p.launch_ns = launch_ns;
     if (stream == NULL && per_thread)
         stream = CU_STREAM_PER_THREAD;
-    if (t->p.start == NULL || t->p.end == NULL ||
-        real_cuEventRecord(t->p.start, stream) != CUDA_SUCCESS) {
+    int recorded = t->p.start != NULL && t->p.end != NULL &&
+                   real_cuEventRecord(t->p.start, stream) == CUDA_SUCCESS;
+    leave_ctx(pushed);
+    if (!recorded) {
         pthread_mutex_lock(&p->mu);
-        give_event(p, t->p.start);
-        give_event(p, t->p.end);
+        give_event(p, ctx, t->p.start);
+        give_event(p, ctx, t->p.end);
         pthread_mutex_unlock(&p->mu);
         return;
     }
-    *token = t;
+    t->di = di;
 }
 
-void fracgpu_pace_after(int di, CUstream stream, int per_thread, void *token, CUresult rc)
+void fracgpu_pace_after(CUstream stream, int per_thread, struct fracgpu_pace_token *t, CUresult rc)
 {
-    if (token == NULL)
+    int di = t->di;
+    if (di < 0)
         return;
-    struct token *t = token;
     struct dev_pace *p = &pace[di];
     if (stream == NULL && per_thread)
         stream = CU_STREAM_PER_THREAD;
+    int pushed = enter_ctx(t->p.ctx);
     int ok = rc == CUDA_SUCCESS && real_cuEventRecord(t->p.end, stream) == CUDA_SUCCESS;
+    leave_ctx(pushed);
     pthread_mutex_lock(&p->mu);
-    if (ok && p->n < RING) {
+    if (ok) {
+        /* Other threads may have filled the ring since: every launch that ran
+         * is charged, so wait for room rather than drop it. */
+        make_room(di, p);
         p->ring[(p->head + p->n) % RING] = t->p;
         p->n++;
     } else {
-        give_event(p, t->p.start);
-        give_event(p, t->p.end);
+        give_event(p, t->p.ctx, t->p.start);
+        give_event(p, t->p.ctx, t->p.end);
     }
     pthread_mutex_unlock(&p->mu);
     __atomic_fetch_add(&G.region->dev[di].kernel_launches, 1, __ATOMIC_RELAXED);
+}
+
+void fracgpu_pace_ctx_gone(CUcontext ctx)
+{
+    if (real_cuEventSynchronize == NULL || G.region == NULL)
+        return;
+    for (unsigned di = 0; di < G.limits.device_count; di++) {
+        struct dev_pace *p = &pace[di];
+        pthread_mutex_lock(&p->mu);
+        /* Its launches complete and are charged now, while their events still exist
+         * (the context's events die with it). */
+        for (unsigned k = 0; k < p->n; k++) {
+            struct fracgpu_pending *e = &p->ring[(p->head + k) % RING];
+            if (e->end == NULL || (ctx != NULL && e->ctx != ctx))
+                continue;
+            float ms = 0;
+            if (real_cuEventSynchronize(e->end) == CUDA_SUCCESS &&
+                real_cuEventElapsedTime(&ms, e->start, e->end) == CUDA_SUCCESS && ms > 0)
+                charge((int)di, e->launch_ns, (uint64_t)((double)ms * 1e6));
+            real_cuEventDestroy_v2(e->start);
+            real_cuEventDestroy_v2(e->end);
+            e->start = e->end = NULL;
+        }
+        for (unsigned i = 0; i < POOLS; i++) {
+            struct pool *q = &p->pool[i];
+            if (q->ctx == NULL || (ctx != NULL && q->ctx != ctx))
+                continue;
+            while (q->n > 0)
+                real_cuEventDestroy_v2(q->ev[--q->n]);
+            q->ctx = NULL;
+        }
+        drain((int)di, p);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 void fracgpu_pace_reset_after_fork(void)
@@ -200,8 +302,8 @@ void fracgpu_pace_reset_after_fork(void)
     /* Events belong to the parent's contexts; the child starts empty. */
     for (unsigned i = 0; i < FRACGPU_MAX_DEVICES; i++) {
         pthread_mutex_init(&pace[i].mu, NULL);
-        pace[i].ctx = NULL;
-        pace[i].n = pace[i].head = pace[i].npool = 0;
+        memset(pace[i].pool, 0, sizeof pace[i].pool);
+        pace[i].n = pace[i].head = pace[i].next_pool = 0;
         alone[i] = 0;
     }
 }

@@ -26,6 +26,7 @@ _Static_assert(sizeof(struct fracgpu_region_slot) == FRACGPU_SLOT_SIZE, "slot si
 _Static_assert(sizeof(pthread_mutex_t) <= FRACGPU_HDR_LOCK_SIZE, "mutex fits");
 _Static_assert(offsetof(struct fracgpu_region, dev) == FRACGPU_DEVICES_OFF, "devices offset");
 _Static_assert(offsetof(struct fracgpu_region, slot) == FRACGPU_SLOTS_OFF, "slots offset");
+_Static_assert(FRACGPU_REGION_HEAD_SIZE == FRACGPU_SLOTS_OFF, "head = header + devices");
 _Static_assert(offsetof(struct fracgpu_region_header, version) == FRACGPU_HDR_OFF_VERSION, "");
 _Static_assert(offsetof(struct fracgpu_region_header, region_size) == FRACGPU_HDR_OFF_REGION_SIZE, "");
 _Static_assert(offsetof(struct fracgpu_region_header, max_devices) == FRACGPU_HDR_OFF_MAX_DEVICES, "");

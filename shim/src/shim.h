@@ -92,7 +92,7 @@ struct fracgpu_globals {
     struct fracgpu_region *region;
     int slot;              /* -1 until registered (again after fork) */
     int launch_hooks;      /* some device is paced or on a priority board */
-    struct fracgpu_board *board[FRACGPU_MAX_DEVICES]; /* NULL: no priority board */
+    struct fracgpu_board_view *board[FRACGPU_MAX_DEVICES]; /* NULL: no priority board */
     char failure[512];
 };
 HIDDEN extern struct fracgpu_globals G;
@@ -118,8 +118,19 @@ HIDDEN int fracgpu_cuda_dev_index(CUdevice dev);
 HIDDEN int fracgpu_current_dev_index(void);
 HIDDEN void fracgpu_cuda_reset_after_fork(void);
 
-/* ---- priority board ---- */
-HIDDEN struct fracgpu_board *fracgpu_board_open(const char *dir, const char *uuid);
+/* ---- priority board (read-only, written by the agent) ---- */
+struct fracgpu_board_view;
+/* What a board says, bounded: fresh = 0 says nothing (stale or never published). */
+struct fracgpu_board_state { int fresh; uint64_t published, high_until, others_active; };
+/* The agent's clock and ours are the same CLOCK_MONOTONIC; a board may be this far ahead. */
+#define FRACGPU_BOARD_FUTURE_SLACK_NS 5000000ull
+/* 0 with *out filled from a whole board of this format, -1 for anything else (*out zero).
+ * fresh: published within FRACGPU_BOARD_STALE_NS; then high_until <= published + hold
+ * and others_active <= published. */
+HIDDEN int fracgpu_board_parse(const unsigned char *buf, size_t len, uint64_t my_id, uint64_t now,
+                               struct fracgpu_board_state *out);
+HIDDEN struct fracgpu_board_view *fracgpu_board_open(const char *dir, const char *uuid);
+HIDDEN void fracgpu_board_reset_after_fork(void);
 /* Waits while high-priority work is active; returns 1 if this launch must be
  * tracked to bound the low-priority container's in-flight work. */
 HIDDEN int fracgpu_priority_before(int di);
@@ -129,8 +140,16 @@ HIDDEN int fracgpu_board_alone(int di, uint64_t now);
 #define FRACGPU_PRIORITY_RECENT_NS 10000000000ull
 
 /* ---- pacing ---- */
-HIDDEN void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread, void **token);
-HIDDEN void fracgpu_pace_after(int di, CUstream stream, int per_thread, void *token, CUresult rc);
+/* One launch being measured: two events around it on its stream. di < 0: not measured. */
+struct fracgpu_pending { CUevent start, end; uint64_t launch_ns; CUcontext ctx; };
+struct fracgpu_pace_token { struct fracgpu_pending p; int di; };
+HIDDEN void fracgpu_pace_before(int di, int bounded, CUstream stream, int per_thread,
+                                struct fracgpu_pace_token *token);
+HIDDEN void fracgpu_pace_after(CUstream stream, int per_thread, struct fracgpu_pace_token *token,
+                               CUresult rc);
+/* A context is about to be destroyed (NULL: some context, unknown which): its launches
+ * still in flight are waited for and charged, its spare events freed. */
+HIDDEN void fracgpu_pace_ctx_gone(CUcontext ctx);
 HIDDEN void fracgpu_pace_reset_after_fork(void);
 HIDDEN uint64_t fracgpu_now_ns(void);
 

@@ -21,12 +21,14 @@
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
-struct CUctx_st { int dev; int primary; };
+struct CUctx_st { int dev; int primary; int destroyed; /* a destroyed context is kept, marked */ };
 #define QUEUE_DEPTH 1024
 /* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
  * still pending, like a hardware queue that is full. */
-struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH]; };
-struct CUevent_st { uint64_t ts; int recorded; };
+struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH];
+                     struct CUctx_st *ctx; /* the context it was created in */ };
+struct CUevent_st { uint64_t ts; int recorded;
+                    struct CUctx_st *ctx; /* an event belongs to the context it was created in */ };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
 struct CUgraph_st { uint64_t dur_ns; };
@@ -465,13 +467,15 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *p, unsigned int flags, CUd
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     CHECK_INIT("cuCtxDestroy_v2");
-    if (ctx == NULL || ctx->primary)
+    if (ctx == NULL || ctx->primary || ctx->destroyed)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (cfg()->context_bytes)
         give_memory(ctx->dev, cfg()->context_bytes);
     if (cur_ctx == ctx)
         cur_ctx = NULL;
-    free(ctx);
+    /* Kept, marked destroyed: its events then fail as the driver's would (their
+     * handles are gone), and a new context never reuses its address. */
+    ctx->destroyed = 1;
     return CUDA_SUCCESS;
 }
 
@@ -974,6 +978,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
         return rc;
     struct CUstream_st *st = calloc(1, sizeof *st);
     st->dev = dev;
+    st->ctx = cur_ctx;
     pthread_mutex_init(&st->mu, NULL);
     *s = st;
     return CUDA_SUCCESS;
@@ -1014,6 +1019,8 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
     (void)flags;
     CHECK_INIT("cuEventCreate");
     *e = calloc(1, sizeof(struct CUevent_st));
+    if (*e)
+        (*e)->ctx = cur_ctx;
     return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -1024,13 +1031,19 @@ EXPORT CUresult cuEventDestroy_v2(CUevent e)
     return CUDA_SUCCESS;
 }
 
+static int event_dead(CUevent e);
+
 static CUresult event_record(CUevent e, CUstream s)
 {
-    if (e == NULL)
+    if (event_dead(e))
         return CUDA_ERROR_INVALID_HANDLE;
     struct CUstream_st *st = stream_of(s);
     if (st == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
+    /* like the driver: the event and the stream must belong to one context */
+    struct CUctx_st *sctx = st->ctx ? st->ctx : cur_ctx;
+    if (e->ctx != NULL && sctx != NULL && e->ctx != sctx)
+        return CUDA_ERROR_INVALID_HANDLE;
     e->ts = submit(st, 0);
     e->recorded = 1;
     return CUDA_SUCCESS;
@@ -1048,10 +1061,16 @@ EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s)
     return event_record(e, s);
 }
 
+/* An event dies with the context it was created in. */
+static int event_dead(CUevent e)
+{
+    return e == NULL || (e->ctx != NULL && e->ctx->destroyed);
+}
+
 EXPORT CUresult cuEventQuery(CUevent e)
 {
     CHECK_INIT("cuEventQuery");
-    if (e == NULL)
+    if (event_dead(e))
         return CUDA_ERROR_INVALID_HANDLE;
     return !e->recorded || fake_now_ns() >= e->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -1059,7 +1078,7 @@ EXPORT CUresult cuEventQuery(CUevent e)
 EXPORT CUresult cuEventSynchronize(CUevent e)
 {
     CHECK_INIT("cuEventSynchronize");
-    if (e == NULL)
+    if (event_dead(e))
         return CUDA_ERROR_INVALID_HANDLE;
     if (e->recorded)
         sleep_until(e->ts);
@@ -1069,7 +1088,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
     CHECK_INIT("cuEventElapsedTime");
-    if (ms == NULL || start == NULL || end == NULL || !start->recorded || !end->recorded)
+    if (ms == NULL || event_dead(start) || event_dead(end) || !start->recorded || !end->recorded)
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = fake_now_ns();
     if (now < start->ts || now < end->ts)
@@ -1101,6 +1120,103 @@ EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
         }
     *s = "unknown error";
     return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- launch entry points beyond cuLaunchKernel: deprecated, multi-device, and
+ * the context stack they need (cuStreamGetCtx, cuCtxPush/PopCurrent) ---- */
+
+#define CTX_STACK 16
+static __thread struct CUctx_st *ctx_stack[CTX_STACK];
+static __thread unsigned ctx_depth;
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    CHECK_INIT("cuCtxPushCurrent_v2");
+    if (ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == CTX_STACK)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_stack[ctx_depth++] = cur_ctx;
+    cur_ctx = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CHECK_INIT("cuCtxPopCurrent_v2");
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx)
+        *pctx = cur_ctx;
+    cur_ctx = ctx_depth > 0 ? ctx_stack[--ctx_depth] : NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
+{
+    CHECK_INIT("cuStreamGetCtx");
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+        if (cur_ctx == NULL)
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *pctx = cur_ctx;
+        return CUDA_SUCCESS;
+    }
+    *pctx = s->ctx;
+    return s->ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Deprecated since CUDA 3.2 but still exported: the block shape comes from
+ * cuFuncSetBlockShape (not simulated: a kernel takes the time in its name). */
+EXPORT CUresult cuLaunch(CUfunction f)
+{
+    CHECK_INIT("cuLaunch");
+    return f ? launch(f, NULL, 0) : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h)
+{
+    CHECK_INIT("cuLaunchGrid");
+    if (w <= 0 || h <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return f ? launch(f, NULL, 0) : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
+{
+    CHECK_INIT("cuLaunchGridAsync");
+    if (w <= 0 || h <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return f ? launch(f, s, 0) : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* One kernel per device, each on a created stream of that device (not the NULL
+ * stream), no device twice; each runs in its stream's context. */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n,
+                                                     unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT("cuLaunchCooperativeKernelMultiDevice");
+    if (list == NULL || n == 0 || n > FAKE_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned seen = 0;
+    for (unsigned i = 0; i < n; i++) {
+        CUstream s = list[i].hStream;
+        if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->ctx == NULL ||
+            list[i].function == NULL)
+            return CUDA_ERROR_INVALID_HANDLE;
+        if (seen & (1u << s->dev))
+            return CUDA_ERROR_INVALID_DEVICE;
+        seen |= 1u << s->dev;
+    }
+    struct CUctx_st *saved = cur_ctx;
+    for (unsigned i = 0; i < n; i++) {
+        cur_ctx = list[i].hStream->ctx;
+        launch(list[i].function, list[i].hStream, 0);
+    }
+    cur_ctx = saved;
+    return CUDA_SUCCESS;
 }
 
 /* ---- cuGetProcAddress: versioned and per-thread-stream resolution ---- */
@@ -1183,6 +1299,14 @@ static const struct proc procs[] = {
     P("cuEventQuery", 2000, cuEventQuery),
     P("cuEventSynchronize", 2000, cuEventSynchronize),
     P("cuEventElapsedTime", 2000, cuEventElapsedTime),
+    /* launch entry points beyond cuLaunchKernel, and the context stack */
+    P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    P("cuStreamGetCtx", 9020, cuStreamGetCtx),
+    P("cuLaunch", 2000, cuLaunch),
+    P("cuLaunchGrid", 2000, cuLaunchGrid),
+    P("cuLaunchGridAsync", 2000, cuLaunchGridAsync),
+    P("cuLaunchCooperativeKernelMultiDevice", 9000, cuLaunchCooperativeKernelMultiDevice),
 };
 
 static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t flags,

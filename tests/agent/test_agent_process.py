@@ -2,14 +2,17 @@
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fracgpu import shim_abi
 from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 from tests.agent.agent_process import AgentProcess, write_unused_kubeconfig
 from tests.agent.kubelet import TestKubelet
@@ -156,3 +159,27 @@ def test_agent_without_credentials_says_so(short_dir: Path, double: NvmlDouble) 
     entry = next(e for e in process.logs if e.get("msg") == "agent cannot start")
     assert "cannot load Kubernetes credentials" in entry["error"]
     assert "--kubeconfig" in entry["error"]
+
+
+def test_agent_publishes_a_board_per_gpu_read_only_to_containers(
+    agent: AgentProcess, kubelet: TestKubelet
+) -> None:
+    """The running agent keeps one board per GPU fresh in the node directory (what the
+    device plugin mounts read-only into containers)."""
+    kubelet.wait_for_plugin(RESOURCE_VCUDA_CORE, timeout=30)
+    boards = {}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(boards) < 2:
+        boards = {
+            p.name: shim_abi.decode_board(p.read_bytes())
+            for p in agent.node_dir.iterdir()
+            if p.is_file() and p.stat().st_size == shim_abi.BOARD_SIZE
+        }
+        time.sleep(0.1)
+    assert set(boards) == {UUID0, UUID1}
+    assert stat.S_IMODE(agent.node_dir.stat().st_mode) == 0o755
+    first = boards[UUID0]
+    time.sleep(0.3)
+    again = shim_abi.decode_board((agent.node_dir / UUID0).read_bytes())
+    assert again.sequence > first.sequence  # rewritten in place, again and again
+    assert 0 < time.monotonic_ns() - again.published_ns < shim_abi.BOARD_STALE_NS

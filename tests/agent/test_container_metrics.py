@@ -4,6 +4,7 @@ agent reads the accounting region the shim keeps and exports it."""
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from agent.containers import live_containers, remove_stale
+from agent.containers import LiveContainer, live_containers, remove_stale
 from agent.hostfiles import allocation_key
 from agent.metrics import AgentCollector, build_registry
 from agent.nvml_backend import PynvmlBackend
@@ -340,3 +341,31 @@ def test_gpu_manager_request_is_what_was_promised_not_the_pacing(
         _series("container_request_gpu_utilization", **theirs, req_of_gpu="total"): 0,
         _series("container_request_gpu_memory", **theirs, req_of_gpu_memory="total"): 2048,
     }
+
+
+def test_a_scrape_stuck_reading_container_files_does_not_hold_up_the_next(
+    backend: PynvmlBackend,
+) -> None:
+    """Reading containers' files happens outside the collector's lock: one scrape stuck on
+    a slow or hostile file does not make every later scrape wait behind it."""
+    release = threading.Event()
+    calls: list[int] = []
+
+    def containers() -> list[LiveContainer]:
+        calls.append(1)
+        if len(calls) == 1:
+            release.wait(30)  # the first scrape is stuck in a container's file
+        return []
+
+    collector = AgentCollector(backend, lambda: [], dict, containers)
+    stuck = threading.Thread(target=lambda: list(collector.collect()), daemon=True)
+    stuck.start()
+    while not calls:
+        time.sleep(0.01)
+    second = threading.Thread(target=lambda: list(collector.collect()), daemon=True)
+    second.start()
+    second.join(timeout=5)
+    blocked = second.is_alive()
+    release.set()
+    stuck.join(timeout=5)
+    assert not blocked, "the second scrape waited for the first one's file reads"

@@ -77,8 +77,9 @@ def test_allocate_mounts_the_shim_without_host_paths_in_the_pod(rig: AgentRig) -
     assert mounts[CONTAINER_LIMITS_PATH].read_only
     assert not mounts[CONTAINER_REGION_DIR].read_only
     node_dir = Path(mounts[CONTAINER_NODE_DIR].host_path)
-    assert not mounts[CONTAINER_NODE_DIR].read_only
-    assert node_dir.stat().st_mode & 0o7777 == 0o1777  # any container user, sticky
+    # The boards are the agent's: read-only to every container, writable by no one else.
+    assert mounts[CONTAINER_NODE_DIR].read_only
+    assert node_dir.stat().st_mode & 0o7777 == 0o755
     assert Path(mounts[CONTAINER_LIBRARY_PATH].host_path) == rig.shim.library
     assert (
         Path(mounts[CONTAINER_PRELOAD_PATH].host_path).read_text() == CONTAINER_LIBRARY_PATH + "\n"

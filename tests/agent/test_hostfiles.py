@@ -2,9 +2,18 @@
 
 import os
 import stat
+import threading
 from pathlib import Path
 
-from agent.hostfiles import AllocationFiles, allocation_key
+import pytest
+
+from agent.hostfiles import (
+    AllocationFiles,
+    UntrustedFileError,
+    allocation_key,
+    prepare_node_dir,
+    read_untrusted,
+)
 
 
 def test_key_depends_on_resource_and_id_set_only() -> None:
@@ -52,3 +61,87 @@ def test_reallocation_leaves_the_previous_holders_files_alone(tmp_path: Path) ->
     assert (aside / "region").read_bytes() == b"old holder's region"
     files.prepare("k")  # the one before the previous is removed
     assert not aside.exists()
+
+
+# ---- container-writable files are read as hostile input ----
+
+
+def _read_in_thread(path: Path, max_bytes: int) -> object:
+    """read_untrusted in a thread: a read that blocks fails the test instead of hanging it."""
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(read_untrusted(path, max_bytes))
+        except UntrustedFileError as error:
+            result.append(error)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=5)
+    assert not worker.is_alive(), f"reading {path} blocked"
+    return result[0]
+
+
+def test_a_plain_file_is_read_whole_or_by_its_head(tmp_path: Path) -> None:
+    path = tmp_path / "region"
+    path.write_bytes(b"0123456789")
+    read = read_untrusted(path, 10)
+    assert read is not None and read.data == b"0123456789" and read.size == 10
+    head = read_untrusted(path, 10, head=4)
+    assert head is not None and head.data == b"0123"
+    assert read_untrusted(tmp_path / "missing", 10) is None
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/etc/hostname", "elsewhere"])
+def test_a_symbolic_link_is_never_followed(tmp_path: Path, target: str) -> None:
+    (tmp_path / "elsewhere").write_bytes(b"secret")
+    link = tmp_path / "region"
+    link.symlink_to(target if target.startswith("/") else tmp_path / target)
+    outcome = _read_in_thread(link, 1 << 20)
+    assert isinstance(outcome, UntrustedFileError)
+    assert "symbolic link" in str(outcome)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "region"
+    os.mkfifo(fifo)
+    outcome = _read_in_thread(fifo, 1 << 20)
+    assert isinstance(outcome, UntrustedFileError) and "FIFO" in str(outcome)
+
+
+def test_a_device_node_is_refused(tmp_path: Path) -> None:
+    node = tmp_path / "region"
+    try:
+        os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's numbers
+    except PermissionError:
+        pytest.skip("creating a device node needs CAP_MKNOD")
+    outcome = _read_in_thread(node, 1 << 20)
+    assert isinstance(outcome, UntrustedFileError) and "character device" in str(outcome)
+
+
+def test_a_huge_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    huge = tmp_path / "region"
+    with huge.open("wb") as out:
+        out.truncate(1 << 40)  # 1 TiB, sparse: reading it whole would exhaust memory
+    outcome = _read_in_thread(huge, 1 << 17)
+    assert isinstance(outcome, UntrustedFileError)
+    assert "at most 131072" in str(outcome)
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "region").mkdir()
+    outcome = _read_in_thread(tmp_path / "region", 10)
+    assert isinstance(outcome, UntrustedFileError) and "directory" in str(outcome)
+
+
+def test_the_node_dir_is_the_agents_only(tmp_path: Path) -> None:
+    node = tmp_path / "node"
+    node.mkdir()
+    os.chmod(node, 0o1777)  # as an older version left it, with what containers planted
+    (node / "GPU-x").symlink_to("/etc/passwd")
+    os.mkfifo(node / "fifo")
+    (node / "planted").mkdir()
+    prepare_node_dir(node)
+    assert stat.S_IMODE(node.stat().st_mode) == 0o755
+    assert list(node.iterdir()) == []

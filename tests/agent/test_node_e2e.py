@@ -216,7 +216,7 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         )
         assert not written.compute_limit_enabled and not written.whole
         assert written.memory_host_fallback  # 32 GiB on a 24 GiB GPU: the rest from the host
-        assert (agent.node_dir.stat().st_mode & 0o7777) == 0o1777  # the boards' directory
+        assert (agent.node_dir.stat().st_mode & 0o7777) == 0o755  # the boards: the agent's only
 
         # A GPU that stops answering NVML is published unhealthy, and healthy once it answers.
         def healthy_flags() -> list[bool]:

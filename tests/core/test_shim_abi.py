@@ -72,13 +72,19 @@ def test_magic_spells_the_format_name() -> None:
     assert struct.pack("<Q", shim_abi.BOARD_MAGIC) == b"FRACNODE"
 
 
-def test_decode_board() -> None:
-    buf = bytearray(shim_abi.BOARD_SIZE)
-    struct.pack_into("<QI", buf, 0, shim_abi.BOARD_MAGIC, shim_abi.BOARD_VERSION)
-    struct.pack_into("<QQQ", buf, shim_abi.BOARD_OFF_HIGH_ACTIVE_UNTIL_NS, 5, 6, 7)
-    assert shim_abi.decode_board(bytes(buf)) == shim_abi.Board(5, 6, 7)
-    with pytest.raises(CodecError, match="version 1 board"):
+def test_board_round_trip_and_refusals() -> None:
+    board = shim_abi.Board(5, 6, 7, (shim_abi.BoardEntry(1, 2), shim_abi.BoardEntry(0, 3)))
+    data = shim_abi.encode_board(board)
+    assert len(data) == shim_abi.BOARD_SIZE
+    assert shim_abi.decode_board(data) == board
+    with pytest.raises(CodecError, match="version 2 board"):
         shim_abi.decode_board(bytes(shim_abi.BOARD_SIZE))
+    torn = bytearray(data)
+    struct.pack_into("<Q", torn, shim_abi.BOARD_OFF_SEQUENCE_END, 8)
+    with pytest.raises(CodecError, match="torn"):
+        shim_abi.decode_board(bytes(torn))
+    with pytest.raises(CodecError, match="at most 64"):
+        shim_abi.encode_board(shim_abi.Board(0, 0, 0, (shim_abi.BoardEntry(1, 1),) * 65))
 
 
 SAMPLE = shim_abi.Limits(

@@ -227,24 +227,78 @@ def test_board_decoder_on_arbitrary_and_mutated_bytes() -> None:
         seed=st.integers(0, 2**64 - 1),
         size=st.sampled_from([shim_abi.BOARD_SIZE] * 6 + [0, 15, 4095, shim_abi.BOARD_SIZE + 1]),
         magic=st.sampled_from([shim_abi.BOARD_MAGIC] * 4 + [0, shim_abi.REGION_MAGIC]),
-        version=st.sampled_from([shim_abi.BOARD_VERSION] * 4 + [0, 2]),
+        version=st.sampled_from([shim_abi.BOARD_VERSION] * 4 + [0, 1]),
+        whole=st.sampled_from([True] * 3 + [False]),
+        count=st.sampled_from([0, 1, shim_abi.BOARD_MAX_ENTRIES, shim_abi.BOARD_MAX_ENTRIES + 1]),
     )
-    def run(seed: int, size: int, magic: int, version: int) -> None:
+    def run(seed: int, size: int, magic: int, version: int, whole: bool, count: int) -> None:
         data = _header(size, magic, version, seed)
+        if whole and size == shim_abi.BOARD_SIZE:
+            struct.pack_into("<I", data, shim_abi.BOARD_OFF_SIZE, shim_abi.BOARD_SIZE)
+            struct.pack_into("<I", data, shim_abi.BOARD_OFF_ENTRY_COUNT, count)
+            sequence = data[shim_abi.BOARD_OFF_SEQUENCE : shim_abi.BOARD_OFF_SEQUENCE + 8]
+            data[shim_abi.BOARD_OFF_SEQUENCE_END : shim_abi.BOARD_OFF_SEQUENCE_END + 8] = sequence
         kind, value = _outcome(shim_abi.decode_board, bytes(data))
         tried[kind] += 1
-        valid = (size, magic, version) == (
+        valid = (size, magic, version, whole) == (
             shim_abi.BOARD_SIZE,
             shim_abi.BOARD_MAGIC,
             shim_abi.BOARD_VERSION,
-        )
+            True,
+        ) and count <= shim_abi.BOARD_MAX_ENTRIES
         assert isinstance(value, shim_abi.Board) == valid
         if isinstance(value, shim_abi.Board):
+            assert len(value.entries) == count
             assert (
-                value.high_launches
-                == struct.unpack_from("<Q", data, shim_abi.BOARD_OFF_HIGH_LAUNCHES)[0]
+                value.published_ns
+                == struct.unpack_from("<Q", data, shim_abi.BOARD_OFF_PUBLISHED_NS)[0]
             )
 
     run()
     print(f"\ndecode_board: {dict(tried)}")
+    assert tried["decoded"] > 0 and tried["refused"] > 0
+
+
+def test_region_activity_decoder_on_truncated_and_hostile_heads() -> None:
+    """What the agent reads of a container's region for the node boards: any head length,
+    any header values; it decodes within bounds or refuses with a message."""
+    tried: Counter[str] = Counter()
+
+    @FUZZ
+    @given(
+        seed=st.integers(0, 2**64 - 1),
+        size=st.sampled_from(
+            [shim_abi.REGION_HEAD_SIZE] * 4
+            + [
+                shim_abi.REGION_SIZE,
+                0,
+                100,
+                shim_abi.REGION_HEAD_SIZE - 1,
+                shim_abi.REGION_SIZE + 1,
+            ]
+        ),
+        magic=st.sampled_from([shim_abi.REGION_MAGIC] * 4 + [0, shim_abi.BOARD_MAGIC]),
+        version=st.sampled_from([shim_abi.REGION_VERSION] * 4 + [0, 1]),
+        count=st.sampled_from([0, 1, shim_abi.MAX_DEVICES, shim_abi.MAX_DEVICES + 1, 2**32 - 1]),
+    )
+    def run(seed: int, size: int, magic: int, version: int, count: int) -> None:
+        data = _header(size, magic, version, seed)
+        if size >= shim_abi.HDR_OFF_DEVICE_COUNT + 4:
+            for offset, value in _LAYOUT:
+                struct.pack_into("<I", data, offset, value)
+            struct.pack_into("<I", data, shim_abi.HDR_OFF_DEVICE_COUNT, count)
+        kind, value = _outcome(shim_abi.decode_region_activity, bytes(data))
+        tried[kind] += 1
+        valid = (
+            shim_abi.REGION_HEAD_SIZE <= size <= shim_abi.REGION_SIZE
+            and (magic, version) == (shim_abi.REGION_MAGIC, shim_abi.REGION_VERSION)
+            and count <= shim_abi.MAX_DEVICES
+        )
+        assert isinstance(value, shim_abi.RegionActivity) == valid
+        if isinstance(value, shim_abi.RegionActivity):
+            assert len(value.active_launch_ns) == count
+            assert all(0 <= v < 2**64 for v in value.active_launch_ns)
+
+    run()
+    print(f"\ndecode_region_activity: {dict(tried)}")
     assert tried["decoded"] > 0 and tried["refused"] > 0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.boards import BoardLoop, BoardPublisher
 from fracgpu import shim_abi
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,13 +239,26 @@ def test_high_priority_keeps_its_throughput_next_to_low_priority(tmp_path: Path,
     low = Container(tmp_path / "low", gpu, node_dir)
     high.limit(4 * GiB, priority=0)
     low.limit(4 * GiB, priority=1)
-    alone = rate(high)
-    procs = [c.python(MATMUL.format(seconds=10)) for c in (high, low)]
-    rates = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        rates.append(json.loads(out.strip().splitlines()[-1])["rate"])
+    # The agent's board publisher, over these two containers' files.
+    boards = BoardLoop(
+        BoardPublisher(
+            node_dir,
+            lambda: [gpu.uuid],
+            lambda: [(c.root / "limits", c.root / "region") for c in (high, low)],
+        ),
+        0.01,
+    )
+    boards.start()
+    try:
+        alone = rate(high)
+        procs = [c.python(MATMUL.format(seconds=10)) for c in (high, low)]
+        rates = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            rates.append(json.loads(out.strip().splitlines()[-1])["rate"])
+    finally:
+        boards.stop()
     assert rates[0] >= 0.9 * alone, (alone, rates)
 
 

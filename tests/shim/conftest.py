@@ -19,3 +19,4 @@ def node(tmp_path: Path, shim_build: Path) -> Iterator[Sandbox]:
     box.write_fake_config()
     box.write_limits()
     yield box
+    box.stop_boards()

@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.boards import BoardLoop, BoardPublisher
 from fracgpu import shim_abi
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +56,7 @@ class Sandbox:
     device_count: int = 1
     context_bytes: int = 0
     fake_extra: list[str] = field(default_factory=list)
+    boards: BoardLoop | None = None
 
     @property
     def limits_path(self) -> Path:
@@ -66,8 +68,28 @@ class Sandbox:
 
     @property
     def node_dir(self) -> Path:
-        """Priority boards; tests that want priority create this directory."""
+        """Priority boards; tests that want priority call publish_boards()."""
         return self.root / "node"
+
+    def board_sources(self) -> list[tuple[Path, Path]]:
+        """Every container of this node: root/limits and root/<name>/limits, each with
+        the region next to it."""
+        return [(p, p.parent / "region") for p in sorted(self.root.glob("**/limits"))]
+
+    def publish_boards(self, interval_seconds: float = 0.01) -> None:
+        """Run the agent's board publisher over this node, as the agent does."""
+        self.node_dir.mkdir(exist_ok=True)
+        publisher = BoardPublisher(
+            self.node_dir, lambda: UUIDS[: self.device_count], self.board_sources
+        )
+        publisher.publish()
+        self.boards = BoardLoop(publisher, interval_seconds)
+        self.boards.start()
+
+    def stop_boards(self) -> None:
+        if self.boards is not None:
+            self.boards.stop()
+            self.boards = None
 
     @property
     def fake_config(self) -> Path:

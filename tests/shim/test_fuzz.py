@@ -1,4 +1,6 @@
-"""libFuzzer on the shim's limits-file parser (shim/fuzz/limits_fuzz.c).
+"""libFuzzer on the shim's parsers of files it reads: the limits file
+(shim/fuzz/limits_fuzz.c) and a GPU's node board (shim/fuzz/board_fuzz.c: truncated,
+torn, garbage and forged boards).
 
 CI runs a fixed number of inputs; FRACGPU_FUZZ_SECONDS=<n> runs for n seconds instead.
 The harness aborts on any broken invariant of docs/shim.md, and ASan/UBSan on any
@@ -37,7 +39,7 @@ def _long_run_seconds(env: Mapping[str, str]) -> int | None:
 LONG_RUN_SECONDS = _long_run_seconds(os.environ)
 
 
-def _build(build_dir: Path, limits_src: Path | None = None) -> Path:
+def _build(build_dir: Path, limits_src: Path | None = None, board_src: Path | None = None) -> Path:
     if shutil.which("clang") is None:
         reason = (
             "clang is not installed "
@@ -49,25 +51,29 @@ def _build(build_dir: Path, limits_src: Path | None = None) -> Path:
     args = ["make", "-s", "-C", str(SHIM_DIR), "fuzz", f"BUILD={build_dir}"]
     if limits_src is not None:
         args.append(f"FUZZ_LIMITS_SRC={limits_src}")
+    if board_src is not None:
+        args.append(f"FUZZ_BOARD_SRC={board_src}")
     made = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
     assert made.returncode == 0, f"make -C shim fuzz failed:\n{made.stdout}\n{made.stderr}"
     return build_dir / "fuzz" / "limits_fuzz"
 
 
-def _fuzz(binary: Path, work: Path, budget: list[str]) -> subprocess.CompletedProcess[str]:
+def _fuzz(
+    binary: Path, work: Path, budget: list[str], seeds: Path = CORPUS, dictionary: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run libFuzzer; new inputs go to work/corpus, never into the seed corpus."""
     (work / "corpus").mkdir(exist_ok=True)
     return subprocess.run(
         [
             str(binary),
-            f"-dict={DICTIONARY}",
+            *([f"-dict={DICTIONARY}"] if dictionary else []),
             f"-artifact_prefix={work}/",
             "-print_final_stats=1",
             "-timeout=10",
             "-rss_limit_mb=2048",
             *budget,
             str(work / "corpus"),
-            str(CORPUS),
+            str(seeds),
         ],
         cwd=work,
         capture_output=True,
@@ -121,5 +127,66 @@ def test_harness_and_seed_corpus_catch_a_broken_parser(tmp_path: Path, mutant: s
     broken.write_text(source.replace(old, new, 1))
     binary = _build(tmp_path / "build", broken)
     out = _fuzz(binary, tmp_path, ["-runs=0"])  # replay the seed corpus only
+    assert out.returncode != 0, f"mutant {mutant} survived the seed corpus:\n{out.stderr[-3000:]}"
+    assert expected in out.stderr
+
+
+# ---- the node board parser ----
+
+BOARD_CORPUS = FUZZ_DIR / "board_corpus"
+
+
+@pytest.mark.timeout((LONG_RUN_SECONDS or 0) + 300)
+def test_board_parser_survives_libfuzzer(tmp_path: Path) -> None:
+    """Whatever bytes a board holds (a short read, a torn write, garbage, stamps and counts
+    at their maximum), the parser reads none past them and every value it returns is
+    bounded: a wait ends at most a hold after publication, nobody is seen after it."""
+    binary = _build(BUILD).with_name("board_fuzz")
+    budget = (
+        [f"-runs={CI_RUNS}"]
+        if LONG_RUN_SECONDS is None
+        else [f"-max_total_time={LONG_RUN_SECONDS}"]
+    )
+    out = _fuzz(binary, tmp_path, budget, seeds=BOARD_CORPUS, dictionary=False)
+    crashes = sorted(p.name for p in tmp_path.iterdir() if p.name != "corpus")
+    assert out.returncode == 0, f"libFuzzer found a crash {crashes}:\n{out.stderr[-6000:]}"
+    assert crashes == []
+    tried = _inputs_tried(out.stderr)
+    if LONG_RUN_SECONDS is None:
+        assert tried >= CI_RUNS
+    print(f"\nboard_fuzz: {tried} inputs tried ({' '.join(budget)}), no crash")
+
+
+BOARD_MUTANTS = {
+    # Without the length check a truncated board is read past its end.
+    "no_length_check": (
+        "len < FRACGPU_BOARD_READ_SIZE)",
+        "len < 16)",
+        "AddressSanitizer: heap-buffer-overflow",
+    ),
+    # Without the clamp a forged stamp holds a best-effort container forever.
+    "no_stamp_clamp": (
+        "high = sat_add(published, FRACGPU_BOARD_HIGH_HOLD_NS);",
+        "(void)0;",
+        "invariant broken",
+    ),
+    # Trusting the entry count reads entries past the board.
+    "no_count_check": (
+        "if (count > FRACGPU_BOARD_MAX_ENTRIES)\n        return -1;",
+        "",
+        "AddressSanitizer: heap-buffer-overflow",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(BOARD_MUTANTS))
+def test_board_harness_and_seeds_catch_a_broken_parser(tmp_path: Path, mutant: str) -> None:
+    old, new, expected = BOARD_MUTANTS[mutant]
+    source = (SHIM_DIR / "src" / "board_parse.c").read_text()
+    assert old in source, f"mutant {mutant}: {old!r} is no longer in src/board_parse.c"
+    broken = tmp_path / "board_mutant.c"
+    broken.write_text(source.replace(old, new, 1))
+    binary = _build(tmp_path / "build", board_src=broken).with_name("board_fuzz")
+    out = _fuzz(binary, tmp_path, ["-runs=0"], seeds=BOARD_CORPUS, dictionary=False)
     assert out.returncode != 0, f"mutant {mutant} survived the seed corpus:\n{out.stderr[-3000:]}"
     assert expected in out.stderr

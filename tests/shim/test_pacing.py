@@ -93,7 +93,7 @@ def test_two_containers_split_the_gpu_by_their_slices(node: Sandbox) -> None:
 
 
 def test_burst_when_alone_only_if_configured_and_alone(node: Sandbox) -> None:
-    node.node_dir.mkdir()
+    node.publish_boards()
     node.write_limits(core=30, burst_when_alone=True)
     assert run_launches(node, seconds="1") >= 0.9
 
@@ -105,7 +105,7 @@ def test_burst_needs_the_board_to_know_it_is_alone(node: Sandbox) -> None:
 
 
 def test_a_bursting_container_returns_to_its_slice_next_to_another(node: Sandbox) -> None:
-    node.node_dir.mkdir()
+    node.publish_boards()
     other = node.root / "other"
     other.mkdir()
     (other / "limits").write_bytes(
@@ -128,6 +128,27 @@ def test_elastic_bound_applies_only_when_alone(node: Sandbox) -> None:
     node.limits_path.write_bytes(shim_abi.encode_limits(limits))
     share = run_launches(node, seconds="1.5")  # no board: nobody can tell it is alone
     assert abs(share - 0.30) <= TOLERANCE, share
-    node.node_dir.mkdir()
+    node.publish_boards()
     share = run_launches(node, seconds="1.5")
     assert abs(share - 0.60) <= TOLERANCE, share
+
+
+@pytest.mark.parametrize(
+    ("kind", "lookup"),
+    [
+        ("ctx2", "direct"),  # one launch in the primary context, the rest in a second one
+        ("ctxmix", "procaddr"),  # alternating between two contexts and their streams
+        ("xctx", "dlsym"),  # one context current, launching on another context's stream
+        ("ctxchurn", "direct"),  # create a context, launch, destroy it (its events die too)
+        ("culaunch", "direct"),  # deprecated cuLaunch
+        ("grid", "dlsym"),  # deprecated cuLaunchGrid
+        ("gridasync", "procaddr"),  # deprecated cuLaunchGridAsync
+        ("multi", "procaddr_ptds"),  # cuLaunchCooperativeKernelMultiDevice
+    ],
+)
+def test_no_context_or_entry_point_escapes_the_slice(node: Sandbox, kind: str, lookup: str) -> None:
+    node.write_limits(core=10)
+    share = run_launches(node, kind=kind, seconds="1.5", lookup=lookup)
+    assert abs(share - 0.10) <= TOLERANCE, share
+    device = node.region().devices[0]
+    assert device.throttle_ns > 0

@@ -1,0 +1,238 @@
+"""The node's priority boards: one file per GPU that only the agent writes.
+
+Every container's shim announces when it last launched work on each of its GPUs in its
+own accounting region (a file only that container can write). The agent gathers those
+announcements, with each container's priority taken from the limits file the agent wrote
+itself, into one board per GPU in the node directory, which containers see read-only.
+So no container ever reads what another container wrote: a neighbour cannot truncate,
+forge or grow a board, only misreport its own activity (which the agent bounds).
+
+A board says: until when high-priority work holds the GPU (the latest launch of a
+high-priority container plus a short hold), and every container's last launch, so a shim
+can tell whether it is alone on the GPU (burst, elastic bound). Boards are rewritten in
+place (never truncated, never replaced), so a shim that holds one open keeps reading it.
+"""
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.hostfiles import AllocationFiles, UntrustedFileError, open_untrusted, read_untrusted
+from fracgpu.errors import CodecError
+from fracgpu.shim_abi import (
+    BOARD_HIGH_HOLD_NS,
+    BOARD_MAX_ENTRIES,
+    LIMITS_MAX_BYTES,
+    PRIORITY_HIGH,
+    REGION_HEAD_SIZE,
+    REGION_SIZE,
+    Board,
+    BoardEntry,
+    Limits,
+    decode_limits,
+    decode_region_activity,
+    encode_board,
+)
+
+log = logging.getLogger(__name__)
+
+# (limits file, region file) of one container: the first is the agent's, the second the
+# container's own.
+BoardSource = tuple[Path, Path]
+
+
+# A container's files are checked again (lstat, open, fstat) at most this often; between
+# checks the open region is only read (one pread per publication).
+_RECHECK_NS = 1_000_000_000
+
+
+@dataclass
+class _OpenRegion:
+    fd: int
+    checked_ns: int
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One container's activity on one GPU, as the agent read it."""
+
+    id: int
+    last_active_ns: int
+    high: bool
+
+
+def allocation_sources(files: AllocationFiles) -> Callable[[], list[BoardSource]]:
+    """Every allocation directory of this node (live or not: a stale one is silent)."""
+
+    def sources() -> list[BoardSource]:
+        return [(files.limits_path(k), files.region_path(k)) for k in files.all_keys()]
+
+    return sources
+
+
+class BoardPublisher:
+    def __init__(
+        self,
+        node_dir: Path,
+        gpus: Callable[[], Iterable[str]],
+        sources: Callable[[], Iterable[BoardSource]],
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self._node_dir = node_dir
+        self._gpus = gpus
+        self._sources = sources
+        self._clock_ns = clock_ns
+        self._sequence = 0
+        # limits path -> (checked at, limits or None): the agent's own file, parsed once
+        # per recheck
+        self._limits: dict[Path, tuple[int, Limits | None]] = {}
+        # region path -> the region held open between rechecks
+        self._regions: dict[Path, _OpenRegion] = {}
+
+    def publish(self) -> dict[str, Board]:
+        """Read every container's announcement and rewrite every GPU's board."""
+        now = self._clock_ns()
+        seen: dict[str, list[_Seen]] = {uuid: [] for uuid in self._gpus()}
+        limits_used: set[Path] = set()
+        regions_used: set[Path] = set()
+        for limits_path, region_path in self._sources():
+            limits_used.add(limits_path)
+            limits = self._read_limits(limits_path, now)
+            if limits is None or limits.whole:
+                continue
+            regions_used.add(region_path)
+            for uuid, item in self._activity(limits, region_path, now):
+                if uuid in seen:
+                    seen[uuid].append(item)
+        for gone in set(self._limits) - limits_used:
+            del self._limits[gone]
+        for gone in set(self._regions) - regions_used:
+            os.close(self._regions.pop(gone).fd)
+        self._sequence += 1
+        boards = {}
+        for uuid, items in seen.items():
+            boards[uuid] = board = _board(items, now, self._sequence)
+            self._write(uuid, board)
+        return boards
+
+    def close(self) -> None:
+        for region in self._regions.values():
+            os.close(region.fd)
+        self._regions.clear()
+
+    def _read_limits(self, path: Path, now: int) -> Limits | None:
+        cached = self._limits.get(path)
+        if cached is not None and now - cached[0] < _RECHECK_NS:
+            return cached[1]
+        limits: Limits | None = None
+        try:
+            read = read_untrusted(path, LIMITS_MAX_BYTES)
+            if read is not None:
+                limits = decode_limits(read.data)
+        except (UntrustedFileError, CodecError) as error:
+            log.warning("limits file skipped for the boards", extra={"error": str(error)})
+        self._limits[path] = (now, limits)
+        return limits
+
+    def _region_head(self, path: Path, now: int) -> bytes | None:
+        """The head of a container's region: opened (and checked) at most once per
+        recheck interval, read with one pread otherwise."""
+        held = self._regions.get(path)
+        if held is not None and now - held.checked_ns >= _RECHECK_NS:
+            os.close(self._regions.pop(path).fd)
+            held = None
+        if held is None:
+            opened = open_untrusted(path, REGION_SIZE)
+            if opened is None:
+                return None
+            fd, st = opened
+            if st.st_size != REGION_SIZE:
+                os.close(fd)
+                return None
+            held = self._regions[path] = _OpenRegion(fd, now)
+        return os.pread(held.fd, REGION_HEAD_SIZE, 0)
+
+    def _activity(self, limits: Limits, region: Path, now: int) -> list[tuple[str, _Seen]]:
+        """Per GPU of the container (in its limits' order): its id and last launch."""
+        try:
+            head = self._region_head(region, now)
+            if head is None:
+                return []
+            activity = decode_region_activity(head)
+        except (UntrustedFileError, CodecError, OSError):
+            return []  # the container's own file is broken: it simply is not seen
+        high = limits.priority == PRIORITY_HIGH  # from the agent's file, not the region
+        out = []
+        for i, dev in enumerate(limits.devices):
+            last = activity.active_launch_ns[i] if i < len(activity.active_launch_ns) else 0
+            # A stamp from the future is read as "now": it cannot hold the GPU longer.
+            out.append((dev.uuid, _Seen(activity.created_ns, min(last, now), high)))
+        return out
+
+    def _write(self, uuid: str, board: Board) -> None:
+        path = self._node_dir / uuid
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        except OSError as error:
+            log.warning("cannot write a board", extra={"gpu": uuid, "error": str(error)})
+            return
+        try:
+            # One write of the whole board, in place: never shorter, never replaced.
+            os.pwrite(fd, encode_board(board), 0)
+        finally:
+            os.close(fd)
+
+
+def _board(items: list[_Seen], now: int, sequence: int) -> Board:
+    counts: dict[int, int] = {}
+    for item in items:
+        counts[item.id] = counts.get(item.id, 0) + 1
+    # An id two containers claim identifies neither: it is published as 0, which every
+    # reader counts as someone else (a container cannot pose as its neighbour).
+    entries = sorted(
+        (
+            BoardEntry(item.id if counts[item.id] == 1 else 0, item.last_active_ns)
+            for item in items
+            if item.last_active_ns > 0
+        ),
+        key=lambda e: e.last_active_ns,
+        reverse=True,
+    )[:BOARD_MAX_ENTRIES]
+    high = max((i.last_active_ns for i in items if i.high and i.last_active_ns > 0), default=0)
+    return Board(
+        high_active_until_ns=high + BOARD_HIGH_HOLD_NS if high else 0,
+        published_ns=now,
+        sequence=sequence,
+        entries=tuple(entries),
+    )
+
+
+class BoardLoop:
+    """Publishes the boards every ``interval_seconds`` in a thread of its own."""
+
+    def __init__(self, publisher: BoardPublisher, interval_seconds: float) -> None:
+        self._publisher = publisher
+        self._interval = interval_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="boards", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._publisher.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._publisher.publish()
+            except OSError as error:
+                log.warning("publishing the boards failed", extra={"error": str(error)})
+            self._stop.wait(self._interval)

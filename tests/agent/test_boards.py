@@ -1,0 +1,190 @@
+"""Node-shared files: the boards only the agent writes, from files each container owns.
+
+Every container-writable input here is hostile: a region that is truncated, a symbolic
+link, a FIFO, a huge file, garbage, or full of absurd values, and a neighbour posing as
+another container or as high priority. The agent must neither hang, nor trust it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agent.boards import BoardPublisher
+from agent.containers import LiveContainer, live_containers
+from agent.hostfiles import AllocationFiles, allocation_key
+from agent.podresources import ContainerDevices
+from fracgpu import shim_abi
+
+GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"
+NOW = 10_000_000_000_000
+HOUR = 3600 * 10**9
+
+
+def _limits(priority: int = shim_abi.PRIORITY_LOW) -> bytes:
+    return shim_abi.encode_limits(
+        shim_abi.Limits(devices=(shim_abi.DeviceLimits(GPU, 1 << 30, 50),), priority=priority)
+    )
+
+
+def _region(created_ns: int, active_ns: int, devices: int = 1) -> bytes:
+    buf = bytearray(shim_abi.REGION_SIZE)
+    struct.pack_into(
+        "<QIIIIII",
+        buf,
+        0,
+        shim_abi.REGION_MAGIC,
+        shim_abi.REGION_VERSION,
+        shim_abi.REGION_SIZE,
+        shim_abi.MAX_DEVICES,
+        shim_abi.MAX_PROCS,
+        devices,
+        shim_abi.PRIORITY_HIGH,  # a region may claim anything: only the limits count
+    )
+    struct.pack_into("<Q", buf, shim_abi.HDR_OFF_CREATED_NS, created_ns)
+    for i in range(devices):
+        base = shim_abi.DEVICES_OFF + i * shim_abi.DEV_SIZE
+        struct.pack_into("<Q", buf, base + shim_abi.DEV_OFF_ACTIVE_LAUNCH_NS, active_ns)
+    return bytes(buf)
+
+
+class Node:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.node_dir = root / "node"
+        self.node_dir.mkdir()
+        self.containers: list[tuple[Path, Path]] = []
+
+    def container(self, name: str, limits: bytes, region: bytes | None) -> Path:
+        d = self.root / name
+        d.mkdir()
+        (d / "limits").write_bytes(limits)
+        if region is not None:
+            (d / "region").write_bytes(region)
+        self.containers.append((d / "limits", d / "region"))
+        return d / "region"
+
+    def publisher(self) -> BoardPublisher:
+        return BoardPublisher(self.node_dir, lambda: [GPU], lambda: self.containers, lambda: NOW)
+
+    def board(self) -> shim_abi.Board:
+        return shim_abi.decode_board((self.node_dir / GPU).read_bytes())
+
+
+def _within(seconds: float, work: Callable[[], object]) -> None:
+    done = threading.Event()
+
+    def run() -> None:
+        work()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(seconds), "blocked on a container's file"
+
+
+def test_the_board_carries_each_container_and_high_priority_from_the_limits(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path)
+    node.container("high", _limits(shim_abi.PRIORITY_HIGH), _region(11, NOW - 5_000_000))
+    node.container("low", _limits(), _region(22, NOW - 1_000_000))
+    node.publisher().publish()
+    board = node.board()
+    assert board.published_ns == NOW
+    assert board.high_active_until_ns == NOW - 5_000_000 + shim_abi.BOARD_HIGH_HOLD_NS
+    assert set(board.entries) == {
+        shim_abi.BoardEntry(11, NOW - 5_000_000),
+        shim_abi.BoardEntry(22, NOW - 1_000_000),
+    }
+    assert (node.node_dir / GPU).stat().st_size == shim_abi.BOARD_SIZE
+
+
+def test_a_low_priority_region_cannot_stamp_the_gpu_busy(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    # claims high priority in its region header and activity an hour ahead
+    node.container("liar", _limits(), _region(11, NOW + HOUR))
+    node.publisher().publish()
+    board = node.board()
+    assert board.high_active_until_ns == 0
+    assert board.entries == (shim_abi.BoardEntry(11, NOW),)  # "the future" is read as now
+
+
+def test_a_high_priority_stamp_from_the_future_holds_no_longer_than_now(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.container("high", _limits(shim_abi.PRIORITY_HIGH), _region(11, 2**64 - 1))
+    node.publisher().publish()
+    assert node.board().high_active_until_ns == NOW + shim_abi.BOARD_HIGH_HOLD_NS
+
+
+def test_a_container_cannot_pose_as_its_neighbour(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.container("victim", _limits(), _region(11, NOW - 1))
+    node.container("impostor", _limits(), _region(11, NOW - 2))  # copies the victim's id
+    node.publisher().publish()
+    # Neither is identified: the victim counts both as someone else (never "alone").
+    assert {e.id for e in node.board().entries} == {0}
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        "truncated",
+        "empty",
+        "garbage",
+        "huge",
+        "symlink",
+        "fifo",
+        "directory",
+        "absurd_device_count",
+    ],
+)
+def test_hostile_region_files_are_skipped_without_hanging(tmp_path: Path, plant: str) -> None:
+    node = Node(tmp_path)
+    good = node.container("good", _limits(shim_abi.PRIORITY_HIGH), _region(11, NOW - 1))
+    bad = node.container("bad", _limits(), None)
+    if plant == "truncated":
+        bad.write_bytes(_region(22, NOW)[:100])
+    elif plant == "empty":
+        bad.write_bytes(b"")
+    elif plant == "garbage":
+        bad.write_bytes(os.urandom(shim_abi.REGION_SIZE))
+    elif plant == "huge":
+        with bad.open("wb") as out:
+            out.truncate(1 << 40)
+    elif plant == "symlink":
+        bad.symlink_to(good)  # would read the neighbour's region as its own
+    elif plant == "fifo":
+        os.mkfifo(bad)
+    elif plant == "directory":
+        bad.mkdir()
+    else:
+        data = bytearray(_region(22, NOW))
+        struct.pack_into("<I", data, shim_abi.HDR_OFF_DEVICE_COUNT, 2**32 - 1)
+        bad.write_bytes(bytes(data))
+    _within(5, node.publisher().publish)
+    assert node.board().entries == (shim_abi.BoardEntry(11, NOW - 1),)
+
+
+def test_the_metrics_scrape_never_blocks_on_a_planted_fifo(tmp_path: Path) -> None:
+    """live_containers (the metrics scrape) reads each container's region: a FIFO planted
+    where the region belongs must not hang it."""
+    files = AllocationFiles(tmp_path / "state")
+    resource = "tencent.com/vcuda-core"
+    key = allocation_key(resource, ["d1"])
+    files.prepare(key)
+    files.write_limits(key, _limits().decode())
+    os.mkfifo(files.region_path(key))
+
+    class Source:
+        def list(self) -> list[ContainerDevices]:
+            return [ContainerDevices("ns", "pod", "main", {resource: frozenset({"d1"})})]
+
+    found: list[LiveContainer] = []
+    _within(5, lambda: found.extend(live_containers(Source(), [resource], files)))
+    assert len(found) == 1
+    assert found[0].region is None and found[0].limits is not None
