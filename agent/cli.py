@@ -12,8 +12,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes import config as kube_config
-from prometheus_client import start_http_server
 
+from agent import endpoint
 from agent.containers import live_containers, live_keys
 from agent.containerstart import ContainerStarter
 from agent.deviceplugin.plugin import DevicePlugin
@@ -31,7 +31,7 @@ from agent.nodesettings import follow_memory_scaling
 from agent.nvml_backend import NvmlError, PynvmlBackend
 from agent.podlookup import KubernetesPodLookup
 from agent.podresources import PodResourcesClient, PodResourcesError
-from agent.settings import AgentSettings, SettingsError, parse_settings
+from agent.settings import AgentExit, AgentSettings, SettingsError, parse_settings
 from agent.shim_install import ShimInstallError, install_shim
 from fracgpu.codec import encode_device
 
@@ -152,10 +152,10 @@ class Agent:
             gpu_manager_metrics=s.gpu_manager_metrics,
             node_name=s.node_name,
         )
-        http_server, http_thread = start_http_server(
-            s.metrics_port, s.metrics_address, registry=build_registry(collector)
+        http = endpoint.start(
+            s.metrics_address, s.metrics_port, build_registry(collector), manager.readiness
         )
-        log.info("metrics serving", extra={"port": http_server.server_port})
+        log.info("metrics serving", extra={"port": http.port})
 
         health.start()
         manager.start()
@@ -180,8 +180,7 @@ class Agent:
             if inventory is not None:
                 inventory.stop()
             health.stop()
-            http_server.shutdown()
-            http_thread.join(timeout=5)
+            http.stop()
             backend.shutdown()
             log.info("stopped")
 
@@ -197,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     try:
         settings = parse_settings(args)
+    except AgentExit as done:
+        return done.code
     except SettingsError as error:
         print(f"fracgpu-agent: {error}", file=sys.stderr)
         return 2
