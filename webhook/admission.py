@@ -37,7 +37,7 @@ from webhook.state import (
     RejectKind,
     ReserveRejected,
 )
-from webhook.tolerations import untolerated_nodes
+from webhook.tolerations import Taint, untolerated_nodes
 
 log = logging.getLogger(__name__)
 # Sub-resources whose object is the pod and may carry containers (kubectl debug).
@@ -227,31 +227,35 @@ class Admission:
         allowed: set[str] | None = None
         if self._labels is not None:
             allowed = allowed_nodes(pod, await self._labels.node_labels())
+        excluded: dict[str, tuple[Taint, ...]] = {}
         if self._taints is not None:
             # Most nodes carry no taint: find the few excluded ones rather than the many allowed.
             excluded = untolerated_nodes(pod, await self._taints.node_taints())
             if excluded:
                 everyone = {n.name for n in view.nodes()} if allowed is None else allowed
-                allowed = everyone - excluded
+                allowed = everyone - excluded.keys()
         if allowed is None or view.covers_all_nodes(allowed):
             return demand, ""  # every GPU node is allowed: nothing to narrow
         uuids = [d.uuid for n in view.nodes() if n.name in allowed for d in n.devices]
         wanted = demand.constraints.include_uuids
         if wanted:
             uuids = [u for u in uuids if u in wanted]
+        taints = _taint_note(excluded)
         if not uuids:
             return (
                 f"none of the {len(view.nodes())} GPU nodes matches this pod's nodeSelector, "
                 "required node affinity and tolerations"
                 + (" together with its GPU UUID annotation" if wanted else "")
-                + ": fix the selector, add a toleration for the GPU nodes' taints, "
+                + f"{taints}: fix the selector, add a toleration for the GPU nodes' taints, "
                 "or label GPU nodes to match"
             )
-        constraints = dataclasses.replace(demand.constraints, include_uuids=tuple(uuids))
+        constraints = dataclasses.replace(
+            demand.constraints, include_uuids=tuple(uuids), uuids_named=bool(wanted)
+        )
         shown = sorted(allowed)[:MAX_NODES_NAMED]
         note = (
             " (its nodeSelector, required node affinity and tolerations allow only "
-            f"{', '.join(shown)}{' and more' if len(allowed) > len(shown) else ''})"
+            f"{', '.join(shown)}{' and more' if len(allowed) > len(shown) else ''}{taints})"
         )
         return dataclasses.replace(demand, constraints=constraints), note
 
@@ -377,6 +381,16 @@ class Admission:
         """A pod whose fracgpu fields fracgpu did not write: name them all, and why."""
         findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
         return f"{validate.tamper_message(findings, 'this pod')} (not fracgpu's because {why})"
+
+
+def _taint_note(excluded: Mapping[str, Sequence[Taint]]) -> str:
+    """Which node taints the pod does not tolerate, for a denial message."""
+    if not excluded:
+        return ""
+    shown = sorted(excluded)[:MAX_NODES_NAMED]
+    parts = [f"{node} has taint {', '.join(map(str, excluded[node]))}" for node in shown]
+    more = f" and {len(excluded) - len(shown)} more nodes" if len(excluded) > len(shown) else ""
+    return f"; not tolerated: {'; '.join(parts)}{more}"
 
 
 def _claim(

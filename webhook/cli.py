@@ -18,7 +18,8 @@ from pathlib import Path
 import jsonpatch
 import yaml
 
-from webhook import demo, server, settings
+from fracgpu import __version__
+from webhook import demo, documents, server, settings
 from webhook.admission import Admission
 from webhook.client import build_review
 from webhook.cluster.apiclient import endpoint_from_kubeconfig
@@ -54,7 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "admit":
             return asyncio.run(_admit(args.pod, args.username, args.dry_run, config))
         return asyncio.run(_serve(config))
-    except (settings.SettingsError, ClusterFileError, TLSConfigError, OSError) as error:
+    except (
+        settings.SettingsError,
+        ClusterFileError,
+        documents.DocumentError,
+        TLSConfigError,
+        OSError,
+    ) as error:
         print(f"fracgpu: {error}", file=sys.stderr)
         return 2
 
@@ -63,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fracgpu", description="fractional GPUs for Kubernetes: the admission webhook"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command")
     run_demo = commands.add_parser("demo", help="run the webhook locally on the example pods")
     run_demo.add_argument("--cluster", type=Path, default=demo.EXAMPLES / "cluster.yaml")
@@ -103,7 +111,7 @@ def _state(config: settings.Settings) -> EmbeddedState:
 
 async def _admit(pod_file: Path, username: str, dry_run: bool, config: settings.Settings) -> int:
     """Run the pod through mutate then validate in-process; print it, or the denial (exit 1)."""
-    pod = yaml.safe_load(pod_file.read_text())
+    pod = documents.load(pod_file)
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         print(f"fracgpu: {pod_file} is not a single Pod manifest", file=sys.stderr)
         return 2

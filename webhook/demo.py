@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import jsonpatch
-import yaml
 
 from fracgpu import names
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import FracgpuError
-from webhook import selfsigned, server, settings
+from webhook import documents, selfsigned, server, settings
 from webhook.client import WebhookClient, build_review, patch_of
 from webhook.demand import gpu_requests
 from webhook.embedded import EmbeddedState, load_cluster_file
@@ -48,6 +47,7 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
     if not pod_files:
         out.write(f"no pod manifests (*.yaml) in {pods_dir}\n")
         return 1
+    pods = [(path.name, _load_pod(path)) for path in pod_files]  # every mistake before serving
     with tempfile.TemporaryDirectory(prefix="fracgpu-demo-") as tmp:
         authority = selfsigned.new_authority()
         ca, cert, key = selfsigned.write_files(
@@ -78,7 +78,8 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
             )
             async with WebhookClient(running.url, ca) as client:
                 outcomes = [
-                    await _admit(client, path, config.dialects, gpu_index) for path in pod_files
+                    await _admit(client, source, pod, config.dialects, gpu_index)
+                    for source, pod in pods
                 ]
         finally:
             await running.stop()
@@ -86,17 +87,25 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
     return 0
 
 
+def _load_pod(path: Path) -> dict[str, Any]:
+    pod = documents.load(path)
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+        raise documents.DocumentError(f"{path}: not a single Pod manifest")
+    return pod
+
+
 async def _admit(
     client: WebhookClient,
-    path: Path,
+    source: str,
+    pod: dict[str, Any],
     dialects: Any,
     gpu_index: Mapping[str, int],
 ) -> Outcome:
-    pod = yaml.safe_load(path.read_text())
-    meta = pod.get("metadata", {})
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     short = meta.get("name") or meta.get("generateName", "") + "*"
     name = f"{meta.get('namespace', 'default')}/{short}"
-    outcome = Outcome(path.name, name, _dialects(pod, dialects), "")
+    outcome = Outcome(source, name, _dialects(pod, dialects), "")
     mutated = await client.review("/mutate", build_review(pod))
     outcome.warnings = list(mutated.response.get("warnings") or [])
     if not mutated.allowed:
