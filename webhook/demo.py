@@ -5,6 +5,7 @@ kube-apiserver would do; the result is printed as a table, then every patch and 
 """
 
 import json
+import sys
 import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,14 @@ from webhook.demand import gpu_requests
 from webhook.embedded import EmbeddedState, load_cluster_file
 from webhook.tls import CertificateReloader, TLSFiles
 
-EXAMPLES: Final = Path(__file__).resolve().parent.parent / "examples"
+# The repository's examples/ when run from a checkout; an installed wheel carries the demo's
+# cluster file and pods under <prefix>/share/fracgpu/examples (pyproject's data-files).
+_CHECKOUT_EXAMPLES: Final = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES: Final = (
+    _CHECKOUT_EXAMPLES
+    if (_CHECKOUT_EXAMPLES / "cluster.yaml").is_file()
+    else Path(sys.prefix) / "share" / "fracgpu" / "examples"
+)
 VALUE_WIDTH: Final = 96
 
 
