@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes import config as kube_config
 
@@ -50,10 +51,16 @@ def _kube_api_client(settings: AgentSettings) -> Any:
         if settings.kubeconfig is not None:
             return config.new_client_from_config(config_file=str(settings.kubeconfig))
         config.load_incluster_config()
-    except (config.ConfigException, OSError) as error:
+    except (config.ConfigException, OSError, yaml.YAMLError) as error:
         where = settings.kubeconfig or "the in-cluster service account"
+        mark = getattr(error, "problem_mark", None)
+        reason = (
+            f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}"
+            if mark is not None
+            else " ".join(str(error).split())
+        )
         raise KubeConfigError(
-            f"cannot load Kubernetes credentials from {where}: {error}; "
+            f"cannot load Kubernetes credentials from {where}: {reason}; "
             "run in a pod with a service account or pass --kubeconfig"
         ) from None
     return client.ApiClient()

@@ -147,6 +147,23 @@ def test_discover_command_prints_what_nvml_reports(double: NvmlDouble) -> None:
     assert report["driverVersion"] and report["cudaDriverVersion"]
 
 
+def test_agent_with_a_malformed_kubeconfig_says_where(short_dir: Path, double: NvmlDouble) -> None:
+    broken = short_dir / "kubeconfig"
+    broken.write_text("clusters: [\n")
+    process = AgentProcess(
+        node="node-a",
+        directory=short_dir,
+        double=double,
+        kubeconfig=broken,
+        publish_inventory=False,
+    )
+    assert process.proc.wait(60) == 1
+    process.stop()
+    entry = next(e for e in process.logs if e.get("msg") == "agent cannot start")
+    assert f"from {broken}: not valid YAML at line 2, column 1" in entry["error"]
+    assert not any("Traceback" in line for line in process.raw)
+
+
 def test_agent_without_credentials_says_so(short_dir: Path, double: NvmlDouble) -> None:
     process = AgentProcess(
         node="node-a",

@@ -129,3 +129,16 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"fracgpu-certs {__version__}"
+
+
+def test_an_unusable_kubeconfig_is_one_clear_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("clusters: [\n")
+    assert main(["ensure", f"--kubeconfig={broken}"]) == 1
+    assert f"cannot load the kubeconfig: {broken}:2:1: not valid YAML" in caplog.text
+    assert "Traceback" not in caplog.text
+    caplog.clear()
+    assert main(["ensure", f"--kubeconfig={tmp_path / 'absent'}"]) == 1
+    assert f"{tmp_path / 'absent'} does not exist" in caplog.text
