@@ -5,6 +5,7 @@ clear errors; and that the plugin no longer imports the ``kubernetes`` package."
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import ssl
 import subprocess
@@ -17,6 +18,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from webhook import selfsigned
 from webhook.kubectl import fetch, kubeapi
@@ -24,16 +29,44 @@ from webhook.kubectl import fetch, kubeapi
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def client_pair(authority: selfsigned.Authority, user: str) -> tuple[bytes, bytes]:
+    """A client certificate (clientAuth) for ``user`` signed by ``authority``, and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, user)]))
+        .issuer_name(authority.pair.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(authority.pair.key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return cert.public_bytes(pem), key_pem
+
+
 class FakeApiServer:
-    """HTTPS on 127.0.0.1 answering GETs from a dict; records the Authorization headers."""
+    """HTTPS on 127.0.0.1 answering GETs from a dict; records the Authorization headers and
+    the common name of a client certificate (clients may present one, signed by
+    ``client_ca``)."""
 
     def __init__(self, directory: Path) -> None:
+        self.client_ca = selfsigned.new_authority()
+        client_ca_file = directory / "client-ca.crt"
         authority = selfsigned.new_authority()
         self.ca, cert, key = selfsigned.write_files(
             directory, authority, selfsigned.issue_serving(authority, ("127.0.0.1",))
         )
+        client_ca_file.write_bytes(self.client_ca.cert_pem)
         self.answers: dict[str, tuple[int, Any]] = {}
         self.seen: list[tuple[str, str]] = []
+        self.client_names: list[str] = []
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,6 +74,9 @@ class FakeApiServer:
 
             def do_GET(self) -> None:
                 api.seen.append((self.path, self.headers.get("Authorization", "")))
+                peer = self.connection.getpeercert()  # type: ignore[attr-defined]
+                if peer:
+                    api.client_names.append(dict(x[0] for x in peer["subject"])["commonName"])
                 status, body = api.answers.get(self.path, (404, {"message": "nope"}))
                 data = json.dumps(body).encode()
                 self.send_response(status)
@@ -55,6 +91,8 @@ class FakeApiServer:
         self.server = HTTPServer(("127.0.0.1", 0), Handler)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(cert, key)
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(client_ca_file)
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.url = f"https://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -105,6 +143,27 @@ def test_token_and_context_namespace(api: FakeApiServer, tmp_path: Path) -> None
     finally:
         client.close()
     assert api.seen[0] == (NODES, "Bearer t0k")
+
+
+def test_client_certificate_inline_or_in_files(api: FakeApiServer, tmp_path: Path) -> None:
+    api.answers[NODES] = (200, {"items": []})
+    cert, key = client_pair(api.client_ca, "alice")
+    inline = {
+        "client-certificate-data": base64.b64encode(cert).decode(),
+        "client-key-data": base64.b64encode(key).decode(),
+    }
+    bob_cert, bob_key = client_pair(api.client_ca, "bob")
+    (tmp_path / "bob.crt").write_bytes(bob_cert)
+    (tmp_path / "bob.key").write_bytes(bob_key)
+    files = {"client-certificate": "bob.crt", "client-key": "bob.key"}  # relative to the file
+    for name, user in (("inline", inline), ("files", files)):
+        client, _ = fetch.connect(str(kubeconfig(tmp_path / name, api.url, api.ca, user)), None)
+        try:
+            fetch.gpunodes(client)
+        finally:
+            client.close()
+    assert api.client_names == ["alice", "bob"]
+    assert [auth for _, auth in api.seen] == ["", ""]
 
 
 def test_kubeconfig_env_is_merged_first_wins(api: FakeApiServer, tmp_path: Path) -> None:
