@@ -239,6 +239,11 @@ def test_api_errors_and_tls_errors_are_explained(api: FakeApiServer, tmp_path: P
     with pytest.raises(fetch.FetchError, match="TLS verification failed"):
         fetch.gpunodes(client)
     client.close()
+    # An API server without fracgpu's CRDs answers 404 to the list.
+    client, _ = fetch.connect(str(tmp_path / "k"), None)
+    with pytest.raises(fetch.FetchError, match="not found: the fracgpu CRDs are not installed"):
+        fetch.gpuquotas(client, None)
+    client.close()
     with pytest.raises(fetch.FetchError, match="context 'nope' is not in the kubeconfig"):
         fetch.connect(str(tmp_path / "k"), "nope")
     (tmp_path / "bad").write_text("clusters: [\n")

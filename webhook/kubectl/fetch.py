@@ -48,8 +48,24 @@ def _items(listed: Any) -> list[Obj]:
     return [item for item in items or [] if isinstance(item, dict)]
 
 
+NO_CRDS = (
+    ": the fracgpu CRDs are not installed in this cluster (install the chart, or "
+    "kubectl apply -f charts/fracgpu/crds/)"
+)
+
+
+def _list_custom(client: kubeapi.KubeClient, what: str, path: str) -> list[Obj]:
+    """A list of fracgpu objects; a 404 means the API server does not know the kind."""
+    try:
+        return _items(_call(what, client.get, path))
+    except FetchError as error:
+        if str(error).endswith("not found"):
+            raise FetchError(f"{error}{NO_CRDS}") from None
+        raise
+
+
 def gpunodes(client: kubeapi.KubeClient) -> list[Obj]:
-    return _items(_call("list GPUNodes", client.get, f"{CRD_PATH}/{names.GPUNODE_PLURAL}"))
+    return _list_custom(client, "list GPUNodes", f"{CRD_PATH}/{names.GPUNODE_PLURAL}")
 
 
 def gpunode(client: kubeapi.KubeClient, name: str) -> Obj | None:
@@ -77,7 +93,7 @@ def gpuquotas(client: kubeapi.KubeClient, namespace: str | None) -> list[Obj]:
     else:
         path = f"{CRD_PATH}/namespaces/{namespace}/{names.GPUQUOTA_PLURAL}"
         what = f"list GPUQuotas in {namespace}"
-    return _items(_call(what, client.get, path))
+    return _list_custom(client, what, path)
 
 
 def pod(client: kubeapi.KubeClient, namespace: str, name: str) -> Obj:
