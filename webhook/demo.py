@@ -80,7 +80,8 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
         running = await server.start(config, state, reloader)
         try:
             out.write(
-                f"fracgpu webhook listening on {running.url} (TLS, throwaway CA {ca}); "
+                f"fracgpu webhook listening on {running.url} (TLS with a throwaway CA, "
+                "removed on exit); "
                 f"cluster {cluster_file}: {len(cluster.nodes)} nodes, "
                 f"{len(gpu_index)} GPUs, {len(cluster.pods)} pods already placed\n\n"
             )

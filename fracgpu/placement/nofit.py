@@ -14,7 +14,9 @@ MAX_LEFT_OUT_IN_MESSAGE = 3
 
 def explain(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> NoFit:
     asked = "; ".join(describe(c) for c in demand.containers) or "no GPU"
-    pod = f"{asked}, {demand.cpu_milli}m CPU, {demand.memory_mib} MiB memory"
+    pod = asked
+    if demand.cpu_milli or demand.memory_mib:  # a pod without CPU or memory requests: no noise
+        pod += f", {demand.cpu_milli}m CPU, {demand.memory_mib} MiB memory"
     limited = describe_constraints(demand.constraints)
     if limited:
         pod += f"; {limited}"

@@ -120,3 +120,10 @@ def test_not_now_for_a_percentage_request() -> None:
 def test_empty_cluster_is_never() -> None:
     result = no_fit(ClusterView(), share(10))
     assert result.reason is NoFitReason.NEVER
+
+
+def test_a_pod_without_cpu_or_memory_requests_is_described_without_them() -> None:
+    view = ClusterView([node("a", 1)])
+    message = no_fit(view, share(10, memory_mib=20000)).message
+    assert 'container "main": 1 GPU x 10 cores + 20000 MiB)' in message
+    assert "0m CPU" not in message
