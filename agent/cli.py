@@ -14,7 +14,6 @@ import yaml
 from kubernetes import client
 from kubernetes import config as kube_config
 
-from agent import endpoint
 from agent.containers import live_containers, live_keys
 from agent.containerstart import ContainerStarter
 from agent.deviceplugin.plugin import DevicePlugin
@@ -22,6 +21,7 @@ from agent.deviceplugin.server import PluginManager
 from agent.deviceplugin.state import DeviceState
 from agent.deviceplugin.units import ResourceKind
 from agent.discovery import discover
+from agent.endpoint import start_http_server
 from agent.health import HealthMonitor
 from agent.hostfiles import AllocationFiles, prepare_node_dir
 from agent.housekeeping import Housekeeper
@@ -89,7 +89,7 @@ def discover_command() -> int:
 class Agent:
     settings: AgentSettings
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event) -> None:  # noqa: PLR0915 - wiring, one step each
         s = self.settings
         backend = PynvmlBackend()
         gpus = discover(backend)
@@ -159,10 +159,11 @@ class Agent:
             gpu_manager_metrics=s.gpu_manager_metrics,
             node_name=s.node_name,
         )
-        http = endpoint.start(
-            s.metrics_address, s.metrics_port, build_registry(collector), manager.readiness
+        http_server, http_thread = start_http_server(
+            s.metrics_port, s.metrics_address, registry=build_registry(collector)
         )
-        log.info("metrics serving", extra={"port": http.port})
+        log.info("metrics serving", extra={"port": http_server.server_port})
+        http_server.readiness = manager.readiness  # /readyz: registered with kubelet yet?
 
         health.start()
         manager.start()
@@ -187,7 +188,8 @@ class Agent:
             if inventory is not None:
                 inventory.stop()
             health.stop()
-            http.stop()
+            http_server.shutdown()
+            http_thread.join(timeout=5)
             backend.shutdown()
             log.info("stopped")
 

@@ -212,12 +212,7 @@ def _parser() -> argparse.ArgumentParser:
         "(the flag alone means true)",
     )
     p.add_argument("--log-level", default=d.log_level, help="one of " + ", ".join(_LOG_LEVELS))
-    p.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=None,
-        help="kubeconfig file (default: the Pod's service account)",
-    )
+    p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster config")
     p.add_argument(
         "--no-publish-inventory",
         dest="publish_inventory",
