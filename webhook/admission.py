@@ -37,7 +37,7 @@ from webhook.state import (
     RejectKind,
     ReserveRejected,
 )
-from webhook.tolerations import Taint, untolerated_nodes
+from webhook.tolerations import untolerated_nodes
 
 log = logging.getLogger(__name__)
 # Sub-resources whose object is the pod and may carry containers (kubectl debug).
@@ -227,20 +227,19 @@ class Admission:
         allowed: set[str] | None = None
         if self._labels is not None:
             allowed = allowed_nodes(pod, await self._labels.node_labels())
-        excluded: dict[str, tuple[Taint, ...]] = {}
         if self._taints is not None:
             # Most nodes carry no taint: find the few excluded ones rather than the many allowed.
             excluded = untolerated_nodes(pod, await self._taints.node_taints())
             if excluded:
                 everyone = {n.name for n in view.nodes()} if allowed is None else allowed
-                allowed = everyone - excluded.keys()
+                allowed = everyone - excluded
         if allowed is None or view.covers_all_nodes(allowed):
             return demand, ""  # every GPU node is allowed: nothing to narrow
         uuids = [d.uuid for n in view.nodes() if n.name in allowed for d in n.devices]
         wanted = demand.constraints.include_uuids
         if wanted:
             uuids = [u for u in uuids if u in wanted]
-        taints = _taint_note(excluded)
+        taints = await self._taint_note(pod, allowed)
         if not uuids:
             return (
                 f"none of the {len(view.nodes())} GPU nodes matches this pod's nodeSelector, "
@@ -258,6 +257,24 @@ class Admission:
             f"{', '.join(shown)}{' and more' if len(allowed) > len(shown) else ''}{taints})"
         )
         return dataclasses.replace(demand, constraints=constraints), note
+
+    async def _taint_note(self, pod: Mapping[str, Any], allowed: set[str]) -> str:
+        """The taints that keep the pod off GPU nodes (the first few nodes), for a denial."""
+        if self._taints is None:
+            return ""
+        node_taints = await self._taints.node_taints()
+        excluded = sorted(untolerated_nodes(pod, node_taints) - allowed)
+        parts = []
+        for node in excluded[:MAX_NODES_NAMED]:
+            kept_off = [t for t in node_taints[node] if untolerated_nodes(pod, {node: (t,)})]
+            shown = ", ".join(
+                f"{t.key}{'=' + t.value if t.value else ''}:{t.effect}" for t in kept_off
+            )
+            parts.append(f"{node} has taint {shown}")
+        if not parts:
+            return ""
+        more = len(excluded) - len(parts)
+        return f"; not tolerated: {'; '.join(parts)}" + (f" and {more} more nodes" if more else "")
 
     def _quota_denial(self, over: quotalib.QuotaExceeded) -> responses.Verdict:
         self._metrics.placement_failure("quota")
@@ -381,16 +398,6 @@ class Admission:
         """A pod whose fracgpu fields fracgpu did not write: name them all, and why."""
         findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
         return f"{validate.tamper_message(findings, 'this pod')} (not fracgpu's because {why})"
-
-
-def _taint_note(excluded: Mapping[str, Sequence[Taint]]) -> str:
-    """Which node taints the pod does not tolerate, for a denial message."""
-    if not excluded:
-        return ""
-    shown = sorted(excluded)[:MAX_NODES_NAMED]
-    parts = [f"{node} has taint {', '.join(map(str, excluded[node]))}" for node in shown]
-    more = f" and {len(excluded) - len(shown)} more nodes" if len(excluded) > len(shown) else ""
-    return f"; not tolerated: {'; '.join(parts)}{more}"
 
 
 def _claim(

@@ -20,28 +20,23 @@ class Taint:
     effect: str
     value: str = ""
 
-    def __str__(self) -> str:
-        """As kubectl writes it: key=value:effect (key:effect without a value)."""
-        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
-
 
 def untolerated_nodes(
     pod: Mapping[str, Any], node_taints: Mapping[str, Sequence[Taint]]
-) -> dict[str, tuple[Taint, ...]]:
-    """Nodes with a blocking taint the pod does not tolerate (untainted nodes never are),
-    each with the taints it does not tolerate."""
+) -> set[str]:
+    """Nodes with a blocking taint the pod does not tolerate (untainted nodes never are)."""
     blocking = {
         node: [t for t in taints if t.effect in BLOCKING_EFFECTS]
         for node, taints in node_taints.items()
     }
     if not any(blocking.values()):
-        return {}
+        return set()
     tolerations = _tolerations(pod)
-    untolerated = {
-        node: tuple(taint for taint in taints if not any(_tolerates(t, taint) for t in tolerations))
+    return {
+        node
         for node, taints in blocking.items()
+        if not all(any(_tolerates(t, taint) for t in tolerations) for taint in taints)
     }
-    return {node: taints for node, taints in untolerated.items() if taints}
 
 
 def _tolerations(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:

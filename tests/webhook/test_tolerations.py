@@ -44,13 +44,13 @@ CASES = [
 @pytest.mark.parametrize(("case", "tolerations", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_tolerated_nodes(case: str, tolerations: list[dict[str, Any]], expected: set[str]) -> None:
     pod = {"spec": {"containers": [{"name": "c"}], "tolerations": tolerations}}
-    assert set(NODES) - untolerated_nodes(pod, NODES).keys() == expected
+    assert set(NODES) - untolerated_nodes(pod, NODES) == expected
 
 
 def test_untainted_nodes_are_never_excluded_even_for_a_malformed_pod() -> None:
     # no blocking taint anywhere: the pod's tolerations need not even be read
     pod = {"spec": {"tolerations": "not a list"}}
-    assert untolerated_nodes(pod, {"a": (), "b": (Taint("x", "PreferNoSchedule"),)}) == {}
+    assert untolerated_nodes(pod, {"a": (), "b": (Taint("x", "PreferNoSchedule"),)}) == set()
 
 
 SHARE = {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "4"}
