@@ -24,13 +24,13 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.admission.cost",
         "one admission in process: CPU time and (under valgrind) instructions per admission",
     ),
-    "kubectl-startup": (
-        "bench.kubectl_startup",
-        "kubectl fracgpu's start-up time next to importing the kubernetes package",
-    ),
     "placement-synth": (
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",
+    ),
+    "kubectl-startup": (
+        "bench.kubectl_startup",
+        "kubectl fracgpu's start-up time next to importing the kubernetes package",
     ),
 }
 

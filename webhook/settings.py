@@ -7,7 +7,6 @@ them all and a test keeps the two in step.
 
 import argparse
 import dataclasses
-import enum
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -477,8 +476,6 @@ def describe(settings: Settings) -> Sequence[str]:
 def _shown(value: Any) -> str:
     """A setting as an operator writes it: paths and enums plain, sets as lists, nested
     settings as key=value pairs (no Python reprs in the log)."""
-    if isinstance(value, enum.Enum):
-        return str(value.value)
     if isinstance(value, (set, frozenset, tuple, list)):
         return ",".join(sorted(_shown(v) for v in value)) or "(none)"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
