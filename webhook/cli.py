@@ -22,7 +22,7 @@ from fracgpu import __version__
 from webhook import demo, documents, server, settings
 from webhook.admission import Admission
 from webhook.client import build_review
-from webhook.cluster.apiclient import endpoint_from_kubeconfig
+from webhook.cluster.apiclient import Endpoint, endpoint_from_kubeconfig
 from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
 from webhook.cluster.state import KubeStateSettings
@@ -179,10 +179,29 @@ async def _serve_until_signal(
     return 0
 
 
+def _endpoint(config: settings.Settings) -> Endpoint:
+    """Where the API server is; a kubeconfig that cannot be used is one line, not a trace."""
+    from kubernetes.config import ConfigException  # noqa: PLC0415 - cluster mode only
+
+    if config.in_cluster:
+        where, kubeconfig = "the pod's service account", None
+    else:
+        where, kubeconfig = f"--kubeconfig {config.kubeconfig}", str(config.kubeconfig)
+        if config.kubeconfig is None or not Path(config.kubeconfig).is_file():
+            raise settings.SettingsError(f"{where}: the file does not exist")
+    try:
+        return endpoint_from_kubeconfig(kubeconfig)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise settings.SettingsError(f"{where}: not valid YAML{line}") from None
+    except (ConfigException, yaml.YAMLError, OSError) as error:
+        raise settings.SettingsError(f"{where}: {' '.join(str(error).split())}") from None
+
+
 def _cluster_mode(config: settings.Settings) -> ClusterMode:
-    kubeconfig = None if config.in_cluster else str(config.kubeconfig)
     return ClusterMode(
-        endpoint=endpoint_from_kubeconfig(kubeconfig),
+        endpoint=_endpoint(config),
         state=KubeStateSettings(
             split_count=config.split_count,
             memory_scaling=config.memory_scaling,

@@ -280,3 +280,32 @@ def test_version() -> None:
     result = fracgpu("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"fracgpu {__version__}"
+
+
+def test_cluster_mode_with_an_unusable_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    _, _, cert, key = write_tls(tmp_path / "tls")
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("clusters: [\n")
+    empty = tmp_path / "empty"
+    empty.write_text("apiVersion: v1\nkind: Config\n")
+    cases = [
+        (broken, f"--kubeconfig {broken}: not valid YAML at line 2, column 1"),
+        (tmp_path / "absent", f"--kubeconfig {tmp_path / 'absent'}: the file does not exist"),
+        (empty, f"--kubeconfig {empty}: "),
+    ]
+    for kubeconfig, expected in cases:
+        result = fracgpu(
+            "serve",
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+        )
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"fracgpu: {expected}"), result.stderr
