@@ -244,6 +244,11 @@ def test_api_errors_and_tls_errors_are_explained(api: FakeApiServer, tmp_path: P
     with pytest.raises(fetch.FetchError, match="not found: the fracgpu CRDs are not installed"):
         fetch.gpuquotas(client, None)
     client.close()
+    proxied = yaml.safe_load((tmp_path / "k").read_text())
+    proxied["clusters"][0]["cluster"]["proxy-url"] = "http://proxy:3128"
+    (tmp_path / "proxied").write_text(yaml.safe_dump(proxied))
+    with pytest.raises(fetch.FetchError, match="proxy-url is not supported"):
+        fetch.connect(str(tmp_path / "proxied"), None)
     with pytest.raises(fetch.FetchError, match="context 'nope' is not in the kubeconfig"):
         fetch.connect(str(tmp_path / "k"), "nope")
     (tmp_path / "bad").write_text("clusters: [\n")

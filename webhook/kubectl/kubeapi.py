@@ -132,6 +132,11 @@ def load(
         raise KubeConfigError(
             f"cluster {cluster_name!r}: server {cluster.get('server')!r} is not an https:// URL"
         )
+    if cluster.get("proxy-url"):
+        raise KubeConfigError(
+            f"cluster {cluster_name!r}: proxy-url is not supported by kubectl fracgpu: reach "
+            "the API server directly (for example through kubectl port-forward or a VPN)"
+        )
     base = origin.get(f"clusters/{cluster_name}", Path.cwd())
     user_base = origin.get(f"users/{user_name}", Path.cwd())
     ca = _data_or_file(cluster, "certificate-authority", base)
