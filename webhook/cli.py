@@ -73,8 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command")
     run_demo = commands.add_parser("demo", help="run the webhook locally on the example pods")
-    run_demo.add_argument("--cluster", type=Path, default=demo.EXAMPLES / "cluster.yaml")
-    run_demo.add_argument("--pods", type=Path, default=demo.EXAMPLES / "pods")
+    run_demo.add_argument(
+        "--cluster",
+        type=Path,
+        default=demo.EXAMPLES / "cluster.yaml",
+        help="cluster file: nodes, GPUs, placed pods, quotas [%(default)s]",
+    )
+    run_demo.add_argument(
+        "--pods",
+        type=Path,
+        default=demo.EXAMPLES / "pods",
+        help="directory of pod manifests (*.yaml), sent in name order [%(default)s]",
+    )
     admit = commands.add_parser("admit", help="print a pod as fracgpu would admit it")
     admit.add_argument("pod", type=Path, help="pod manifest (YAML or JSON)")
     admit.add_argument(

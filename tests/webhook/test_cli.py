@@ -13,6 +13,7 @@ import yaml
 from fracgpu import __version__, names
 from fracgpu.codec import decode_assignment
 from tests.webhook.support import gpu_pod, write_tls
+from webhook.cli import _parser
 from webhook.client import WebhookClient, build_review
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,6 +275,16 @@ def test_malformed_yaml_or_json_is_one_clear_line(tmp_path: Path) -> None:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0], (args, result.stderr)
         assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    parser = _parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert commands is not None
+    for name, command in {"": parser, **commands}.items():
+        for action in command._actions:
+            if action.option_strings:
+                assert (action.help or "").strip(), f"fracgpu {name} {action.option_strings[0]}"
 
 
 def test_version() -> None:
