@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes import config as kube_config
-from prometheus_client import start_http_server
 
 from agent.boards import BoardLoop, BoardPublisher, allocation_sources
 from agent.containers import live_containers, live_keys
@@ -22,6 +22,7 @@ from agent.deviceplugin.server import PluginManager
 from agent.deviceplugin.state import DeviceState
 from agent.deviceplugin.units import ResourceKind
 from agent.discovery import discover
+from agent.endpoint import start_http_server
 from agent.health import HealthMonitor
 from agent.hostfiles import AllocationFiles, prepare_node_dir
 from agent.housekeeping import Housekeeper
@@ -32,7 +33,7 @@ from agent.nodesettings import follow_memory_scaling
 from agent.nvml_backend import NvmlError, PynvmlBackend
 from agent.podlookup import KubernetesPodLookup
 from agent.podresources import PodResourcesClient, PodResourcesError
-from agent.settings import AgentSettings, SettingsError, parse_settings
+from agent.settings import AgentExit, AgentSettings, SettingsError, parse_settings
 from agent.shim_install import ShimInstallError, install_shim
 from fracgpu.codec import encode_device
 
@@ -51,10 +52,16 @@ def _kube_api_client(settings: AgentSettings) -> Any:
         if settings.kubeconfig is not None:
             return config.new_client_from_config(config_file=str(settings.kubeconfig))
         config.load_incluster_config()
-    except (config.ConfigException, OSError) as error:
+    except (config.ConfigException, OSError, yaml.YAMLError) as error:
         where = settings.kubeconfig or "the in-cluster service account"
+        mark = getattr(error, "problem_mark", None)
+        reason = (
+            f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}"
+            if mark is not None
+            else " ".join(str(error).split())
+        )
         raise KubeConfigError(
-            f"cannot load Kubernetes credentials from {where}: {error}; "
+            f"cannot load Kubernetes credentials from {where}: {reason}; "
             "run in a pod with a service account or pass --kubeconfig"
         ) from None
     return client.ApiClient()
@@ -94,7 +101,7 @@ def _host_files(settings: AgentSettings, gpus: list[str]) -> tuple[AllocationFil
 class Agent:
     settings: AgentSettings
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event) -> None:  # noqa: PLR0915 - wiring, one step each
         s = self.settings
         backend = PynvmlBackend()
         gpus = discover(backend)
@@ -167,6 +174,7 @@ class Agent:
             s.metrics_port, s.metrics_address, registry=build_registry(collector)
         )
         log.info("metrics serving", extra={"port": http_server.server_port})
+        http_server.readiness = manager.readiness  # /readyz: registered with kubelet yet?
 
         health.start()
         manager.start()
@@ -209,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     try:
         settings = parse_settings(args)
+    except AgentExit as done:
+        return done.code
     except SettingsError as error:
         print(f"fracgpu-agent: {error}", file=sys.stderr)
         return 2

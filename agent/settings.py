@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fracgpu import __version__
 from fracgpu.names import MAX_MEMORY_SCALING, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 
 ENV_PREFIX = "FRACGPU_AGENT_"
@@ -65,17 +66,49 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
+class AgentExit(Exception):  # noqa: N818 - not an error: --help or --version was answered
+    """The command line asked for help or the version, which was printed: exit with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fracgpu-agent",
-        description="fracgpu node agent: GPU discovery, device plugin, limits, metrics.",
+        description="fracgpu node agent: GPU discovery, device plugin, limits, metrics. "
+        "Every flag may also come from FRACGPU_AGENT_<FLAG> (e.g. FRACGPU_AGENT_METRICS_PORT); "
+        "a flag on the command line wins. `fracgpu-agent discover` prints what NVML reports "
+        "as JSON and exits.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     d = AgentSettings(node_name="")
     p.add_argument("--node-name", help="Kubernetes node name (env NODE_NAME also accepted)")
-    p.add_argument("--device-plugin-dir", type=Path, default=d.device_plugin_dir)
-    p.add_argument("--pod-resources-socket", type=Path, default=d.pod_resources_socket)
-    p.add_argument("--compute-resource", default=d.compute_resource)
-    p.add_argument("--memory-resource", default=d.memory_resource)
+    p.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=d.device_plugin_dir,
+        help="kubelet's device-plugin directory: kubelet.sock is there, the agent's sockets "
+        "go there",
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=d.pod_resources_socket,
+        help="kubelet's PodResources socket, to learn which container holds which devices",
+    )
+    p.add_argument(
+        "--compute-resource",
+        default=d.compute_resource,
+        help="extended resource advertised for compute (100 = one whole GPU)",
+    )
+    p.add_argument(
+        "--memory-resource",
+        default=d.memory_resource,
+        help="extended resource advertised for GPU memory (one unit = 256 MiB)",
+    )
     p.add_argument(
         "--memory-scaling",
         type=float,
@@ -83,25 +116,65 @@ def _parser() -> argparse.ArgumentParser:
         help="memory advertised = physical x this, 1-16 (the webhook's memory_scaling; "
         "a GPUNode's spec.memoryScaling overrides it)",
     )
-    p.add_argument("--host-lib-dir", type=Path, default=d.host_lib_dir)
-    p.add_argument("--host-state-dir", type=Path, default=d.host_state_dir)
+    p.add_argument(
+        "--host-lib-dir",
+        type=Path,
+        default=d.host_lib_dir,
+        help="host directory the preload shim is installed into and mounted from",
+    )
+    p.add_argument(
+        "--host-state-dir",
+        type=Path,
+        default=d.host_state_dir,
+        help="host directory of the per-container limits files",
+    )
     p.add_argument(
         "--host-node-dir",
         type=Path,
         default=d.host_node_dir,
         help="host directory of the node's priority boards, mounted into every GPU container",
     )
-    p.add_argument("--shim-source", type=Path, default=d.shim_source)
-    p.add_argument("--kubelet-poll-seconds", type=float, default=d.kubelet_poll_seconds)
-    p.add_argument("--health-probe-seconds", type=float, default=d.health_probe_seconds)
-    p.add_argument("--xid-recovery-seconds", type=float, default=d.xid_recovery_seconds)
+    p.add_argument(
+        "--shim-source",
+        type=Path,
+        default=d.shim_source,
+        help="the shim library in the agent's image, copied to --host-lib-dir at start",
+    )
+    p.add_argument(
+        "--kubelet-poll-seconds",
+        type=float,
+        default=d.kubelet_poll_seconds,
+        help="how often kubelet's socket is checked (to register again after a restart)",
+    )
+    p.add_argument(
+        "--health-probe-seconds",
+        type=float,
+        default=d.health_probe_seconds,
+        help="how often each GPU is probed through NVML",
+    )
+    p.add_argument(
+        "--xid-recovery-seconds",
+        type=float,
+        default=d.xid_recovery_seconds,
+        help="how long a GPU must keep answering after a critical XID to count as healthy again",
+    )
     p.add_argument(
         "--ignored-xids",
         default=",".join(map(str, d.ignored_xids)),
         help="comma-separated XIDs that do not make a GPU unhealthy",
     )
-    p.add_argument("--inventory-resync-seconds", type=float, default=d.inventory_resync_seconds)
-    p.add_argument("--stale-grace-seconds", type=float, default=d.stale_grace_seconds)
+    p.add_argument(
+        "--inventory-resync-seconds",
+        type=float,
+        default=d.inventory_resync_seconds,
+        help="how often the GPUNode object is written again even without a change",
+    )
+    p.add_argument(
+        "--stale-grace-seconds",
+        type=float,
+        default=d.stale_grace_seconds,
+        help="how old an allocation directory no running container owns must be to be removed",
+    )
     p.add_argument(
         "--housekeeping-seconds",
         type=float,
@@ -114,8 +187,30 @@ def _parser() -> argparse.ArgumentParser:
         default=d.board_publish_seconds,
         help="how often the GPUs' priority boards are rewritten (0.005 to 1)",
     )
-    p.add_argument("--metrics-address", default=d.metrics_address)
-    p.add_argument("--metrics-port", type=int, default=d.metrics_port)
+    p.add_argument(
+        "--prestart-lookup-attempts",
+        type=int,
+        default=d.prestart_lookup_attempts,
+        help="PreStartContainer: how many times kubelet's PodResources is asked for the "
+        "container's devices",
+    )
+    p.add_argument(
+        "--prestart-lookup-interval-seconds",
+        type=float,
+        default=d.prestart_lookup_interval_seconds,
+        help="PreStartContainer: pause between those lookups",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=d.metrics_address,
+        help="address of the HTTP endpoint (/metrics, /readyz, /healthz)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="port of the HTTP endpoint (/metrics, /readyz, /healthz), 0 = any free port",
+    )
     p.add_argument(
         "--gpu-manager-metrics",
         nargs="?",
@@ -139,7 +234,7 @@ def _env_defaults(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> li
     """Turn FRACGPU_AGENT_* variables into flags placed before the real ones (flags win)."""
     args: list[str] = []
     for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
+        if not action.option_strings or action.dest in ("help", "version"):
             continue
         flag = action.option_strings[0]
         name = ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
@@ -160,6 +255,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     try:
         ns = parser.parse_args([*_env_defaults(parser, env), *argv])
     except SystemExit as exit_:
+        if not exit_.code:
+            raise AgentExit(0) from None  # --help or --version: printed, nothing to run
         raise SettingsError("invalid command line (see the message above)") from exit_
     node_name = ns.node_name or env.get("NODE_NAME", "")
     if not node_name:
@@ -186,7 +283,9 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     ):
         if getattr(ns, flag) <= 0:
             raise SettingsError(f"--{flag.replace('_', '-')} must be greater than 0")
-    for flag in ("xid_recovery_seconds", "stale_grace_seconds"):
+    if ns.prestart_lookup_attempts < 1:
+        raise SettingsError("--prestart-lookup-attempts must be 1 or more")
+    for flag in ("xid_recovery_seconds", "stale_grace_seconds", "prestart_lookup_interval_seconds"):
         if getattr(ns, flag) < 0:
             raise SettingsError(f"--{flag.replace('_', '-')} must be 0 or more")
     if not 0.005 <= ns.board_publish_seconds <= 1.0:
@@ -229,6 +328,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         stale_grace_seconds=ns.stale_grace_seconds,
         housekeeping_seconds=ns.housekeeping_seconds,
         board_publish_seconds=ns.board_publish_seconds,
+        prestart_lookup_attempts=ns.prestart_lookup_attempts,
+        prestart_lookup_interval_seconds=ns.prestart_lookup_interval_seconds,
         metrics_address=ns.metrics_address,
         metrics_port=ns.metrics_port,
         gpu_manager_metrics=gpu_manager_metrics,

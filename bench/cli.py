@@ -8,6 +8,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from fracgpu import __version__
+
 # subcommand -> (module with main(argv) -> int, one-line help)
 _COMMANDS: dict[str, tuple[str, str]] = {
     "placement": (
@@ -30,13 +32,17 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",
     ),
+    "kubectl-startup": (
+        "bench.kubectl_startup",
+        "kubectl fracgpu's start-up time next to importing the kubernetes package",
+    ),
 }
 
 
 def _usage() -> str:
     lines = ["usage: fracgpu-bench COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<18} {help_}" for name, (_, help_) in _COMMANDS.items()]
-    lines += ["", "fracgpu-bench COMMAND --help shows a command's options."]
+    lines += ["", "fracgpu-bench COMMAND --help shows a command's options; --version the version."]
     return "\n".join(lines)
 
 
@@ -45,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] == "--version":
+        print(f"fracgpu-bench {__version__}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in _COMMANDS:
         print(f"fracgpu-bench: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from fracgpu import __version__
+
 from .authority import service_dns_names, validate_dns_name
 from .errors import CertificateError, SettingsError
 
@@ -227,8 +229,11 @@ def _flag(
     parser: argparse.ArgumentParser, env: Mapping[str, str], name: str, help_text: str
 ) -> None:
     variable = ENV_PREFIX + name.upper().replace("-", "_")
+    # argparse formats help with %: a literal one (30%) must be doubled.
     parser.add_argument(
-        f"--{name}", default=env.get(variable), help=f"{help_text} (env {variable})"
+        f"--{name}",
+        default=env.get(variable),
+        help=f"{help_text} (env {variable})".replace("%", "%%"),
     )
 
 
@@ -291,6 +296,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         prog="fracgpu-certs",
         description="CA and serving certificate for the fracgpu webhook.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser(
         "ensure", parents=[common], help="create or renew once, then exit (Helm hook Job)"

@@ -28,6 +28,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import urllib3
+import yaml
 from cryptography import x509
 from kubernetes.client.exceptions import ApiException
 
@@ -81,6 +82,8 @@ class Write:
 def connect(settings: Settings) -> kubernetes.client.ApiClient:
     """An API client from the in-cluster service account or a kubeconfig."""
     configuration = kubernetes.client.Configuration()
+    if not settings.in_cluster and settings.kubeconfig and not settings.kubeconfig.is_file():
+        raise StoreError(f"cannot load the kubeconfig: {settings.kubeconfig} does not exist")
     try:
         if settings.in_cluster:
             kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
@@ -94,6 +97,13 @@ def connect(settings: Settings) -> kubernetes.client.ApiClient:
     except kubernetes.config.ConfigException as error:
         source = "the in-cluster service account" if settings.in_cluster else "the kubeconfig"
         raise StoreError(f"cannot load {source}: {error}") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise StoreError(
+            f"cannot load the kubeconfig: {settings.kubeconfig or '~/.kube/config'}{where}: "
+            "not valid YAML"
+        ) from None
     return kubernetes.client.ApiClient(configuration)
 
 

@@ -13,3 +13,5 @@ Read in this order:
 
 The package does no I/O and imports none of the components (enforced by import-linter).
 """
+
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it, every command prints it

@@ -32,3 +32,6 @@ if [ "$want_e2e" = 1 ]; then
   apiserver=$(bash scripts/build-kube-apiserver.sh | tail -n 1)
   echo "kube-apiserver: $apiserver"
 fi
+
+echo "setup done. Put the commands on your PATH (kubectl then finds \`kubectl fracgpu\`):"
+echo "  export PATH=\"$PWD/.venv/bin:\$PATH\""

@@ -270,21 +270,42 @@ class Admission:
         wanted = demand.constraints.include_uuids
         if wanted:
             uuids = [u for u in uuids if u in wanted]
+        taints = await self._taint_note(pod, allowed)
         if not uuids:
             return (
                 f"none of the {len(view.nodes())} GPU nodes matches this pod's nodeSelector, "
                 "required node affinity and tolerations"
                 + (" together with its GPU UUID annotation" if wanted else "")
-                + ": fix the selector, add a toleration for the GPU nodes' taints, "
+                + f"{taints}: fix the selector, add a toleration for the GPU nodes' taints, "
                 "or label GPU nodes to match"
             )
-        constraints = dataclasses.replace(demand.constraints, include_uuids=tuple(uuids))
+        constraints = dataclasses.replace(
+            demand.constraints, include_uuids=tuple(uuids), uuids_named=bool(wanted)
+        )
         shown = sorted(allowed)[:MAX_NODES_NAMED]
         note = (
             " (its nodeSelector, required node affinity and tolerations allow only "
-            f"{', '.join(shown)}{' and more' if len(allowed) > len(shown) else ''})"
+            f"{', '.join(shown)}{' and more' if len(allowed) > len(shown) else ''}{taints})"
         )
         return dataclasses.replace(demand, constraints=constraints), note
+
+    async def _taint_note(self, pod: Mapping[str, Any], allowed: set[str]) -> str:
+        """The taints that keep the pod off GPU nodes (the first few nodes), for a denial."""
+        if self._taints is None:
+            return ""
+        node_taints = await self._taints.node_taints()
+        excluded = sorted(untolerated_nodes(pod, node_taints) - allowed)
+        parts = []
+        for node in excluded[:MAX_NODES_NAMED]:
+            kept_off = [t for t in node_taints[node] if untolerated_nodes(pod, {node: (t,)})]
+            shown = ", ".join(
+                f"{t.key}{'=' + t.value if t.value else ''}:{t.effect}" for t in kept_off
+            )
+            parts.append(f"{node} has taint {shown}")
+        if not parts:
+            return ""
+        more = len(excluded) - len(parts)
+        return f"; not tolerated: {'; '.join(parts)}" + (f" and {more} more nodes" if more else "")
 
     def _quota_denial(self, over: quotalib.QuotaExceeded) -> responses.Verdict:
         self._metrics.placement_failure("quota")

@@ -18,10 +18,11 @@ from pathlib import Path
 import jsonpatch
 import yaml
 
-from webhook import demo, server, settings
+from fracgpu import __version__
+from webhook import demo, documents, server, settings
 from webhook.admission import Admission
 from webhook.client import build_review
-from webhook.cluster.apiclient import endpoint_from_kubeconfig
+from webhook.cluster.apiclient import Endpoint, endpoint_from_kubeconfig
 from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
 from webhook.cluster.state import KubeStateSettings
@@ -54,7 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "admit":
             return asyncio.run(_admit(args.pod, args.username, args.dry_run, config))
         return asyncio.run(_serve(config))
-    except (settings.SettingsError, ClusterFileError, TLSConfigError, OSError) as error:
+    except (
+        settings.SettingsError,
+        ClusterFileError,
+        documents.DocumentError,
+        TLSConfigError,
+        OSError,
+    ) as error:
         print(f"fracgpu: {error}", file=sys.stderr)
         return 2
 
@@ -63,10 +70,21 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fracgpu", description="fractional GPUs for Kubernetes: the admission webhook"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command")
     run_demo = commands.add_parser("demo", help="run the webhook locally on the example pods")
-    run_demo.add_argument("--cluster", type=Path, default=demo.EXAMPLES / "cluster.yaml")
-    run_demo.add_argument("--pods", type=Path, default=demo.EXAMPLES / "pods")
+    run_demo.add_argument(
+        "--cluster",
+        type=Path,
+        default=demo.EXAMPLES / "cluster.yaml",
+        help="cluster file: nodes, GPUs, placed pods, quotas [%(default)s]",
+    )
+    run_demo.add_argument(
+        "--pods",
+        type=Path,
+        default=demo.EXAMPLES / "pods",
+        help="directory of pod manifests (*.yaml), sent in name order [%(default)s]",
+    )
     admit = commands.add_parser("admit", help="print a pod as fracgpu would admit it")
     admit.add_argument("pod", type=Path, help="pod manifest (YAML or JSON)")
     admit.add_argument(
@@ -103,7 +121,7 @@ def _state(config: settings.Settings) -> EmbeddedState:
 
 async def _admit(pod_file: Path, username: str, dry_run: bool, config: settings.Settings) -> int:
     """Run the pod through mutate then validate in-process; print it, or the denial (exit 1)."""
-    pod = yaml.safe_load(pod_file.read_text())
+    pod = documents.load(pod_file)
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         print(f"fracgpu: {pod_file} is not a single Pod manifest", file=sys.stderr)
         return 2
@@ -171,10 +189,29 @@ async def _serve_until_signal(
     return 0
 
 
+def _endpoint(config: settings.Settings) -> Endpoint:
+    """Where the API server is; a kubeconfig that cannot be used is one line, not a trace."""
+    from kubernetes.config import ConfigException  # noqa: PLC0415 - cluster mode only
+
+    if config.in_cluster:
+        where, kubeconfig = "the pod's service account", None
+    else:
+        where, kubeconfig = f"--kubeconfig {config.kubeconfig}", str(config.kubeconfig)
+        if config.kubeconfig is None or not Path(config.kubeconfig).is_file():
+            raise settings.SettingsError(f"{where}: the file does not exist")
+    try:
+        return endpoint_from_kubeconfig(kubeconfig)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise settings.SettingsError(f"{where}: not valid YAML{line}") from None
+    except (ConfigException, yaml.YAMLError, OSError) as error:
+        raise settings.SettingsError(f"{where}: {' '.join(str(error).split())}") from None
+
+
 def _cluster_mode(config: settings.Settings) -> ClusterMode:
-    kubeconfig = None if config.in_cluster else str(config.kubeconfig)
     return ClusterMode(
-        endpoint=endpoint_from_kubeconfig(kubeconfig),
+        endpoint=_endpoint(config),
         state=KubeStateSettings(
             split_count=config.split_count,
             memory_scaling=config.memory_scaling,

@@ -5,6 +5,7 @@ kube-apiserver would do; the result is printed as a table, then every patch and 
 """
 
 import json
+import sys
 import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -13,18 +14,24 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import jsonpatch
-import yaml
 
 from fracgpu import names
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import FracgpuError
-from webhook import selfsigned, server, settings
+from webhook import documents, selfsigned, server, settings
 from webhook.client import WebhookClient, build_review, patch_of
 from webhook.demand import gpu_requests
 from webhook.embedded import EmbeddedState, load_cluster_file
 from webhook.tls import CertificateReloader, TLSFiles
 
-EXAMPLES: Final = Path(__file__).resolve().parent.parent / "examples"
+# The repository's examples/ when run from a checkout; an installed wheel carries the demo's
+# cluster file and pods under <prefix>/share/fracgpu/examples (pyproject's data-files).
+_CHECKOUT_EXAMPLES: Final = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES: Final = (
+    _CHECKOUT_EXAMPLES
+    if (_CHECKOUT_EXAMPLES / "cluster.yaml").is_file()
+    else Path(sys.prefix) / "share" / "fracgpu" / "examples"
+)
 VALUE_WIDTH: Final = 96
 
 
@@ -48,6 +55,7 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
     if not pod_files:
         out.write(f"no pod manifests (*.yaml) in {pods_dir}\n")
         return 1
+    pods = [(path.name, _load_pod(path)) for path in pod_files]  # every mistake before serving
     with tempfile.TemporaryDirectory(prefix="fracgpu-demo-") as tmp:
         authority = selfsigned.new_authority()
         ca, cert, key = selfsigned.write_files(
@@ -72,13 +80,15 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
         running = await server.start(config, state, reloader)
         try:
             out.write(
-                f"fracgpu webhook listening on {running.url} (TLS, throwaway CA {ca}); "
+                f"fracgpu webhook listening on {running.url} (TLS with a throwaway CA, "
+                "removed on exit); "
                 f"cluster {cluster_file}: {len(cluster.nodes)} nodes, "
                 f"{len(gpu_index)} GPUs, {len(cluster.pods)} pods already placed\n\n"
             )
             async with WebhookClient(running.url, ca) as client:
                 outcomes = [
-                    await _admit(client, path, config.dialects, gpu_index) for path in pod_files
+                    await _admit(client, source, pod, config.dialects, gpu_index)
+                    for source, pod in pods
                 ]
         finally:
             await running.stop()
@@ -86,17 +96,25 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
     return 0
 
 
+def _load_pod(path: Path) -> dict[str, Any]:
+    pod = documents.load(path)
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+        raise documents.DocumentError(f"{path}: not a single Pod manifest")
+    return pod
+
+
 async def _admit(
     client: WebhookClient,
-    path: Path,
+    source: str,
+    pod: dict[str, Any],
     dialects: Any,
     gpu_index: Mapping[str, int],
 ) -> Outcome:
-    pod = yaml.safe_load(path.read_text())
-    meta = pod.get("metadata", {})
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     short = meta.get("name") or meta.get("generateName", "") + "*"
     name = f"{meta.get('namespace', 'default')}/{short}"
-    outcome = Outcome(path.name, name, _dialects(pod, dialects), "")
+    outcome = Outcome(source, name, _dialects(pod, dialects), "")
     mutated = await client.review("/mutate", build_review(pod))
     outcome.warnings = list(mutated.response.get("warnings") or [])
     if not mutated.allowed:

@@ -23,13 +23,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-
 from fracgpu import codec, names
 from fracgpu.errors import CodecError, FracgpuError
 from fracgpu.model import GPUAllocation, NodeInventory, Quota, Reservation, ResourceAmounts
 from fracgpu.placement import ClusterView
 from fracgpu.quantity import parse_quantity
+from webhook import documents
 from webhook import quota as quotalib
 from webhook.capacity import capacity_problem
 from webhook.state import Claim, RejectKind, ReserveRejected
@@ -75,17 +74,21 @@ class ClusterFile:
 
 def load_cluster_file(path: Path) -> ClusterFile:
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise ClusterFileError(f"cluster file {path}: cannot read it ({error.strerror})") from None
-    return parse_cluster(text, str(path))
+        raw = documents.load(path)
+    except documents.DocumentError as error:
+        raise ClusterFileError(f"cluster file {error}") from None
+    return _cluster(raw, str(path))
 
 
 def parse_cluster(text: str, source: str = "cluster file") -> ClusterFile:
     try:
-        raw = yaml.safe_load(text) if not text.lstrip().startswith("{") else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as error:
-        raise ClusterFileError(f"{source}: not YAML or JSON ({error})") from None
+        raw = documents.parse(text, source)
+    except documents.DocumentError as error:
+        raise ClusterFileError(str(error)) from None
+    return _cluster(raw, source)
+
+
+def _cluster(raw: Any, source: str) -> ClusterFile:
     if not isinstance(raw, dict):
         raise ClusterFileError(f"{source}: the top level must be a mapping with nodes, pods...")
     unknown = raw.keys() - {"apiVersion", "kind", "nodes", "pods", "namespaces", "quotas"}

@@ -406,8 +406,18 @@ def load(flags: argparse.Namespace | None, environ: Mapping[str, str]) -> Settin
         try:
             values[option.key] = option.parse(raw)
         except ValueError as error:
-            raise SettingsError(f"{source}={raw!r} is not allowed: {error}") from None
+            raise SettingsError(f"{source}={raw!r} is not allowed: {_reason(error)}") from None
     return _assemble(values)
+
+
+def _reason(error: ValueError) -> str:
+    """The parser's own words for people; int() and float() speak Python instead."""
+    text = str(error)
+    if text.startswith("invalid literal for int()"):
+        return "not a whole number"
+    if text.startswith("could not convert string to float"):
+        return "not a number"
+    return text
 
 
 def from_mapping(overrides: Mapping[str, str]) -> Settings:
@@ -484,4 +494,17 @@ def option_flag(key: str) -> str:
 
 def describe(settings: Settings) -> Sequence[str]:
     """One line per effective setting, for the startup log."""
-    return [f"{f.name}={getattr(settings, f.name)!r}" for f in dataclasses.fields(settings)]
+    return [f"{f.name}={_shown(getattr(settings, f.name))}" for f in dataclasses.fields(settings)]
+
+
+def _shown(value: Any) -> str:
+    """A setting as an operator writes it: paths and enums plain, sets as lists, nested
+    settings as key=value pairs (no Python reprs in the log)."""
+    if isinstance(value, (set, frozenset, tuple, list)):
+        return ",".join(sorted(_shown(v) for v in value)) or "(none)"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = (f"{f.name}={_shown(getattr(value, f.name))}" for f in dataclasses.fields(value))
+        return "{" + ", ".join(parts) + "}"
+    if value is None or value == "":
+        return "(unset)"
+    return str(value)

@@ -92,6 +92,11 @@ def read_assignment(annotations: Mapping[str, str]) -> Assignment | str:
     except CodecError as error:
         return str(error)
     reservation_id = annotations.get(names.ANNOTATION_RESERVATION_ID)
+    if reservation_id is None:
+        return (
+            f"annotation {names.ANNOTATION_RESERVATION_ID} is missing while the assignment "
+            f"names reservation {assignment.reservation_id!r}"
+        )
     if reservation_id != assignment.reservation_id:
         return (
             f"annotation {names.ANNOTATION_RESERVATION_ID}={reservation_id!r} does not match "

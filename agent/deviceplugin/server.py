@@ -116,12 +116,34 @@ class PluginManager:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.registrations = 0  # how many times all plugins registered (for tests and logs)
+        # Why the plugins are not registered now ("" once they are); logged when it changes.
+        self._problem = "not checked kubelet's socket yet"
+        self._lock = threading.Lock()
+
+    def readiness(self) -> tuple[bool, str]:
+        """(registered with kubelet, why not / with which kubelet socket) for /readyz."""
+        with self._lock:
+            problem = self._problem
+        if problem:
+            return False, problem
+        return True, f"device plugins registered with kubelet at {self._kubelet_socket}"
+
+    def _set_problem(self, problem: str) -> None:
+        with self._lock:
+            changed, self._problem = problem != self._problem, problem
+        if changed and problem:
+            log.warning("not ready", extra={"reason": problem})
 
     def sync_once(self) -> bool:
         """Start and register whatever needs it; True when all plugins are registered."""
         kubelet = _socket_id(self._kubelet_socket)
         if kubelet is None:
             self._registered_with = None
+            self._set_problem(
+                f"kubelet's device-plugin socket {self._kubelet_socket} does not exist: is "
+                "kubelet running, and is --device-plugin-dir the directory kubelet uses "
+                "(mounted from the host)? No GPU is advertised until it appears"
+            )
             return False
         restart = kubelet != self._registered_with or not all(
             s.socket_intact() for s in self.servers
@@ -137,8 +159,10 @@ class PluginManager:
                 "device plugin registration failed; will retry", extra={"error": str(error)}
             )
             self._registered_with = None
+            self._set_problem(f"device plugin registration failed: {error}")
             return False
         self._registered_with = kubelet
+        self._set_problem("")
         self.registrations += 1
         return True
 

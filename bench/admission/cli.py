@@ -202,24 +202,32 @@ def _measure_apiserver(work: Path, options: argparse.Namespace) -> list[Result]:
     sys.path.insert(0, str(ROOT))  # the e2e harness lives in the checkout's tests/
     import kubernetes.client  # noqa: PLC0415
 
-    from tests.e2e.harness import (  # noqa: PLC0415
-        ControlPlane,
-        E2EConfig,
-        apply_crds,
-        create_gpunode,
-        create_node,
-        fake_devices,
-        gpu_allocatable,
-        require_binaries,
-    )
-    from tests.e2e.harness.kube import body  # noqa: PLC0415
-    from tests.e2e.webhook_harness import (  # noqa: PLC0415
-        FRACGPU_NAMESPACE,
-        WebhookReplica,
-        WebhookTLS,
-        register_webhooks,
-        wait_placing,
-    )
+    try:
+        from tests.e2e.harness import (  # noqa: PLC0415
+            ControlPlane,
+            E2EConfig,
+            apply_crds,
+            create_gpunode,
+            create_node,
+            fake_devices,
+            gpu_allocatable,
+            require_binaries,
+        )
+        from tests.e2e.harness.kube import body  # noqa: PLC0415
+        from tests.e2e.webhook_harness import (  # noqa: PLC0415
+            FRACGPU_NAMESPACE,
+            WebhookReplica,
+            WebhookTLS,
+            register_webhooks,
+            wait_placing,
+        )
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("tests"):
+            raise
+        raise SystemExit(
+            "fracgpu-bench admission: the API-server rounds use the e2e harness in the "
+            "repository's tests/: run it from a checkout"
+        ) from None
 
     config = E2EConfig.from_env()
     with ControlPlane(require_binaries(config), config) as plane:

@@ -34,6 +34,9 @@ class Constraints:
     exclude_uuids: tuple[str, ...] = ()
     pools: tuple[str, ...] = ()  # allowed node pools; empty = any
     exact_models: bool = False
+    # False when ``include_uuids`` only lists the GPUs of the nodes a pod's nodeSelector,
+    # affinity and tolerations allow (the pod named no GPU): messages then do not claim it did.
+    uuids_named: bool = True
 
     def allows(self, device: GPUDevice) -> bool:
         if not self.allows_model(device.model):

@@ -9,19 +9,23 @@ from fracgpu.placement.candidates import CandidateFinder, fit_on_node
 from fracgpu.placement.state import ClusterState
 
 MAX_CANDIDATES_IN_MESSAGE = 3
+MAX_LEFT_OUT_IN_MESSAGE = 3
 
 
 def explain(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> NoFit:
     asked = "; ".join(describe(c) for c in demand.containers) or "no GPU"
-    pod = f"{asked}, {demand.cpu_milli}m CPU, {demand.memory_mib} MiB memory"
+    pod = asked
+    if demand.cpu_milli or demand.memory_mib:  # a pod without CPU or memory requests: no noise
+        pod += f", {demand.cpu_milli}m CPU, {demand.memory_mib} MiB memory"
     limited = describe_constraints(demand.constraints)
     if limited:
         pod += f"; {limited}"
+    left_out = _left_out(state, finder, demand)
     if not _could_ever_fit(state, finder, demand):
         return NoFit(
             NoFitReason.NEVER,
-            f"no GPU node in the cluster could ever hold this pod ({pod}): lower the request "
-            "or check the GPU model, UUID and pool constraints",
+            f"no GPU node in the cluster could ever hold this pod ({pod}){left_out}: lower the "
+            "request or check the GPU model, UUID and pool constraints",
         )
     gpus, _ = finder.allowed(demand.constraints)
     slots = np.flatnonzero(gpus)
@@ -30,17 +34,60 @@ def explain(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> 
     for slot in slots[order[:MAX_CANDIDATES_IN_MESSAGE]]:
         device = state.devices[slot]
         row = int(state.g_node[slot])
+        split = int(state.g_split[slot])
+        full = (
+            f" but already holds {state.g_cont[slot]} containers: the split count of its node "
+            f"allows {split} per GPU"
+            if state.g_cont[slot] >= split
+            else ""
+        )
         best.append(
             f"{state.node_names[row]}/gpu{device.index} ({device.model}) has "
-            f"{state.g_free[slot]} cores and {state.g_mem_free[slot]} MiB free "
+            f"{state.g_free[slot]} cores and {state.g_mem_free[slot]} MiB free{full} "
             f"(node: {state.n_cpu_free[row]}m CPU, {state.n_mem_free[row]} MiB memory free)"
         )
     return NoFit(
         NoFitReason.NOT_NOW,
-        f"no GPU has room for this pod now ({pod}); best candidates: "
+        f"no GPU has room for this pod now ({pod}){left_out}; best candidates: "
         f"{', '.join(best) or 'none'}. Controllers such as Deployments and Jobs retry; "
         "a bare pod must be created again",
     )
+
+
+def _left_out(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> str:
+    """The GPUs large enough for the pod that its constraints allow but that take no work:
+    in MIG mode, or unhealthy."""
+    if not len(state.g_live) or not demand.containers:
+        return ""
+    constraints = demand.constraints
+    need = np.min([finder.memory_need(c) for c in demand.containers], axis=0)
+    models = np.array([constraints.allows_model(m) for m in state.models] or [True])
+    pools = state.n_live & np.array(
+        [constraints.allows_pool(p) for p in state.n_pool], dtype=np.bool_
+    ).reshape(len(state.n_pool))
+    idle = ~state.g_live & models[state.g_model] & pools[state.g_node]
+    idle &= need <= state.g_mem_total
+    slots = [
+        int(slot)
+        for slot in np.flatnonzero(idle)
+        if not (constraints.include_uuids or constraints.exclude_uuids)
+        or constraints.allows(state.devices[slot])
+    ]
+    if not slots:
+        return ""
+    named = []
+    for slot in slots[:MAX_LEFT_OUT_IN_MESSAGE]:
+        device = state.devices[slot]
+        why = (
+            "is in MIG mode (fracgpu does not share MIG GPUs)"
+            if device.mig_enabled
+            else "is unhealthy"
+        )
+        named.append(
+            f"{state.node_names[int(state.g_node[slot])]}/gpu{device.index} ({device.model}) {why}"
+        )
+    more = len(slots) - len(named)
+    return "; left out: " + ", ".join(named) + (f" and {more} more" if more else "")
 
 
 def _could_ever_fit(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> bool:
@@ -69,8 +116,8 @@ def describe_constraints(constraints: Constraints) -> str:
         parts.append(f"only GPU models {', '.join(constraints.include_models)}")
     if constraints.exclude_models:
         parts.append(f"no GPU models {', '.join(constraints.exclude_models)}")
-    if constraints.include_uuids:
-        parts.append(f"only {len(constraints.include_uuids)} GPUs named by UUID or node")
+    if constraints.include_uuids and constraints.uuids_named:
+        parts.append(f"only {len(constraints.include_uuids)} GPUs named by UUID")
     if constraints.exclude_uuids:
         parts.append(f"not {len(constraints.exclude_uuids)} GPUs named by UUID")
     if constraints.pools:

@@ -6,13 +6,15 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fracgpu import shim_abi
+from agent.settings import _parser
+from fracgpu import __version__, shim_abi
 from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 from tests.agent.agent_process import AgentProcess, write_unused_kubeconfig
 from tests.agent.kubelet import TestKubelet
@@ -146,6 +148,23 @@ def test_discover_command_prints_what_nvml_reports(double: NvmlDouble) -> None:
     assert report["driverVersion"] and report["cudaDriverVersion"]
 
 
+def test_agent_with_a_malformed_kubeconfig_says_where(short_dir: Path, double: NvmlDouble) -> None:
+    broken = short_dir / "kubeconfig"
+    broken.write_text("clusters: [\n")
+    process = AgentProcess(
+        node="node-a",
+        directory=short_dir,
+        double=double,
+        kubeconfig=broken,
+        publish_inventory=False,
+    )
+    assert process.proc.wait(60) == 1
+    process.stop()
+    entry = next(e for e in process.logs if e.get("msg") == "agent cannot start")
+    assert f"from {broken}: not valid YAML at line 2, column 1" in entry["error"]
+    assert not any("Traceback" in line for line in process.raw)
+
+
 def test_agent_without_credentials_says_so(short_dir: Path, double: NvmlDouble) -> None:
     process = AgentProcess(
         node="node-a",
@@ -183,3 +202,66 @@ def test_agent_publishes_a_board_per_gpu_read_only_to_containers(
     again = shim_abi.decode_board((agent.node_dir / UUID0).read_bytes())
     assert again.sequence > first.sequence  # rewritten in place, again and again
     assert 0 < time.monotonic_ns() - again.published_ns < shim_abi.BOARD_STALE_NS
+
+
+def _probe(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_agent_without_kubelet_says_so_and_is_not_ready_until_kubelet_appears(
+    short_dir: Path, double: NvmlDouble
+) -> None:
+    process = AgentProcess(
+        node="node-a",
+        directory=short_dir,
+        double=double,
+        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
+        publish_inventory=False,
+    )
+    kubelet = TestKubelet(short_dir / "dp", short_dir / "pr.sock")
+    try:
+        port = process.metrics_port()
+        entry = process.wait_log("not ready")
+        assert f"{short_dir / 'dp' / 'kubelet.sock'} does not exist" in entry["reason"]
+        assert "--device-plugin-dir" in entry["reason"]
+        status, body = _probe(port, "/readyz")
+        assert status == 503 and "does not exist" in body
+        assert _probe(port, "/healthz")[0] == 200
+
+        kubelet.start()
+        kubelet.wait_for_plugin(RESOURCE_VCUDA_CORE, timeout=30)
+        kubelet.wait_for_plugin(RESOURCE_VCUDA_MEMORY, timeout=30)
+        deadline = time.monotonic() + 20
+        while (answer := _probe(port, "/readyz"))[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert answer[0] == 200 and "registered with kubelet" in answer[1]
+        assert "fracgpu_gpu_memory_total_bytes" in _probe(port, "/metrics")[1]
+    finally:
+        process.stop()
+        kubelet.close()
+
+
+def test_help_documents_every_flag_and_version_answers() -> None:
+    for flag in ("--help", "--version"):
+        result = subprocess.run(
+            [sys.executable, "-m", "agent.cli", flag],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "invalid command line" not in result.stderr
+    assert result.stdout.strip() == f"fracgpu-agent {__version__}"
+    undocumented = [
+        a.option_strings[0]
+        for a in _parser()._actions
+        if a.option_strings and not (a.help or "").strip()
+    ]
+    assert undocumented == []

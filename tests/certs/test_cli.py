@@ -16,6 +16,7 @@ import pytest
 
 from certs import authority
 from certs.cli import main
+from fracgpu import __version__
 
 ENTRY_POINT = shutil.which("fracgpu-certs") or str(
     Path(__file__).resolve().parents[2] / ".venv" / "bin" / "fracgpu-certs"
@@ -112,3 +113,32 @@ def test_run_keeps_retrying_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None
             process.wait()
     text = log.read_text()
     assert "received SIGTERM" in text and text.rstrip().endswith("stopped")
+
+
+@pytest.mark.parametrize("command", ["ensure", "run", "files"])
+def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert "--serving-renew-before" in text and "[30%]" in text
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fracgpu-certs {__version__}"
+
+
+def test_an_unusable_kubeconfig_is_one_clear_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("clusters: [\n")
+    assert main(["ensure", f"--kubeconfig={broken}"]) == 1
+    assert f"cannot load the kubeconfig: {broken}:2:1: not valid YAML" in caplog.text
+    assert "Traceback" not in caplog.text
+    caplog.clear()
+    assert main(["ensure", f"--kubeconfig={tmp_path / 'absent'}"]) == 1
+    assert f"{tmp_path / 'absent'} does not exist" in caplog.text

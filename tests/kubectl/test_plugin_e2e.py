@@ -168,3 +168,19 @@ def test_the_charts_viewer_role_is_enough_for_the_plugin(
     finally:
         rbac.delete_cluster_role_binding(viewer["metadata"]["name"])
         rbac.delete_cluster_role(viewer["metadata"]["name"])
+
+
+def test_pods_in_a_namespace_and_in_all(kubeconfig: Path, cluster: dict[str, Any]) -> None:
+    ns = cluster["namespace"]
+    code, raw = _run(kubeconfig, "pods", "-n", ns, "-o", "json")
+    assert code == 0, raw
+    data = json.loads(raw)
+    assert sorted(p["name"] for p in data["pods"]) == ["pair", "t4", "train"]
+    train = next(p for p in data["pods"] if p["name"] == "train")
+    assert train["node"] == cluster["big"]
+    assert train["containers"][0]["devices"][0]["cores"] == 50
+    code, text = _run(kubeconfig, "-A", "pods")
+    assert code == 0, text
+    assert text.splitlines()[0].split()[:2] == ["NAMESPACE", "NAME"]
+    rows = [line.split() for line in text.splitlines()[1:] if line.startswith(ns)]
+    assert sorted(r[1] for r in rows) == ["pair", "t4", "train"]

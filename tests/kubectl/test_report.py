@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fracgpu import names
+from fracgpu import __version__, names
 from tests.kubectl.objects import assigned_pod, gpu_uuid, gpunode, gpuquota, reservation
 from webhook import kubectl_plugin
 from webhook.kubectl import fetch, report, tables
@@ -64,7 +64,15 @@ def test_nodes_sum_live_pods_and_pending_reservations() -> None:
 def test_nodes_table_is_readable() -> None:
     text = tables.nodes_table(report.build_nodes(*_cluster()))
     lines = text.splitlines()
-    assert lines[0].split() == ["NODE", "GPU", "MODEL", "COMPUTE", "MEMORY(MiB)", "PODS"]
+    assert lines[0].split() == [
+        "NODE",
+        "GPU",
+        "MODEL",
+        "COMPUTE",
+        "MEMORY(MiB)",
+        "CONTAINERS/SPLIT",
+        "PODS",
+    ]
     assert "85/100 (85%)" in text and "14336/40960 (35%)" in text
     assert "(UNHEALTHY)" in text
     assert "team-b/nb/side 0c/1024MiB" in text
@@ -195,3 +203,73 @@ def test_missing_kubeconfig_is_explained(
     code = kubectl_plugin.main(["--kubeconfig", str(tmp_path / "absent.yaml"), "nodes"])
     assert code == 1
     assert "cannot load the kubeconfig" in capsys.readouterr().err
+
+
+def test_mig_gpus_show_as_mig_not_free_and_the_split_count_is_shown() -> None:
+    mig = gpunode("gpu-m", 2, model="NVIDIA A30", memory_mib=24576)
+    mig["status"]["devices"][1]["migEnabled"] = True
+    mig["spec"] = {"splitCount": 4}
+    pods = [assigned_pod("team-a", "p", "gpu-m", {"a": [(0, 10, 1024)], "b": [(0, 10, 1024)]})]
+    view = report.build_nodes([mig], pods)
+    text = tables.nodes_table(view)
+    row0 = next(line for line in text.splitlines() if line.startswith("gpu-m"))
+    row1 = next(line for line in text.splitlines() if "(MIG: not shared)" in line)
+    assert " 2/4 " in row0
+    assert row1.split()[0] == "1" and row1.count("MIG") == 3 and "0/" not in row1
+    # The MIG GPU adds nothing to the capacity shown as free.
+    assert "Cluster: 1 node(s), 2 GPU(s) (1 in MIG mode, not shared); compute 20/100 (20%)" in text
+    data = report.node_to_dict(view.nodes[0])
+    assert data["splitCount"] == 4
+    assert [g["mig"] for g in data["gpus"]] == [False, True]
+    assert data["gpus"][0]["containers"] == 2
+    assert data["gpus"][1]["compute"] == {"allocated": 0, "total": 0}
+    # Without spec.splitCount the webhook's setting applies, and the table says so.
+    default = tables.nodes_table(report.build_nodes([gpunode("gpu-d", 1)], []))
+    assert " 0/default " in default and "the webhook's --split-count" in default
+
+
+def test_pods_lists_assigned_pods_with_their_gpus() -> None:
+    nodes, pods = _cluster()
+    reports, problems = report.build_pods(pods, nodes)
+    assert problems == []
+    assert [(r.namespace, r.name) for r in reports] == [
+        ("team-a", "train"),
+        ("team-b", "done"),
+        ("team-b", "nb"),
+        ("team-c", "t4"),
+    ]
+    every = tables.pods_table(reports, all_namespaces=True)
+    assert every.splitlines()[0].split()[:4] == ["NAMESPACE", "NAME", "PHASE", "NODE"]
+    assert "lab: gpu0 25c/4096MiB, side: gpu1 0c/1024MiB" in every
+    one = tables.pods_table(reports[:1], all_namespaces=False)
+    assert one.splitlines()[0].split()[0] == "NAME"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-n", "team-a", "-o", "json", "pods"],
+        ["pods", "-n", "team-a", "-o", "json"],
+        ["-o", "json", "pods", "--namespace=team-a"],
+        ["--kubeconfig", "K", "pods", "-n", "team-a", "-o", "json"],
+        ["pods", "--kubeconfig", "K", "--namespace", "team-a", "--output", "json"],
+    ],
+)
+def test_flags_work_before_or_after_the_command(argv: list[str]) -> None:
+    args = kubectl_plugin._parser().parse_args(argv)
+    assert (args.command, args.namespace, args.output) == ("pods", "team-a", "json")
+    assert args.kubeconfig in (None, "K")
+    assert not args.all_namespaces
+
+
+def test_all_namespaces_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["pods", "-A"], ["-A", "pods"], ["quota", "--all-namespaces"]):
+        assert kubectl_plugin._parser().parse_args(argv).all_namespaces
+    assert kubectl_plugin.main(["pods", "-A", "-n", "x"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+    assert kubectl_plugin.main(["nodes", "-A"]) == 2
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kubectl_plugin.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"kubectl fracgpu {__version__}"

@@ -44,8 +44,46 @@ def test_the_message_names_the_constraints_that_narrowed_the_choice() -> None:
     )
     message = no_fit(view, share(10, constraints=constraints)).message
     assert "only GPU models H100, H200; no GPU models PCIe" in message
-    assert "only 3 GPUs named by UUID or node" in message  # counted, never listed
+    assert "only 3 GPUs named by UUID;" in message  # counted, never listed
     assert "only pools train" in message
+
+
+def test_gpus_narrowed_by_node_are_not_called_named() -> None:
+    view = ClusterView([node("a", 1)])
+    narrowed = Constraints(include_uuids=("a-gpu0",), uuids_named=False)
+    message = no_fit(view, share(10, memory_mib=20000, constraints=narrowed)).message
+    assert "named" not in message
+
+
+def test_mig_and_unhealthy_gpus_are_named_as_left_out() -> None:
+    view = ClusterView([node("a", 1, model="NVIDIA A30", mig=(0,)), node("b", 2, unhealthy=(1,))])
+    view.allocate("b", [GPUAllocation("b-gpu0", 100, 1024)])
+    only_a30 = Constraints(include_models=("A30",))
+    never = no_fit(view, share(10, constraints=only_a30))
+    assert never.reason is NoFitReason.NEVER
+    assert "left out: a/gpu0 (NVIDIA A30) is in MIG mode (fracgpu does not share MIG" in (
+        never.message
+    )
+    assert "b/gpu1" not in never.message  # a T4: the pod could not use it anyway
+    not_now = no_fit(view, share(10))
+    assert not_now.reason is NoFitReason.NOT_NOW
+    assert "a/gpu0 (NVIDIA A30) is in MIG mode" in not_now.message
+    assert "b/gpu1 (Tesla T4) is unhealthy" in not_now.message
+    # A GPU too small for the request is not worth naming.
+    too_big = no_fit(view, share(10, memory_mib=20000, constraints=only_a30))
+    assert "left out" not in too_big.message
+
+
+def test_a_gpu_full_by_the_split_count_says_so() -> None:
+    view = ClusterView([node("a", 1, split_count=2)])
+    view.allocate("a", [GPUAllocation("a-gpu0", 10, 1024)])
+    view.allocate("a", [GPUAllocation("a-gpu0", 10, 1024)])
+    result = no_fit(view, share(10))
+    assert result.reason is NoFitReason.NOT_NOW
+    assert (
+        "a/gpu0 (Tesla T4) has 80 cores and 14336 MiB free but already holds 2 containers: "
+        "the split count of its node allows 2 per GPU" in result.message
+    )
 
 
 def test_never_when_node_cpu_is_too_small() -> None:
@@ -82,3 +120,10 @@ def test_not_now_for_a_percentage_request() -> None:
 def test_empty_cluster_is_never() -> None:
     result = no_fit(ClusterView(), share(10))
     assert result.reason is NoFitReason.NEVER
+
+
+def test_a_pod_without_cpu_or_memory_requests_is_described_without_them() -> None:
+    view = ClusterView([node("a", 1)])
+    message = no_fit(view, share(10, memory_mib=20000)).message
+    assert 'container "main": 1 GPU x 10 cores + 20000 MiB)' in message
+    assert "0m CPU" not in message

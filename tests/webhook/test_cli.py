@@ -10,9 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from fracgpu import names
+from fracgpu import __version__, names
 from fracgpu.codec import decode_assignment
 from tests.webhook.support import gpu_pod, write_tls
+from webhook.cli import _parser
 from webhook.client import WebhookClient, build_review
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,3 +187,136 @@ async def test_serve_answers_over_https_and_stops_on_sigterm(tmp_path: Path) -> 
         _, stderr = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, stderr.decode()
     assert b"serving on https://127.0.0.1:" in stderr
+
+
+def message(output: str, source: str) -> str:
+    """The denial message the demo printed for one example file, on one line."""
+    block = output.split(f"== {source}", 1)[1].split("\n== ", 1)[0]
+    text = block.split("message:", 1)[1]
+    return " ".join(line.strip() for line in text.splitlines() if line.startswith(" "))
+
+
+def test_demo_messages_say_what_caused_each_denial() -> None:
+    result = fracgpu("demo")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "None" not in out
+    # The webhook narrowed placement to the tolerated nodes; no pod named a GPU.
+    assert "named by UUID" not in out
+    assert "is in MIG mode (fracgpu does not share MIG GPUs)" in message(
+        out, "21-mig-left-alone.yaml"
+    )
+    split = message(out, "22-split-count.yaml")
+    assert "gpu-l4-0/gpu0 (NVIDIA L4) has 35 cores and 12788 MiB free but already holds 4" in split
+    assert "the split count of its node allows 4 per GPU" in split
+    tamper = message(out, "09-tamper.yaml")
+    assert "annotation fracgpu.io/reservation-id is missing" in tamper
+
+
+def test_a_denial_by_a_node_taint_names_the_taint(tmp_path: Path) -> None:
+    pod = tmp_path / "l4.yaml"
+    pod.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "Pod",
+                "metadata": {
+                    "name": "wants-l4",
+                    "namespace": "team-a",
+                    "annotations": {"nvidia.com/use-gputype": "L4"},
+                },
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "resources": {
+                                "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "10"}
+                            },
+                        }
+                    ]
+                },
+            }
+        )
+    )
+    result = fracgpu("admit", str(pod), "--cluster", str(EXAMPLES / "cluster.yaml"))
+    assert result.returncode == 1
+    assert "gpu-l4-0 has taint fracgpu.io/example=overcommit:NoSchedule" in result.stderr
+    assert "named by UUID" not in result.stderr
+
+
+def test_malformed_yaml_or_json_is_one_clear_line(tmp_path: Path) -> None:
+    cluster = str(EXAMPLES / "cluster.yaml")
+    bad_yaml = tmp_path / "pod.yaml"
+    bad_yaml.write_text("kind: Pod\nmetadata: {name: x\nspec: [\n")
+    bad_json = tmp_path / "pod.json"
+    bad_json.write_text('{"kind": "Pod",\n "metadata": }\n')
+    bad_cluster = tmp_path / "cluster.yaml"
+    bad_cluster.write_text("nodes:\n  - name: a\n    gpus: [\n")
+    pods = tmp_path / "pods"
+    pods.mkdir()
+    (pods / "a.yaml").write_text("metadata:\n\tname: tab\n")
+    cases = [
+        (("admit", str(bad_yaml), "--cluster", cluster), f"{bad_yaml}:3:5: not valid YAML"),
+        (("admit", str(bad_json), "--cluster", cluster), f"{bad_json}:2:14: not valid JSON"),
+        (
+            (
+                "admit",
+                str(EXAMPLES / "pods" / "01-tkestack-share.yaml"),
+                "--cluster",
+                str(bad_cluster),
+            ),
+            f"{bad_cluster}:4:1: not valid YAML",
+        ),
+        (("demo", "--cluster", str(bad_cluster)), f"{bad_cluster}:4:1: not valid YAML"),
+        (("demo", "--pods", str(pods)), f"{pods / 'a.yaml'}:2:1: not valid YAML"),
+    ]
+    for args, expected in cases:
+        result = fracgpu(*args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (args, result.stderr)
+        assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    parser = _parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert commands is not None
+    for name, command in {"": parser, **commands}.items():
+        for action in command._actions:
+            if action.option_strings:
+                assert (action.help or "").strip(), f"fracgpu {name} {action.option_strings[0]}"
+
+
+def test_version() -> None:
+    result = fracgpu("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"fracgpu {__version__}"
+
+
+def test_cluster_mode_with_an_unusable_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    _, _, cert, key = write_tls(tmp_path / "tls")
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("clusters: [\n")
+    empty = tmp_path / "empty"
+    empty.write_text("apiVersion: v1\nkind: Config\n")
+    cases = [
+        (broken, f"--kubeconfig {broken}: not valid YAML at line 2, column 1"),
+        (tmp_path / "absent", f"--kubeconfig {tmp_path / 'absent'}: the file does not exist"),
+        (empty, f"--kubeconfig {empty}: "),
+    ]
+    for kubeconfig, expected in cases:
+        result = fracgpu(
+            "serve",
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+        )
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"fracgpu: {expected}"), result.stderr

@@ -5,6 +5,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from fracgpu.model import ContainerRequest, MemoryRequest
+from fracgpu.placement import Constraints, NoFit, PodDemand, Policy
 from tests.webhook.test_cluster_bookkeeping import TTL, free, gpunode, held, node, placed_pod
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.leader import Leadership
@@ -126,3 +128,24 @@ async def test_only_claims_older_than_the_write_behind_window_are_written() -> N
     async with unreachable:
         assert not await state.write_pending(), "an old claim is written (and fails here)"
     assert state.unwritten() == 1  # kept for the next round
+
+
+async def test_a_gpunode_without_its_node_takes_no_pods_until_the_node_appears() -> None:
+    state = state_with(leader())
+    state.gpunodes.put(gpunode("orphan", "1", []))  # the agent's object; no Node of that name
+    view = await state.view()
+    assert [n.name for n in view.nodes()] == ["n1"]
+    request = ContainerRequest("main", 1, 10, MemoryRequest(mib=1024))
+    only_orphan = Constraints(include_uuids=("orphan-g0", "orphan-g1"))
+    assert isinstance(
+        view.place(PodDemand((request,), constraints=only_orphan), Policy.BINPACK), NoFit
+    )
+    state.nodes.put(node("orphan"))
+    view = await state.view()
+    assert sorted(n.name for n in view.nodes()) == ["n1", "orphan"]
+    placed = view.place(PodDemand((request,), constraints=only_orphan), Policy.BINPACK)
+    assert not isinstance(placed, NoFit) and placed.node == "orphan"
+    # The Node is deleted (the GPUNode stays until its agent or an admin removes it).
+    state.nodes._apply({"type": "DELETED", "object": node("orphan")}, "2")
+    view = await state.view()
+    assert [n.name for n in view.nodes()] == ["n1"]

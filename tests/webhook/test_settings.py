@@ -94,3 +94,25 @@ def test_every_option_is_documented() -> None:
     for option in settings.OPTIONS:
         assert f"`{option.flag}`" in text, option.flag
         assert f"`{option.env}`" in text, option.env
+
+
+def test_a_malformed_number_is_named_in_words_not_python() -> None:
+    for argv, env, message in (
+        (["--port", "abc"], {}, "--port='abc' is not allowed: not a whole number"),
+        ([], {"FRACGPU_SETTLE_SECONDS": "soon"}, "FRACGPU_SETTLE_SECONDS='soon' is not allowed"),
+    ):
+        with pytest.raises(settings.SettingsError) as raised:
+            parse(argv, env)
+        assert message in str(raised.value)
+        assert "invalid literal" not in str(raised.value)
+        assert "could not convert" not in str(raised.value)
+
+
+def test_the_startup_log_shows_settings_as_an_operator_writes_them() -> None:
+    lines = settings.describe(parse(["--cluster-file", "examples/cluster.yaml"], {}))
+    text = "\n".join(lines)
+    assert "cluster_file=examples/cluster.yaml" in lines
+    assert "policy=fragmentation" in lines
+    assert "tls_cert_file=(unset)" in lines
+    for python in ("PosixPath(", "<Policy.", "DialectConfig(", "frozenset(", "None"):
+        assert python not in text

@@ -71,7 +71,8 @@ async def test_placement_avoids_untolerated_taints(start: StartWebhook) -> None:
     assert not denied.allowed
     assert denied.message.startswith("no GPU node in the cluster could ever hold this pod")
     assert denied.message.endswith(
-        "(its nodeSelector, required node affinity and tolerations allow only node-t)"
+        "(its nodeSelector, required node affinity and tolerations allow only node-t; "
+        "not tolerated: node-a has taint dedicated=training:NoSchedule)"
     )
     assert (await hook.admit(gpu_pod(SHARE, name="b"))).pod["metadata"]["labels"][
         names.LABEL_ASSIGNED_NODE

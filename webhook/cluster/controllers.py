@@ -26,7 +26,7 @@ from webhook import quota as quotalib
 from webhook.cluster import stores
 from webhook.cluster.apiclient import ApiError, KubeApi
 from webhook.cluster.records import GPUNodeRecord
-from webhook.cluster.state import KubeState, KubeStateSettings
+from webhook.cluster.state import KubeState, KubeStateSettings, QuotaRecord
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +53,25 @@ class Controllers:
         self._settings = settings
         self._interval_s = interval_s
         self._clock = clock
+        # Set when a GPUQuota without status appears: the next round starts at once, so a new
+        # quota shows its use (zero) without waiting for the interval.
+        self._wake = asyncio.Event()
+        state.gpuquotas.add_listener(self._on_quota)
+
+    def _on_quota(self, _key: str, _old: Quota | None, new: Quota | None) -> None:
+        if isinstance(new, QuotaRecord) and not new.has_status:
+            self._wake.set()
 
     async def run(self) -> None:
         while True:
+            self._wake.clear()
             if self._state.ready():
                 try:
                     await self.reconcile_once()
                 except (ApiError, aiohttp.ClientError, TimeoutError) as error:
                     log.warning("controller round failed: %s", error)
-            await asyncio.sleep(self._interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval_s)
 
     async def reconcile_once(self) -> RoundReport:
         report = RoundReport()
@@ -117,7 +127,8 @@ class Controllers:
                     continue
                 counted = replace(quota, used=ResourceAmounts(), used_by_model={})
                 counted = quotalib.charge(counted, by_namespace.get(quota.namespace, []), models)
-                if not _same_use(counted, quota):
+                new = isinstance(quota, QuotaRecord) and not quota.has_status
+                if new or not _same_use(counted, quota):
                     try:
                         written = await stores.write_quota_used(self._api, counted)
                     except ApiError as error:

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import NamedTuple
 
 import aiohttp
@@ -72,12 +72,25 @@ class _Held(NamedTuple):
     since: float
 
 
+@dataclass(frozen=True)
+class QuotaRecord(Quota):
+    """A GPUQuota as the watch cache holds it: ``has_status`` is False for a new one whose
+    status.used nobody has written yet (the controllers write it at once)."""
+
+    has_status: bool = True
+
+
 def quota_record(obj: Obj) -> Quota | None:
     try:
-        return decode_quota(obj)
+        quota = decode_quota(obj)
     except FracgpuError as error:
         log.warning("ignoring unreadable GPUQuota: %s", error)
         return None
+    status = obj.get("status")
+    has_status = isinstance(status, dict) and "used" in status
+    return QuotaRecord(
+        **{f.name: getattr(quota, f.name) for f in fields(quota)}, has_status=has_status
+    )
 
 
 class KubeState:
@@ -632,10 +645,13 @@ class KubeState:
         now = self._clock()
         for name in dirty:
             record = self.gpunodes.get(name)
-            if record is None or record.unschedulable:
+            node = self.nodes.get(name)
+            if record is None or record.unschedulable or node is None:
+                # No Node of that name (deleted, renamed, not registered yet): a pod pinned
+                # there would stay Pending forever. The Node's arrival recounts it (_on_node).
                 self._view.remove_node(name)
                 continue
-            inventory = record.inventory(self.nodes.get(name))
+            inventory = record.inventory(node)
             if self._view.inventory(name) != inventory:
                 # A new node or a changed inventory is a topology change; anything else (the
                 # usual case: a pod or reservation came or went) only recounts the node.

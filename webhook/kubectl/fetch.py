@@ -3,83 +3,75 @@ proxy) for the kubectl plugin. Everything comes back as plain JSON dicts."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import kubernetes.client
-import kubernetes.config
-from kubernetes.client.exceptions import ApiException
-from prometheus_client.parser import text_string_to_metric_families
-
 from fracgpu import names
+from webhook.kubectl import kubeapi
 from webhook.kubectl.report import ContainerUsage
 
 Obj = dict[str, Any]
 AGENT_SELECTOR = "app.kubernetes.io/component=agent,app.kubernetes.io/name=fracgpu"
+CRD_PATH = f"/apis/{names.GROUP}/{names.CRD_VERSION}"
 
 
 class FetchError(Exception):
     """An API request failed; the message says which and why."""
 
 
-def connect(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
-    """An ApiClient and the context's default namespace (kubectl's rules: KUBECONFIG too)."""
-    config: Any = kubernetes.config  # the loaders are untyped
+def connect(kubeconfig: str | None, context: str | None) -> tuple[kubeapi.KubeClient, str]:
+    """A client and the context's default namespace (kubectl's rules: KUBECONFIG too)."""
     try:
-        client = config.new_client_from_config(config_file=kubeconfig, context=context)
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-        if context is not None:
-            contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
-            active = next((c for c in contexts if c["name"] == context), active)
-    except (config.ConfigException, OSError) as error:
+        credentials = kubeapi.load(kubeconfig, context)
+        return kubeapi.KubeClient(credentials), credentials.namespace
+    except kubeapi.KubeConfigError as error:
         raise FetchError(f"cannot load the kubeconfig: {error}") from None
-    namespace = str((active or {}).get("context", {}).get("namespace") or "default")
-    return client, namespace
 
 
-def _as_dict(client: Any, obj: Any) -> Obj:
-    plain = client.sanitize_for_serialization(obj)
-    if not isinstance(plain, dict):
-        raise FetchError(f"unexpected API answer of type {type(plain).__name__}")
-    return plain
-
-
-def _call(what: str, request: Any, *args: Any, **kwargs: Any) -> Any:
+def _call(what: str, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return request(*args, **kwargs)
-    except ApiException as error:
-        reason = error.reason or ""
+    except kubeapi.ApiError as error:
         if error.status == 404:
             raise FetchError(f"{what}: not found") from None
         if error.status == 403:
-            raise FetchError(f"{what}: forbidden ({reason}); ask for read access") from None
-        raise FetchError(f"{what}: {error.status} {reason}") from None
-    except OSError as error:
-        raise FetchError(f"{what}: cannot reach the API server ({error})") from None
+            raise FetchError(f"{what}: forbidden ({error.reason}); ask for read access") from None
+        if error.status == 0:
+            raise FetchError(f"{what}: {error.reason}") from None
+        raise FetchError(f"{what}: {error}") from None
+    except ValueError as error:  # not JSON
+        raise FetchError(f"{what}: unreadable answer ({error})") from None
 
 
-def gpunodes(client: Any) -> list[Obj]:
-    api = kubernetes.client.CustomObjectsApi(client)
-    listed = _call(
-        "list GPUNodes",
-        api.list_cluster_custom_object,
-        names.GROUP,
-        names.CRD_VERSION,
-        names.GPUNODE_PLURAL,
-    )
-    return list(listed.get("items", []))
+def _items(listed: Any) -> list[Obj]:
+    items = listed.get("items") if isinstance(listed, dict) else None
+    return [item for item in items or [] if isinstance(item, dict)]
 
 
-def gpunode(client: Any, name: str) -> Obj | None:
-    api = kubernetes.client.CustomObjectsApi(client)
+NO_CRDS = (
+    ": the fracgpu CRDs are not installed in this cluster (install the chart, or "
+    "kubectl apply -f charts/fracgpu/crds/)"
+)
+
+
+def _list_custom(client: kubeapi.KubeClient, what: str, path: str) -> list[Obj]:
+    """A list of fracgpu objects; a 404 means the API server does not know the kind."""
+    try:
+        return _items(_call(what, client.get, path))
+    except FetchError as error:
+        if str(error).endswith("not found"):
+            raise FetchError(f"{error}{NO_CRDS}") from None
+        raise
+
+
+def gpunodes(client: kubeapi.KubeClient) -> list[Obj]:
+    return _list_custom(client, "list GPUNodes", f"{CRD_PATH}/{names.GPUNODE_PLURAL}")
+
+
+def gpunode(client: kubeapi.KubeClient, name: str) -> Obj | None:
     try:
         found: Obj = _call(
-            f"get GPUNode {name}",
-            api.get_cluster_custom_object,
-            names.GROUP,
-            names.CRD_VERSION,
-            names.GPUNODE_PLURAL,
-            name,
+            f"get GPUNode {name}", client.get, f"{CRD_PATH}/{names.GPUNODE_PLURAL}/{name}"
         )
     except FetchError as error:
         if str(error).endswith("not found"):
@@ -88,89 +80,74 @@ def gpunode(client: Any, name: str) -> Obj | None:
     return found
 
 
-def assigned_pods(client: Any) -> list[Obj]:
-    api = kubernetes.client.CoreV1Api(client)
-    listed = _call(
-        "list pods",
-        api.list_pod_for_all_namespaces,
-        label_selector=names.LABEL_MANAGED,
-    )
-    return [_as_dict(client, pod) for pod in listed.items]
+def assigned_pods(client: kubeapi.KubeClient, namespace: str | None = None) -> list[Obj]:
+    """Pods fracgpu placed, in one namespace or (None) all."""
+    where = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+    what = f"list pods in {namespace}" if namespace else "list pods"
+    return _items(_call(what, client.get, where, labelSelector=names.LABEL_MANAGED))
 
 
-def gpuquotas(client: Any, namespace: str | None) -> list[Obj]:
-    api = kubernetes.client.CustomObjectsApi(client)
+def gpuquotas(client: kubeapi.KubeClient, namespace: str | None) -> list[Obj]:
     if namespace is None:
-        listed = _call(
-            "list GPUQuotas",
-            api.list_cluster_custom_object,
-            names.GROUP,
-            names.CRD_VERSION,
-            names.GPUQUOTA_PLURAL,
-        )
+        path, what = f"{CRD_PATH}/{names.GPUQUOTA_PLURAL}", "list GPUQuotas"
     else:
-        listed = _call(
-            f"list GPUQuotas in {namespace}",
-            api.list_namespaced_custom_object,
-            names.GROUP,
-            names.CRD_VERSION,
-            namespace,
-            names.GPUQUOTA_PLURAL,
-        )
-    return list(listed.get("items", []))
+        path = f"{CRD_PATH}/namespaces/{namespace}/{names.GPUQUOTA_PLURAL}"
+        what = f"list GPUQuotas in {namespace}"
+    return _list_custom(client, what, path)
 
 
-def pod(client: Any, namespace: str, name: str) -> Obj:
-    api = kubernetes.client.CoreV1Api(client)
-    return _as_dict(
-        client, _call(f"pod {namespace}/{name}", api.read_namespaced_pod, name, namespace)
+def pod(client: kubeapi.KubeClient, namespace: str, name: str) -> Obj:
+    found = _call(
+        f"pod {namespace}/{name}", client.get, f"/api/v1/namespaces/{namespace}/pods/{name}"
     )
+    if not isinstance(found, dict):
+        raise FetchError(f"pod {namespace}/{name}: unexpected answer")
+    return found
 
 
 def container_usage(
-    client: Any, node: str, fracgpu_namespace: str, namespace: str, pod_name: str
+    client: kubeapi.KubeClient, node: str, fracgpu_namespace: str, namespace: str, pod_name: str
 ) -> tuple[Mapping[str, tuple[ContainerUsage, ...]], str]:
     """Live usage of a pod's containers from the agent on its node, and a note for people.
 
     The agent's Prometheus endpoint is read through the API server's pod proxy (needs
     get on pods/proxy in fracgpu's namespace); when that is not possible the note says why.
     """
-    api = kubernetes.client.CoreV1Api(client)
     try:
-        agents = _call(
-            f"list agent pods in {fracgpu_namespace}",
-            api.list_namespaced_pod,
-            fracgpu_namespace,
-            label_selector=AGENT_SELECTOR,
-            field_selector=f"spec.nodeName={node}",
-        ).items
+        agents = _items(
+            _call(
+                f"list agent pods in {fracgpu_namespace}",
+                client.get,
+                f"/api/v1/namespaces/{fracgpu_namespace}/pods",
+                labelSelector=AGENT_SELECTOR,
+                fieldSelector=f"spec.nodeName={node}",
+            )
+        )
         if not agents:
             return {}, f"not available: no fracgpu agent pod on node {node} in {fracgpu_namespace}"
-        agent = agents[0]
+        agent = str((agents[0].get("metadata") or {}).get("name", ""))
         port = next(
             (
-                p.container_port
-                for c in agent.spec.containers
-                for p in (c.ports or [])
-                if p.name == "metrics"
+                p.get("containerPort")
+                for c in (agents[0].get("spec") or {}).get("containers") or []
+                for p in c.get("ports") or []
+                if p.get("name") == "metrics"
             ),
             None,
         )
         if port is None:
-            return {}, f"not available: agent pod {agent.metadata.name} has no metrics port"
+            return {}, f"not available: agent pod {agent} has no metrics port"
         text = _call(
-            f"read metrics of {agent.metadata.name}",
-            api.connect_get_namespaced_pod_proxy_with_path,
-            f"{agent.metadata.name}:{port}",
-            fracgpu_namespace,
-            "metrics",
+            f"read metrics of {agent}",
+            client.get_text,
+            f"/api/v1/namespaces/{fracgpu_namespace}/pods/{agent}:{port}/proxy/metrics",
         )
     except FetchError as error:
         return {}, f"not available: {error}"
     usage = parse_usage(str(text), namespace, pod_name)
     if not usage:
         return {}, "the agent reports no usage for this pod yet (not started, or not running)"
-    return usage, f"from agent {agent.metadata.name}"
+    return usage, f"from agent {agent}"
 
 
 def parse_usage(text: str, namespace: str, pod_name: str) -> dict[str, tuple[ContainerUsage, ...]]:
@@ -181,6 +158,9 @@ def parse_usage(text: str, namespace: str, pod_name: str) -> dict[str, tuple[Con
         "fracgpu_container_utilization_ratio": "utilization_ratio",
         "fracgpu_container_oom_rejections_total": "oom_rejections",
     }
+    # Only this command reads metrics text: the parser is imported here, not at start-up.
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

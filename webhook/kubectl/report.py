@@ -42,9 +42,14 @@ class GPUReport:
     index: int
     model: str
     healthy: bool
-    cores_total: int
+    cores_total: int  # 0 for a GPU in MIG mode: fracgpu never shares it
     memory_total_mib: int
     slices: tuple[Slice, ...]
+    mig: bool = False
+
+    @property
+    def containers(self) -> int:
+        return len(self.slices)
 
     @property
     def cores_allocated(self) -> int:
@@ -60,6 +65,7 @@ class NodeReport:
     name: str
     gpus: tuple[GPUReport, ...]
     problems: tuple[str, ...] = ()  # unreadable inventory or reservations of this node
+    split_count: int | None = None  # GPUNode spec.splitCount; None: the webhook's setting
 
     @property
     def cores_allocated(self) -> int:
@@ -208,14 +214,26 @@ def build_nodes(gpunodes: Iterable[Obj], pods: Iterable[Obj]) -> NodesView:
                 index=d.index,
                 model=d.model,
                 healthy=d.healthy,
-                cores_total=names.CORES_PER_GPU,
-                memory_total_mib=d.memory_mib,
+                cores_total=0 if d.mig_enabled else names.CORES_PER_GPU,
+                memory_total_mib=0 if d.mig_enabled else d.memory_mib,
                 slices=tuple(sorted(slices_by_gpu.get((node, d.uuid), []), key=lambda s: s.owner)),
+                mig=d.mig_enabled,
             )
             for d in sorted(devices, key=lambda d: d.index)
         )
-        reports.append(NodeReport(node, gpus, tuple(node_problems)))
+        split = _split_count(gpunode, node_problems)
+        reports.append(NodeReport(node, gpus, tuple(node_problems), split))
     return NodesView(tuple(reports), tuple(pod_problems))
+
+
+def _split_count(gpunode: Obj, problems: list[str]) -> int | None:
+    value = (gpunode.get("spec") or {}).get("splitCount")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(f"spec.splitCount={value!r} is not a whole number of 1 or more")
+        return None
+    return value
 
 
 def build_quotas(quotas: Iterable[Obj]) -> list[Quota]:
@@ -267,17 +285,36 @@ def build_pod(
     )
 
 
+def build_pods(pods: Iterable[Obj], gpunodes: Iterable[Obj]) -> tuple[list[PodReport], list[str]]:
+    """Every pod with an assignment, sorted by namespace and name; problems for the rest."""
+    by_name = {str(_meta(g).get("name", "")): g for g in gpunodes}
+    reports, problems = [], []
+    for pod in pods:
+        try:
+            assignment = pod_assignment(pod)
+            if assignment is None:
+                continue
+            reports.append(build_pod(pod, by_name.get(assignment.node)))
+        except (ReportError, FracgpuError) as error:
+            problems.append(str(error))
+    reports.sort(key=lambda r: (r.namespace, r.name))
+    return reports, problems
+
+
 def node_to_dict(report: NodeReport) -> dict[str, Any]:
     return {
         "node": report.name,
         "compute": {"allocated": report.cores_allocated, "total": report.cores_total},
         "memoryMiB": {"allocated": report.memory_allocated_mib, "total": report.memory_total_mib},
+        "splitCount": report.split_count,
         "gpus": [
             {
                 "uuid": g.uuid,
                 "index": g.index,
                 "model": g.model,
                 "healthy": g.healthy,
+                "mig": g.mig,
+                "containers": g.containers,
                 "compute": {"allocated": g.cores_allocated, "total": g.cores_total},
                 "memoryMiB": {"allocated": g.memory_allocated_mib, "total": g.memory_total_mib},
                 "slices": [

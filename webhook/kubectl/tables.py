@@ -29,17 +29,21 @@ def nodes_table(view: NodesView) -> str:
     cores = cores_total = memory = memory_total = 0
     for node in view.nodes:
         if not node.gpus:
-            rows.append([node.name, "-", "-", "-", "-", "no GPUs reported"])
+            rows.append([node.name, "-", "-", "-", "-", "-", "no GPUs reported"])
+        split = "default" if node.split_count is None else str(node.split_count)
         for i, gpu in enumerate(node.gpus):
             pods = ", ".join(f"{s.owner} {s.cores}c/{s.memory_mib}MiB" for s in gpu.slices) or "-"
             model = gpu.model if gpu.healthy else f"{gpu.model} (UNHEALTHY)"
+            if gpu.mig:
+                model += " (MIG: not shared)"
             rows.append(
                 [
                     node.name if i == 0 else "",
                     str(gpu.index),
                     model,
-                    _ratio(gpu.cores_allocated, gpu.cores_total),
-                    _ratio(gpu.memory_allocated_mib, gpu.memory_total_mib),
+                    "MIG" if gpu.mig else _ratio(gpu.cores_allocated, gpu.cores_total),
+                    "MIG" if gpu.mig else _ratio(gpu.memory_allocated_mib, gpu.memory_total_mib),
+                    "-" if gpu.mig else f"{gpu.containers}/{split}",
                     pods,
                 ]
             )
@@ -52,6 +56,7 @@ def nodes_table(view: NodesView) -> str:
                     _ratio(node.cores_allocated, node.cores_total),
                     _ratio(node.memory_allocated_mib, node.memory_total_mib),
                     "",
+                    "",
                 ]
             )
         cores += node.cores_allocated
@@ -60,16 +65,40 @@ def nodes_table(view: NodesView) -> str:
         memory_total += node.memory_total_mib
     if not view.nodes:
         return "No GPUNode objects: is the fracgpu agent running on the GPU nodes?"
-    text = table(["NODE", "GPU", "MODEL", "COMPUTE", "MEMORY(MiB)", "PODS"], rows)
+    headers = ["NODE", "GPU", "MODEL", "COMPUTE", "MEMORY(MiB)", "CONTAINERS/SPLIT", "PODS"]
+    text = table(headers, rows)
     gpus = sum(len(n.gpus) for n in view.nodes)
+    mig = sum(g.mig for n in view.nodes for g in n.gpus)
     text += (
-        f"\n\nCluster: {len(view.nodes)} node(s), {gpus} GPU(s); compute "
+        f"\n\nCluster: {len(view.nodes)} node(s), {gpus} GPU(s)"
+        f"{f' ({mig} in MIG mode, not shared)' if mig else ''}; compute "
         f"{_ratio(cores, cores_total)}, memory {_ratio(memory, memory_total)} MiB allocated"
     )
+    if any(n.split_count is None for n in view.nodes if n.gpus):
+        text += (
+            "\nSPLIT: containers per GPU allowed by the GPUNode's spec.splitCount; 'default': "
+            "the webhook's --split-count (10 unless changed)"
+        )
     notes = list(view.problems) + [f"{n.name}: {p}" for n in view.nodes for p in n.problems]
     if notes:
         text += "\n\nProblems:\n" + "\n".join(f"  {p}" for p in notes)
     return text
+
+
+def pods_table(pods: Sequence[PodReport], all_namespaces: bool) -> str:
+    if not pods:
+        return "No pods with a fracgpu assignment found."
+    rows = []
+    for pod in pods:
+        gpus = ", ".join(
+            f"{c.name}: gpu{'?' if d.index is None else d.index} {d.cores}c/{d.memory_mib}MiB"
+            for c in pod.containers
+            for d in c.devices
+        )
+        row = [pod.name, pod.phase, pod.node, gpus or "-"]
+        rows.append([pod.namespace, *row] if all_namespaces else row)
+    headers = ["NAME", "PHASE", "NODE", "GPUS (container: gpu cores/memory)"]
+    return table(["NAMESPACE", *headers] if all_namespaces else headers, rows)
 
 
 def _pair(used: int, hard: int | None) -> str:
