@@ -23,7 +23,7 @@ from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
 from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
 from webhook.settings import Settings
-from webhook.state import ClusterState, ForwardToLeader, StateUnavailable
+from webhook.state import ClusterState, ForwardToLeader, QuotaListing, StateUnavailable
 from webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ def build_app(
     app[METRICS] = metrics
     app[ADMISSION] = Admission(settings, state, metrics)
     metrics.watch_placing(state.placing)
+    if isinstance(state, QuotaListing):
+        metrics.watch_quotas(state.all_quotas)
     app.router.add_post("/mutate", _admission_handler("mutate", Admission.mutate))
     app.router.add_post("/validate", _admission_handler("validate", Admission.validate))
     app.router.add_get("/healthz", _healthz)

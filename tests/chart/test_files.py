@@ -54,9 +54,7 @@ def test_validating_webhook_definition() -> None:
         (["UPDATE"], ["pods/ephemeralcontainers"]),
     ]
     assert update["name"] == chartfiles.UPDATE_HOOK
-    assert [(r["operations"], r["resources"]) for r in update["rules"]] == [
-        (["UPDATE"], ["pods"])
-    ]
+    assert [(r["operations"], r["resources"]) for r in update["rules"]] == [(["UPDATE"], ["pods"])]
     for hook in validating["webhooks"]:
         assert "reinvocationPolicy" not in hook  # only mutating webhooks have it
         assert hook["clientConfig"]["url"] == "https://127.0.0.1:9443/validate"
@@ -83,7 +81,10 @@ def test_scope_values_reach_every_hook() -> None:
     scope = chartfiles.Scope(
         failure_policy="Ignore",
         update_failure_policy="Fail",
-        namespace_selector={"matchLabels": {"fracgpu.io/managed": "true"}, "matchExpressions": [extra]},
+        namespace_selector={
+            "matchLabels": {"fracgpu.io/managed": "true"},
+            "matchExpressions": [extra],
+        },
         object_selector={"matchLabels": {"gpu": "yes"}},
     )
     mutating, validating = webhook_configurations("https://x", b"P", scope=scope)
