@@ -1,6 +1,6 @@
 """Prometheus metrics, computed at scrape time so that gone containers simply disappear.
 
-Per GPU (labels gpu, index, model) from NVML, the health monitor and the live containers'
+Per GPU (labels node, gpu, index, model) from NVML, the health monitor and the live containers'
 limits; per container (labels namespace, pod, container, gpu) from the shim's accounting
 region and limits file. Optionally also TKEStack gpu-manager's container metric names and
 labels, from the same data, so its dashboards keep working. See docs/agent.md for the list.
@@ -24,7 +24,9 @@ from fracgpu.shim_abi import Limits
 
 log = logging.getLogger(__name__)
 
-_GPU_LABELS = ("gpu", "index", "model")
+# node: this agent's node, so that a GPU's series say where it is whatever the scrape
+# configuration's target labels are (a UUID alone does not tell an operator where to look).
+_GPU_LABELS = ("node", "gpu", "index", "model")
 _CONTAINER_LABELS = ("namespace", "pod", "container", "gpu")
 # TKEStack gpu-manager's labels (pkg/services/display/display.go); each metric adds one more.
 _GPU_MANAGER_LABELS = ("pod_name", "namespace", "node", "container_name")
@@ -72,7 +74,8 @@ class AgentCollector(Collector):
         self._health = health
         self._containers = containers
         self._clock_ns = clock_ns
-        # Also export TKEStack gpu-manager's names; its series carry the node's name.
+        # Also export TKEStack gpu-manager's names. The node's name labels the GPU series
+        # (and gpu-manager's).
         self._gpu_manager_metrics = gpu_manager_metrics
         self._node_name = node_name
         self._lock = threading.Lock()
@@ -136,7 +139,7 @@ class AgentCollector(Collector):
                 count[uuid] = count.get(uuid, 0) + 1
 
         for gpu in gpus:
-            labels = [gpu.uuid, str(gpu.index), gpu.model]
+            labels = [self._node_name, gpu.uuid, str(gpu.index), gpu.model]
             healthy.add_metric(labels, 1.0 if health.get(gpu.uuid, gpu.healthy) else 0.0)
             alloc_compute.add_metric(labels, cores.get(gpu.uuid, 0) / CORES_PER_GPU)
             alloc_memory.add_metric(labels, memory.get(gpu.uuid, 0))

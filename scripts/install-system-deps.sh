@@ -21,6 +21,9 @@ PACKAGES=(
   # the chart tests' renderer (tests/chart/render): Go templates with Sprig, as helm has
   golang-github-masterminds-sprig-dev
   golang-gopkg-yaml.v2-dev
+  # promtool, which runs the chart's alert rules against scraped series
+  # (tests/chart/test_alerts_promtool.py); nothing else of the package is used
+  prometheus
   # libFuzzer + ASan/UBSan for the shim's limits-parser fuzzer (make -C shim fuzz,
   # tests/shim/test_fuzz.py); the runtime libraries are only a Recommends of clang-14
   clang
@@ -59,8 +62,11 @@ export DEBIAN_FRONTEND=noninteractive
 # The Debian etcd-server package starts a system etcd on 2379/2380; the tests run their own
 # etcd on random ports and do not need it. Leave it alone unless it is running and would
 # compete for the machine's two cores: stop it only if systemd manages it.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
-  "${SUDO[@]}" systemctl stop etcd || true
-  "${SUDO[@]}" systemctl disable etcd || true
-fi
+# The same for the Debian prometheus package's own server (the tests only need promtool).
+for service in etcd prometheus; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$service" 2>/dev/null; then
+    "${SUDO[@]}" systemctl stop "$service" || true
+    "${SUDO[@]}" systemctl disable "$service" || true
+  fi
+done
 echo "install-system-deps: done"

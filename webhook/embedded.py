@@ -198,6 +198,9 @@ class EmbeddedState:
     async def quotas(self, namespace: str) -> tuple[Quota, ...]:
         return tuple(q for q in self._quotas if q.namespace == namespace)
 
+    def all_quotas(self) -> tuple[Quota, ...]:
+        return tuple(self._quotas)
+
     async def reservation(self, reservation_id: str, node: str = "") -> Reservation | None:
         del node  # one process: nothing can lag behind
         claim = self._reservations.get(reservation_id)

@@ -1,7 +1,7 @@
 """Prometheus metrics of one webhook app, in its own registry (never the global one)."""
 
 import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate
 from typing import Final
 
@@ -9,11 +9,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
+    GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from fracgpu.model import Quota, ResourceAmounts, ResourceLimits
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 # Admission must answer well inside the API server's 10 s default timeout.
@@ -43,6 +46,10 @@ class Metrics:
             registry=self.registry,
         )
         gauge.set_function(lambda: float(placing()))
+
+    def watch_quotas(self, quotas: Callable[[], Iterable[Quota]]) -> None:
+        """Export every GPUQuota's hard limits and use (read at every scrape)."""
+        self.registry.register(QuotaStats(quotas))
 
     def placement_failure(self, reason: str) -> None:
         self._placement_failures.labels(reason=reason).inc()
@@ -102,3 +109,54 @@ class _Latency:
     def __init__(self) -> None:
         self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.total = 0.0
+
+
+# Quota dimensions as the GPUQuota object names them (spec.hard / status.used keys), with
+# the model fields they are read from.
+QUOTA_RESOURCES: Final = (("cores", "cores"), ("memoryMiB", "memory_mib"), ("gpus", "gpus"))
+_QUOTA_LABELS: Final = ("namespace", "quota", "resource", "model")
+
+
+class QuotaStats(Collector):
+    """GPUQuota limits and use by namespace, quota, resource and model ("" = the whole
+    namespace, else a key of spec.models). A limit that is not set (unlimited) has no
+    ``hard`` series; ``used`` is always there. Every replica exports what its watch cache
+    holds, so aggregate with max by (namespace, quota, resource, model)."""
+
+    def __init__(self, quotas: Callable[[], Iterable[Quota]]) -> None:
+        self._quotas = quotas
+
+    def collect(self) -> Iterator[Metric]:
+        hard = GaugeMetricFamily(
+            "fracgpu_quota_hard",
+            "GPUQuota limit (spec.hard, or spec.models per model): cores in vcuda-core "
+            "(100 = one GPU), memoryMiB in MiB, gpus in whole GPUs",
+            labels=_QUOTA_LABELS,
+        )
+        used = GaugeMetricFamily(
+            "fracgpu_quota_used",
+            "GPUQuota use (status.used, or status.usedByModel per model), in the units of "
+            "fracgpu_quota_hard",
+            labels=_QUOTA_LABELS,
+        )
+        for quota in self._quotas():
+            scopes: list[tuple[str, ResourceLimits | None, ResourceAmounts]] = [
+                ("", quota.hard, quota.used)
+            ]
+            for model in sorted(quota.hard_by_model.keys() | quota.used_by_model.keys()):
+                scopes.append(
+                    (
+                        model,
+                        quota.hard_by_model.get(model),
+                        quota.used_by_model.get(model, ResourceAmounts()),
+                    )
+                )
+            for model, limits, amounts in scopes:
+                for resource, attribute in QUOTA_RESOURCES:
+                    labels = [quota.namespace, quota.name, resource, model]
+                    limit = None if limits is None else getattr(limits, attribute)
+                    if limit is not None:
+                        hard.add_metric(labels, float(limit))
+                    used.add_metric(labels, float(getattr(amounts, attribute)))
+        yield hard
+        yield used

@@ -24,7 +24,7 @@ from webhook.metrics import Metrics
 from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
 from webhook.screen import Screened, Screener, ScreenUnavailableError
 from webhook.settings import Settings
-from webhook.state import ClusterState, ForwardToLeader, StateUnavailable
+from webhook.state import ClusterState, ForwardToLeader, QuotaListing, StateUnavailable
 from webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ def build_app(
     app[SCREENER] = Screener(settings.screen_workers, settings.pod_limits, settings.max_body_bytes)
     app.on_cleanup.append(_close_screener)
     metrics.watch_placing(state.placing)
+    if isinstance(state, QuotaListing):
+        metrics.watch_quotas(state.all_quotas)
     app.router.add_post("/mutate", _admission_handler("mutate", Admission.mutate))
     app.router.add_post("/validate", _admission_handler("validate", Admission.validate))
     app.router.add_get("/healthz", _healthz)

@@ -119,3 +119,13 @@ class NodeTaints(Protocol):
         """Taints of the GPU nodes that have any, by node name (untainted nodes left out:
         admission reads this on every pod, and most nodes carry no taint)."""
         ...
+
+
+@runtime_checkable
+class QuotaListing(Protocol):
+    """Optional: a back end that lists every GPUQuota lets the webhook export quota limits
+    and use as metrics (the server checks ``isinstance``)."""
+
+    def all_quotas(self) -> tuple[Quota, ...]:
+        """Every GPUQuota with its current use, read without waiting (at scrape time)."""
+        ...

@@ -158,7 +158,7 @@ def test_container_usage_and_ooms_from_the_shim_region(
     started = _start(rig, "train", GPUAllocation(GPU_B.uuid, 30, 4096))
     argv = [str(WORKLOAD), "ctx", "1", "alloc", "1Gi", "alloc", "8Gi", "sleep", "20000"]
     collector = _collector(rig, backend, short_dir)
-    gpu_b = f'gpu="{GPU_B.uuid}",index="1",model="NVIDIA A10"'
+    gpu_b = f'gpu="{GPU_B.uuid}",index="1",model="NVIDIA A10",node=""'
     with _running(argv, started, lines=3) as lines:
         assert lines[1][:2] == ["alloc", "0"]  # 1 GiB fits in the 4 GiB slice
         assert lines[2][:2] == ["alloc", "2"]  # 8 GiB does not: CUDA_ERROR_OUT_OF_MEMORY

@@ -188,10 +188,17 @@ def test_gpu_metrics_come_from_nvml_and_the_live_containers(
             None,
         ),
     ]
-    collector = AgentCollector(backend, lambda: found.devices, lambda: health, lambda: containers)
+    collector = AgentCollector(
+        backend,
+        lambda: found.devices,
+        lambda: health,
+        lambda: containers,
+        node_name="gpu-node-7",
+    )
     samples = _scrape(collector)
-    gpu0 = f'gpu="{UUID0}",index="0",model="NVIDIA A10"'
-    gpu1 = f'gpu="{UUID1}",index="1",model="NVIDIA A100-SXM4-40GB"'
+    # Every GPU series names its node.
+    gpu0 = f'gpu="{UUID0}",index="0",model="NVIDIA A10",node="gpu-node-7"'
+    gpu1 = f'gpu="{UUID1}",index="1",model="NVIDIA A100-SXM4-40GB",node="gpu-node-7"'
     assert samples[f"fracgpu_gpu_memory_total_bytes{{{gpu0}}}"] == 24 * GIB
     assert samples[f"fracgpu_gpu_utilization_ratio{{{gpu0}}}"] == pytest.approx(0.40)
     assert samples[f"fracgpu_gpu_healthy{{{gpu0}}}"] == 1

@@ -68,10 +68,39 @@ class Names:
         return f"{self.prefix}-{component}"
 
 
+UPDATE_HOOK: Final = "validate-update.fracgpu.io"
+
+
+def default_values() -> Json:
+    """The chart's values.yaml."""
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    if not isinstance(values, dict):
+        raise ValueError("values.yaml must hold a mapping")
+    return values
+
+
 def default_resource_names() -> tuple[str, ...]:
     """Every resource name in the chart's default values (the CEL list of matchConditions)."""
-    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    values = default_values()
     return tuple(values["resourceNames"][key] for key in sorted(values["resourceNames"]))
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What values.webhooks sets on every hook; the defaults are values.yaml's."""
+
+    failure_policy: str = ""
+    update_failure_policy: str = ""
+    namespace_selector: Json = field(default_factory=dict)
+    object_selector: Json = field(default_factory=dict)
+    match_conditions: bool = False
+
+    def policies(self) -> tuple[str, str]:
+        defaults = default_values()["webhooks"]
+        return (
+            self.failure_policy or defaults["failurePolicy"],
+            self.update_failure_policy or defaults["updateFailurePolicy"],
+        )
 
 
 def _filled(text: str, replacements: Mapping[str, str]) -> str:
@@ -80,14 +109,20 @@ def _filled(text: str, replacements: Mapping[str, str]) -> str:
     return text
 
 
-def webhooks_document(names: Names = Names()) -> Json:
+def webhooks_document(names: Names = Names(), scope: Scope = Scope()) -> Json:
     """files/webhooks.yaml with its placeholders filled, as the template fills them."""
     exempt = ", ".join((names.release_namespace, *names.extra_exempt_namespaces))
     resources = names.resource_names or default_resource_names()
     cel_list = "[" + ", ".join(f"'{r}'" for r in resources) + "]"
+    failure, update_failure = scope.policies()
     text = _filled(
         WEBHOOKS_FILE.read_text(),
-        {"__EXEMPT_NAMESPACES__": exempt, "__GPU_RESOURCES__": cel_list},
+        {
+            "__EXEMPT_NAMESPACES__": exempt,
+            "__GPU_RESOURCES__": cel_list,
+            "__UPDATE_FAILURE_POLICY__": update_failure,
+            "__FAILURE_POLICY__": failure,
+        },
     )
     document = yaml.safe_load(text)
     if not isinstance(document, dict):
@@ -107,13 +142,17 @@ def webhook_configurations(
     names: Names = Names(),
     match_conditions: bool = False,
     timeout_seconds: int | None = None,
+    scope: Scope | None = None,
 ) -> tuple[Json, Json]:
     """(MutatingWebhookConfiguration, ValidatingWebhookConfiguration) calling ``url``.
 
     ``url`` is the webhook's base URL (``https://127.0.0.1:8443``); ``ca_bundle`` the PEM
     of the CA that signed its serving certificate (bytes or str; base64-encoded here).
+    ``scope`` stands for values.webhooks' policies and selectors (``match_conditions`` is a
+    shorthand for its field of that name).
     """
-    document = webhooks_document(names)
+    scope = scope or Scope(match_conditions=match_conditions)
+    document = webhooks_document(names, scope)
     bundle = _ca_bundle_b64(ca_bundle)
     base = url.rstrip("/")
     result = []
@@ -126,8 +165,7 @@ def webhook_configurations(
             hook["clientConfig"] = {"url": base + path, "caBundle": bundle}
             if timeout_seconds is not None:
                 hook["timeoutSeconds"] = timeout_seconds
-            if match_conditions:
-                hook["matchConditions"] = copy.deepcopy(document["matchConditions"])
+            _apply_scope(hook, scope, document)
             hooks.append(hook)
         result.append(
             {
@@ -138,6 +176,20 @@ def webhook_configurations(
             }
         )
     return result[0], result[1]
+
+
+def _apply_scope(hook: Json, scope: Scope, document: Json) -> None:
+    """What the template adds from values.webhooks: selectors and matchConditions."""
+    namespaces = hook["namespaceSelector"]
+    extra = scope.namespace_selector
+    namespaces["matchExpressions"] += copy.deepcopy(extra.get("matchExpressions") or [])
+    if extra.get("matchLabels"):
+        namespaces["matchLabels"] = dict(extra["matchLabels"])
+    if scope.object_selector:
+        hook["objectSelector"] = copy.deepcopy(scope.object_selector)
+    if scope.match_conditions:
+        key = "updateMatchConditions" if hook["name"] == UPDATE_HOOK else "matchConditions"
+        hook["matchConditions"] = copy.deepcopy(document[key])
 
 
 def rbac_document(component: str, names: Names = Names()) -> Json:

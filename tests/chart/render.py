@@ -127,10 +127,12 @@ def render(
     namespace: str = "fracgpu-system",
     kube_version: str = "v1.20.2",
     renderer: Path | None = None,
+    release_service: str = "Helm",
 ) -> Rendered:
     """``helm template NAME charts/fracgpu -n NAMESPACE -f ... --set-json ...``."""
     command = [str(renderer or build_renderer()), "-chart", str(CHART_DIR), "-name", name]
     command += ["-namespace", namespace, "-kube-version", kube_version]
+    command += ["-release-service", release_service]
     for file in value_files:
         command += ["-f", str(file)]
     if values:

@@ -64,10 +64,10 @@ def _ignore_missing(delete: Callable[[], object]) -> None:
             raise
 
 
-@pytest.fixture
-def webhooks(kube_client: kubernetes.client.ApiClient) -> Iterator[tuple[dict, dict]]:  # type: ignore[type-arg]
+@contextlib.contextmanager
+def _registered(client: kubernetes.client.ApiClient) -> Iterator[tuple[dict, dict]]:  # type: ignore[type-arg]
     """The chart's webhook configurations registered with an unreachable webhook URL."""
-    api = kubernetes.client.AdmissionregistrationV1Api(kube_client)
+    api = kubernetes.client.AdmissionregistrationV1Api(client)
     names = chartfiles.Names(release_namespace="fracgpu-chart-own")
     mutating, validating = chartfiles.webhook_configurations(
         f"https://127.0.0.1:{_closed_port()}", _ca_pem(), names=names, timeout_seconds=2
@@ -81,6 +81,12 @@ def webhooks(kube_client: kubernetes.client.ApiClient) -> Iterator[tuple[dict, d
             _ignore_missing(lambda: api.delete_validating_webhook_configuration(names.validating))
     finally:
         _ignore_missing(lambda: api.delete_mutating_webhook_configuration(names.mutating))
+
+
+@pytest.fixture
+def webhooks(kube_client: kubernetes.client.ApiClient) -> Iterator[tuple[dict, dict]]:  # type: ignore[type-arg]
+    with _registered(kube_client) as configurations:
+        yield configurations
 
 
 def _pod(name: str) -> dict[str, Any]:
@@ -123,6 +129,41 @@ def test_outage_blocks_pods_in_managed_namespaces(
         _create_pod(kube_client, managed, "blocked")
     assert caught.value.status == 500
     assert "mutate.fracgpu.io" in str(caught.value.body)
+
+
+def test_outage_never_blocks_status_updates_finalizers_or_deletion(
+    kube_client: kubernetes.client.ApiClient,
+) -> None:
+    # A pod that was admitted before the webhook went down (it carries a controller's
+    # finalizer), then an outage: what kubelet and controllers do to existing pods goes on.
+    managed = create_namespace(kube_client, prefix="chart-existing")
+    core = kubernetes.client.CoreV1Api(kube_client)
+    pod = _pod("existing")
+    pod["metadata"]["finalizers"] = ["example.com/hold"]
+    core.create_namespaced_pod(managed, _body(pod))
+    with _registered(kube_client):
+        with pytest.raises(ApiException) as caught:  # the configurations are in force ...
+            _create_pod(kube_client, managed, "new")
+        assert caught.value.status == 500
+        # ... yet kubelet's status report (pods/status) ...
+        condition = {"type": "Ready", "status": "False", "reason": "Outage"}
+        core.patch_namespaced_pod_status(
+            "existing", managed, _body({"status": {"conditions": [condition]}})
+        )
+        # ... a controller relabelling the pod (an UPDATE of the pod itself) ...
+        core.patch_namespaced_pod(
+            "existing", managed, _body({"metadata": {"labels": {"released": "true"}}})
+        )
+        # ... deletion, and the finalizer's removal that completes it all go through.
+        core.delete_namespaced_pod("existing", managed)
+        terminating = core.read_namespaced_pod("existing", managed)
+        assert terminating.metadata.deletion_timestamp is not None
+        assert terminating.metadata.labels == {"released": "true"}
+        assert terminating.status.conditions[0].reason == "Outage"
+        core.patch_namespaced_pod("existing", managed, _body({"metadata": {"finalizers": None}}))
+        with pytest.raises(ApiException) as gone:
+            core.read_namespaced_pod("existing", managed)
+        assert gone.value.status == 404
 
 
 def test_opted_out_namespace_is_never_sent_to_the_webhook(

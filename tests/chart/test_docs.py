@@ -8,12 +8,31 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
+
+from webhook.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [
     REPO / "docs" / name
-    for name in ("quickstart.md", "architecture.md", "operations.md", "migration.md", "security.md")
+    for name in (
+        "quickstart.md",
+        "architecture.md",
+        "operations.md",
+        "migration.md",
+        "security.md",
+        "install-without-helm.md",
+        "cluster-mode.md",
+    )
 ] + [REPO / "charts" / "fracgpu" / "README.md"]
+# Everything an operator reads: every page, the READMEs and the chart's NOTES.
+OPERATOR_TEXTS = [
+    *sorted((REPO / "docs").glob("*.md")),
+    REPO / "README.md",
+    REPO / "charts" / "fracgpu" / "README.md",
+    REPO / "charts" / "fracgpu" / "templates" / "NOTES.txt",
+]
+POLICIES = r"(binpack|spread|best-fit|fragmentation)"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name if p.parent.name == "docs" else "chart")
@@ -29,7 +48,9 @@ def test_relative_links_resolve(doc: Path) -> None:
 def test_repository_paths_exist(doc: Path) -> None:
     text = doc.read_text()
     for path in set(
-        re.findall(r"`((?:charts|docker|tests|docs|webhook|agent|certs)/[\w./-]+)`", text)
+        re.findall(
+            r"`((?:charts|docker|tests|docs|webhook|agent|certs|deploy|scripts)/[\w./-]+)`", text
+        )
     ):
         if "{" in path or "<" in path:
             continue
@@ -65,3 +86,28 @@ def test_security_claims_name_real_tests() -> None:
         assert current is not None and current.is_file(), f"{file} does not exist"
         assert name in _test_names(current), f"{current.relative_to(REPO)} has no {name}"
     assert len(references) >= 12
+
+
+@pytest.mark.parametrize("doc", OPERATOR_TEXTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_install_command_from_a_public_index(doc: Path) -> None:
+    # fracgpu is not on PyPI: `pip install fracgpu` would fail (or install someone else's
+    # package). The docs build the wheel from the repository instead.
+    found = re.findall(r"pip3? install (?:-\w+ )*fracgpu(?![\w./-])", doc.read_text())
+    assert found == [], f"{doc.name} tells operators to {found[0]!r}"
+
+
+def _default_policy() -> str:
+    values = yaml.safe_load((REPO / "charts" / "fracgpu" / "values.yaml").read_text())
+    chart = str(values["webhook"]["placementPolicy"])
+    assert chart == Settings().policy.value  # the chart and the webhook agree first
+    return chart
+
+
+@pytest.mark.parametrize("doc", OPERATOR_TEXTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_docs_name_the_real_default_policy(doc: Path) -> None:
+    text = doc.read_text()
+    claims = re.findall(rf"`--policy`[^.\n|]{{0,12}}\((?:default )?`?{POLICIES}`?\)", text)
+    claims += re.findall(rf"\bdefault (?:placement )?policy[:,]? `?{POLICIES}\b", text)
+    claims += re.findall(rf"\b{POLICIES}`? (?:is the default|by default)\b", text)
+    wrong = [claim for claim in claims if claim != _default_policy()]
+    assert wrong == [], f"{doc.name} calls {wrong} the default policy"

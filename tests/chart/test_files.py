@@ -47,16 +47,67 @@ def test_mutating_webhook_definition() -> None:
 def test_validating_webhook_definition() -> None:
     _, validating = webhook_configurations("https://127.0.0.1:9443", b"PEM")
     assert validating["metadata"]["name"] == "fracgpu-validating"
-    (hook,) = validating["webhooks"]
-    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
-    assert hook["rules"][0]["resources"] == ["pods", "pods/ephemeralcontainers"]
-    assert "reinvocationPolicy" not in hook  # only mutating webhooks have it
-    assert hook["clientConfig"]["url"] == "https://127.0.0.1:9443/validate"
+    create, update = validating["webhooks"]
+    assert create["name"] == "validate.fracgpu.io"
+    assert [(r["operations"], r["resources"]) for r in create["rules"]] == [
+        (["CREATE"], ["pods"]),
+        (["UPDATE"], ["pods/ephemeralcontainers"]),
+    ]
+    assert update["name"] == chartfiles.UPDATE_HOOK
+    assert [(r["operations"], r["resources"]) for r in update["rules"]] == [(["UPDATE"], ["pods"])]
+    for hook in validating["webhooks"]:
+        assert "reinvocationPolicy" not in hook  # only mutating webhooks have it
+        assert hook["clientConfig"]["url"] == "https://127.0.0.1:9443/validate"
 
 
-@pytest.mark.parametrize("field", ["failurePolicy", "sideEffects", "admissionReviewVersions"])
+def test_an_outage_blocks_only_creates_and_debug_containers() -> None:
+    # What failurePolicy Fail (the default) covers: pod creates and added debug containers.
+    # Deletion, status, finalizer removal and other updates of existing pods must never
+    # wait for the webhook: no hook names DELETE, a subresource other than
+    # ephemeralcontainers, or a wildcard, and the hook that sees UPDATEs of the pod itself
+    # ignores an outage by default.
+    for hook in _hooks():
+        for rule in hook["rules"]:
+            assert "DELETE" not in rule["operations"] and "*" not in rule["operations"]
+            assert set(rule["resources"]) <= {"pods", "pods/ephemeralcontainers"}, rule
+            if "UPDATE" in rule["operations"] and "pods" in rule["resources"]:
+                assert hook["failurePolicy"] == "Ignore", hook["name"]
+            else:
+                assert hook["failurePolicy"] == "Fail", hook["name"]
+
+
+def test_scope_values_reach_every_hook() -> None:
+    extra = {"key": "team", "operator": "In", "values": ["ml"]}
+    scope = chartfiles.Scope(
+        failure_policy="Ignore",
+        update_failure_policy="Fail",
+        namespace_selector={
+            "matchLabels": {"fracgpu.io/managed": "true"},
+            "matchExpressions": [extra],
+        },
+        object_selector={"matchLabels": {"gpu": "yes"}},
+    )
+    mutating, validating = webhook_configurations("https://x", b"P", scope=scope)
+    for hook in mutating["webhooks"] + validating["webhooks"]:
+        expected = "Fail" if hook["name"] == chartfiles.UPDATE_HOOK else "Ignore"
+        assert hook["failurePolicy"] == expected
+        selector = hook["namespaceSelector"]
+        assert selector["matchLabels"] == {"fracgpu.io/managed": "true"}
+        # The built-in exemptions stay; the values only add to them.
+        assert [e["key"] for e in selector["matchExpressions"]] == [
+            "kubernetes.io/metadata.name",
+            "fracgpu.io/ignore",
+            "team",
+        ]
+        assert hook["objectSelector"] == {"matchLabels": {"gpu": "yes"}}
+    plain, _ = webhook_configurations("https://x", b"P")
+    assert "objectSelector" not in plain["webhooks"][0]
+    assert "matchLabels" not in plain["webhooks"][0]["namespaceSelector"]
+
+
+@pytest.mark.parametrize("field", ["sideEffects", "admissionReviewVersions"])
 def test_common_settings(field: str) -> None:
-    expected = {"failurePolicy": "Fail", "sideEffects": "NoneOnDryRun"}
+    expected = {"sideEffects": "NoneOnDryRun"}
     for hook in _hooks():
         if field == "admissionReviewVersions":
             assert hook[field] == ["v1"]
@@ -104,6 +155,17 @@ def test_match_conditions_name_every_resource() -> None:
     assert "__" not in condition["expression"]
     plain, _ = webhook_configurations("https://x", b"P")
     assert "matchConditions" not in plain["webhooks"][0]
+
+
+def test_the_update_hook_is_sent_only_changes_of_fracgpu_metadata() -> None:
+    _, validating = webhook_configurations("https://x", b"P", match_conditions=True)
+    create, update = validating["webhooks"]
+    assert create["matchConditions"][0]["name"] == "gpu-pods-and-fracgpu-metadata"
+    (condition,) = update["matchConditions"]
+    assert condition["name"] == "changes-fracgpu-metadata"
+    for side in ("object", "oldObject"):
+        for kind in ("annotations", "labels"):
+            assert f"{side}.metadata.{kind}.exists(k" in condition["expression"]
 
 
 def test_no_placeholder_is_left() -> None:

@@ -159,3 +159,44 @@ def test_exported_series_follow_prometheus_client_naming(tmp_path: Path) -> None
         "x_level",
         "x_done_total",
     }
+
+
+def _table_value_columns(panel: dict[str, Any]) -> list[str]:
+    """The value columns Grafana gives a table panel: "Value" for one query, "Value #<refId>"
+    for each of several (what an operator sees unless the panel renames them)."""
+    targets = panel["targets"]
+    if len(targets) == 1:
+        return ["Value"]
+    return [f"Value #{target['refId']}" for target in targets]
+
+
+def test_table_columns_are_titled() -> None:
+    tables = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] == "table"]
+    assert len(tables) >= 3
+    for panel in tables:
+        # Table-format instant queries: one row per series, labels as columns.
+        assert all(t.get("format") == "table" and t.get("instant") for t in panel["targets"])
+        organize = [t for t in panel.get("transformations", []) if t["id"] == "organize"]
+        assert organize, f"{panel['title']}: no organize transformation names its columns"
+        renamed = organize[-1]["options"]["renameByName"]
+        for column in _table_value_columns(panel):
+            title = renamed.get(column, "")
+            assert title and not title.startswith("Value"), (panel["title"], column)
+        # The label columns that stay visible get a title too.
+        hidden = organize[-1]["options"].get("excludeByName", {})
+        assert hidden.get("Time"), panel["title"]
+        for label, title in renamed.items():
+            assert title and title[0].isupper(), (panel["title"], label)
+
+
+def test_no_expression_depends_on_a_scrape_job_name() -> None:
+    expressions = [expr for _, expr in _rule_expressions()]
+    expressions += list(_dashboard_expressions(json.loads(DASHBOARD.read_text())))
+    tied = [e for e in expressions if re.search(r"\bjob\s*(=~|!~|=|!=)", e)]
+    assert tied == []
+
+
+def test_quota_metrics_are_on_the_dashboard() -> None:
+    expressions = list(_dashboard_expressions(json.loads(DASHBOARD.read_text())))
+    used = {name for e in expressions for name in metric_names(e)}
+    assert {"fracgpu_quota_used", "fracgpu_quota_hard"} <= used

@@ -51,6 +51,18 @@ PROFILES: dict[str, dict[str, Any]] = {
         "kube_version": "v1.29.0",
     },
     "privileged-agent": {"values": {"agent": {"privileged": True}}},
+    "webhook-scope": {
+        "values": {
+            "webhooks": {
+                "failurePolicy": "Ignore",
+                "updateFailurePolicy": "Fail",
+                "namespaceSelector": {"matchLabels": {"fracgpu.io/managed": "true"}},
+                "objectSelector": {
+                    "matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["no"]}]
+                },
+            }
+        }
+    },
     "node-defaults": {"values": {"webhook": {"memoryScaling": 2.5, "disableCoreLimit": True}}},
     "other-release": {"name": "gpu", "namespace": "gpu-platform"},
 }
@@ -112,17 +124,34 @@ def test_match_conditions_refuse_old_clusters(renderer: Path) -> None:
         render(renderer=renderer, values={"webhooks": {"matchConditions": {"enabled": True}}})
 
 
-@pytest.mark.parametrize("profile", ["default", "other-release"])
+SCOPES = {
+    "default": chartfiles.Scope(),
+    "other-release": chartfiles.Scope(),
+    "webhook-scope": chartfiles.Scope(
+        failure_policy="Ignore",
+        update_failure_policy="Fail",
+        namespace_selector={"matchLabels": {"fracgpu.io/managed": "true"}},
+        object_selector={
+            "matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["no"]}]
+        },
+    ),
+    "match-conditions": chartfiles.Scope(match_conditions=True),
+}
+
+
+@pytest.mark.parametrize("profile", list(SCOPES))
 def test_webhook_configurations_are_the_shared_file(
     rendered: dict[str, Rendered], profile: str
 ) -> None:
     options = PROFILES[profile]
     result = rendered[profile]
-    prefix = "fracgpu" if profile == "default" else "gpu-fracgpu"
+    prefix = "fracgpu" if profile != "other-release" else "gpu-fracgpu"
     names = chartfiles.Names(
         release_namespace=options.get("namespace", "fracgpu-system"), prefix=prefix
     )
-    expected = chartfiles.webhook_configurations("https://unused", b"x", names=names)
+    expected = chartfiles.webhook_configurations(
+        "https://unused", b"x", names=names, scope=SCOPES[profile]
+    )
     for want in expected:
         got = result.one(want["kind"], want["metadata"]["name"])
         for hook_got, hook_want in zip(got["webhooks"], want["webhooks"], strict=True):
@@ -136,13 +165,34 @@ def test_webhook_configurations_are_the_shared_file(
             assert "caBundle" not in service  # owned by fracgpu-certs / cert-manager
 
 
+def test_webhook_scope_values_are_rendered(rendered: dict[str, Rendered]) -> None:
+    hooks = {
+        hook["name"]: hook
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for hook in rendered["webhook-scope"].one(kind)["webhooks"]
+    }
+    assert {name: hook["failurePolicy"] for name, hook in hooks.items()} == {
+        "mutate.fracgpu.io": "Ignore",
+        "validate.fracgpu.io": "Ignore",
+        chartfiles.UPDATE_HOOK: "Fail",
+    }
+    for hook in hooks.values():
+        assert hook["namespaceSelector"]["matchLabels"] == {"fracgpu.io/managed": "true"}
+        assert hook["objectSelector"]["matchExpressions"][0]["key"] == "gpu"
+        names = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+        assert "kube-system" in names and "fracgpu-system" in names
+
+
 def test_match_conditions_are_rendered(rendered: dict[str, Rendered]) -> None:
     result = rendered["match-conditions"]
-    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (hook,) = result.one(kind)["webhooks"]
+    (mutate,) = result.one("MutatingWebhookConfiguration")["webhooks"]
+    create, update = result.one("ValidatingWebhookConfiguration")["webhooks"]
+    for hook in (mutate, create):
         (condition,) = hook["matchConditions"]
         assert "'tencent.com/vcuda-core'" in condition["expression"]
         assert "'nvidia.com/gpu'" in condition["expression"]
+    (condition,) = update["matchConditions"]
+    assert "oldObject.metadata.annotations" in condition["expression"]
 
 
 @pytest.mark.parametrize("component", chartfiles.COMPONENTS)

@@ -465,6 +465,30 @@ def inject(fault: str, webhooks: Webhooks, control_plane: ControlPlane,
         )  # fmt: skip
 
 
+def test_every_replica_exports_quota_limits_and_use(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    nodes.gpu_node(f"quota-metrics-{uuid.uuid4().hex[:4]}", gpus=1, memory_mib=A100)
+    create_gpuquota(kube_client, namespace, {"cores": 400, "memoryMiB": 8192}, name="metrics")
+    time.sleep(1.5)  # the replicas' caches see the new node and quota
+    ask = {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}
+    create(kube_client, namespace, pod("quota-metrics", ask))
+    labels = f'model="",namespace="{namespace}",quota="metrics",resource="%s"'
+    for replica in webhooks.replicas:
+        # The leader counts the charge at once, followers once the recount wrote it.
+        wait_until(
+            lambda r=replica: (
+                r.metric("fracgpu_quota_used{" + labels % "cores" + "}") == 30
+                and r.metric("fracgpu_quota_used{" + labels % "memoryMiB" + "}") == 2048
+                and r.metric("fracgpu_quota_hard{" + labels % "cores" + "}") == 400
+            ),
+            f"{replica.name} exporting the GPUQuota's use",
+        )
+
+
 @pytest.mark.parametrize("fault", FAULTS)
 def test_faults_lose_no_accounting(
     fault: str,

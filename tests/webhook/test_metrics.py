@@ -112,3 +112,36 @@ def test_admission_samples_equal_prometheus_clients_own(
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert got[key] == pytest.approx(value), key
+
+
+async def test_quota_limits_and_use_by_namespace_and_resource(webhook: Webhook) -> None:
+    # An admission charges the "limited" quota: its use shows at the next scrape.
+    ask = {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}  # 2 GiB
+    response = await webhook.admit(gpu_pod(ask, namespace="limited"))
+    assert response.allowed, response.message
+    _, text = await webhook.client.get("/metrics")
+    small = {"namespace": "limited", "quota": "small", "model": ""}
+    assert sample(text, "fracgpu_quota_hard", resource="cores", **small) == 50
+    assert sample(text, "fracgpu_quota_hard", resource="memoryMiB", **small) == 8192
+    assert sample(text, "fracgpu_quota_hard", resource="gpus", **small) == 0
+    assert sample(text, "fracgpu_quota_used", resource="cores", **small) == 30
+    assert sample(text, "fracgpu_quota_used", resource="memoryMiB", **small) == 2048
+    assert sample(text, "fracgpu_quota_used", resource="gpus", **small) == 0
+    # An unset limit (unlimited) has no hard series; its use is still exported.
+    whole = {"namespace": "wholes", "quota": "whole-gpus", "model": ""}
+    assert _has(text, "fracgpu_quota_hard", resource="gpus", **whole)
+    assert not _has(text, "fracgpu_quota_hard", resource="cores", **whole)
+    assert _has(text, "fracgpu_quota_used", resource="cores", **whole)
+    # Per-model limits carry the model key.
+    per_model = {"namespace": "models", "quota": "per-model", "model": "A100"}
+    assert sample(text, "fracgpu_quota_hard", resource="cores", **per_model) == 20
+    assert _has(text, "fracgpu_quota_used", resource="cores", **per_model)
+
+
+def _has(text: str, name: str, **labels: str) -> bool:
+    for line in text.splitlines():
+        match = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match[2] or "")) if match else None
+        if match and match[1] == name and found == labels:
+            return True
+    return False

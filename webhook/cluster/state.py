@@ -183,6 +183,10 @@ class KubeState:
             self._with_unwritten(q) for _, q in self.gpuquotas.items() if q.namespace == namespace
         )
 
+    def all_quotas(self) -> tuple[Quota, ...]:
+        """Every GPUQuota in the watch cache, with the charges this leader has not written."""
+        return tuple(self._with_unwritten(q) for _, q in self.gpuquotas.items())
+
     async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
         if self._labels is None:
             self._labels = {

@@ -9,7 +9,8 @@
 // mapping each rendered template's path to its text.
 //
 // Usage: fracgpu-chart-render -chart DIR [-f values.yaml ...] [-set-json JSON] \
-//          [-name RELEASE] [-namespace NS] [-kube-version v1.20.2] [-api-versions a,b]
+//          [-name RELEASE] [-namespace NS] [-kube-version v1.20.2] [-api-versions a,b] \
+//          [-release-service Helm]
 package main
 
 import (
@@ -74,6 +75,7 @@ func run() error {
 	namespace := flag.String("namespace", "fracgpu-system", "release namespace")
 	kubeVersion := flag.String("kube-version", "v1.20.2", "Kubernetes version")
 	extraAPIs := flag.String("api-versions", "", "comma-separated extra API versions")
+	service := flag.String("release-service", "Helm", ".Release.Service (managed-by label)")
 	flag.Parse()
 	if *chartDir == "" {
 		return errors.New("-chart is required")
@@ -114,7 +116,7 @@ func run() error {
 	top := map[string]interface{}{
 		"Values": values,
 		"Release": map[string]interface{}{
-			"Name": *name, "Namespace": *namespace, "Service": "Helm",
+			"Name": *name, "Namespace": *namespace, "Service": *service,
 			"IsInstall": true, "IsUpgrade": false, "Revision": 1,
 		},
 		"Chart": map[string]interface{}{
