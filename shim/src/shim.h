@@ -113,6 +113,18 @@ HIDDEN int fracgpu_ensure_nvml(void);  /* libnvidia-ml resolved */
 HIDDEN void *fracgpu_real_dlsym(void *handle, const char *name);
 HIDDEN void *fracgpu_hook_for_real(const void *real_fn); /* reverse lookup, NULL if not hooked */
 HIDDEN void *fracgpu_hook_by_name(const char *name);
+/* strcmp(a, b) == 0 without libc: sanitizers call dlsym before their strcmp works */
+static inline int fracgpu_streq(const char *a, const char *b)
+{
+    while (*a && *a == *b)
+        a++, b++;
+    return *a == *b;
+}
+/* dl_hooks.c: the loader's doors (RTLD_DEEPBIND, dlmopen, dlvsym) */
+HIDDEN void fracgpu_dl_note_start(void);
+HIDDEN void *fracgpu_dl_hook_by_name(const char *name);
+/* 1 (why filled) if this process has a link-map namespace the shim is not in. */
+HIDDEN int fracgpu_private_namespace(char *why, size_t n);
 /* Limits index of a CUDA ordinal, or -1 (no limits: fail closed). */
 HIDDEN int fracgpu_cuda_dev_index(CUdevice dev);
 HIDDEN int fracgpu_current_dev_index(void);
