@@ -449,31 +449,133 @@ static void primary_gone(int di)
     fracgpu_table_take_ctx(prim_ctx[di], release_cb);
 }
 
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+/* The _v2 entry points and the pre-11.0 ones (still exported, and what
+ * cuGetProcAddress returns for a cudaVersion below 11000) behave alike. */
+static CUresult primary_release(CUdevice dev, CUresult (*real)(CUdevice), int mode)
 {
-    ENTER(cuDevicePrimaryCtxRelease_v2);
-    if (mode_ == MODE_PASS)
-        return real_cuDevicePrimaryCtxRelease_v2(dev);
+    if (mode == MODE_PASS)
+        return real(dev);
     int di = fracgpu_cuda_dev_index(dev);
     pthread_mutex_lock(&prim_mu);
-    CUresult rc = real_cuDevicePrimaryCtxRelease_v2(dev);
+    CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0 && --prim_refs[di] == 0)
         primary_gone(di);
     pthread_mutex_unlock(&prim_mu);
     return rc;
 }
 
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+static CUresult primary_reset(CUdevice dev, CUresult (*real)(CUdevice), int mode)
 {
-    ENTER(cuDevicePrimaryCtxReset_v2);
-    if (mode_ == MODE_PASS)
-        return real_cuDevicePrimaryCtxReset_v2(dev);
+    if (mode == MODE_PASS)
+        return real(dev);
     int di = fracgpu_cuda_dev_index(dev);
     pthread_mutex_lock(&prim_mu);
-    CUresult rc = real_cuDevicePrimaryCtxReset_v2(dev);
+    CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0)
         primary_gone(di);
     pthread_mutex_unlock(&prim_mu);
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxRelease_v2);
+    return primary_release(dev, real_cuDevicePrimaryCtxRelease_v2, mode_);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxRelease);
+    return primary_release(dev, real_cuDevicePrimaryCtxRelease, mode_);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxReset_v2);
+    return primary_reset(dev, real_cuDevicePrimaryCtxReset_v2, mode_);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxReset);
+    return primary_reset(dev, real_cuDevicePrimaryCtxReset, mode_);
+}
+
+/* ---- context limits: heaps and buffers the driver allocates outside cuMemAlloc ---- */
+
+#define LIMIT_STACK 0
+#define LIMIT_PRINTF_FIFO 1
+#define LIMIT_MALLOC_HEAP 2
+/* The defaults are part of every context (context_overhead_bytes estimates them). */
+static const uint64_t limit_default[3] = {1024, 1u << 20, 8u << 20};
+
+/* Device memory a limit's value takes beyond its default: the stack is per resident
+ * thread (multiprocessors x threads per multiprocessor; when the driver will not say,
+ * 256 x 2048, more than any GPU has, so never too little). */
+static uint64_t limit_bytes(CUlimit limit, uint64_t v, CUdevice dev)
+{
+    uint64_t per = 1;
+    if (limit == LIMIT_STACK) {
+        int sms = 0, threads = 0;
+        if (real_cuDeviceGetAttribute == NULL ||
+            real_cuDeviceGetAttribute(&sms, 16, dev) != CUDA_SUCCESS ||
+            real_cuDeviceGetAttribute(&threads, 39, dev) != CUDA_SUCCESS || sms <= 0 ||
+            threads <= 0) {
+            sms = 256;
+            threads = 2048;
+        }
+        per = (uint64_t)sms * (uint64_t)threads;
+    }
+    uint64_t base = limit_default[limit] * per;
+    if (v > UINT64_MAX / per)
+        return UINT64_MAX;
+    return v * per > base ? v * per - base : 0;
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    ENTER(cuCtxSetLimit);
+    if (mode_ == MODE_PASS || limit < LIMIT_STACK || limit > LIMIT_MALLOC_HEAP)
+        return real_cuCtxSetLimit(limit, value);
+    int di;
+    uint64_t ctx, had = 0;
+    CUdevice dev;
+    unsigned hd;
+    CUresult rc = current(&di, &ctx, &dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint32_t kind = ALLOC_LIMIT + (uint32_t)limit;
+    int held = fracgpu_table_take(kind, ctx, &had, &hd) == 0;
+    uint64_t want = limit_bytes(limit, value, dev);
+    if (want > had && (rc = reserve_on(di, want - had)) != CUDA_SUCCESS) {
+        if (held)
+            record(kind, ctx, had, di, ctx);
+        return rc;
+    }
+    uint64_t counted = want > had ? want : had;
+    rc = real_cuCtxSetLimit(limit, value);
+    if (rc == CUDA_SUCCESS) {
+        /* Settle on what the driver took (it rounds the stack size up). */
+        size_t got = value;
+        if (real_cuCtxGetLimit != NULL && real_cuCtxGetLimit(&got, limit) == CUDA_SUCCESS) {
+            uint64_t actual = limit_bytes(limit, got, dev);
+            if (actual > counted && reserve_on(di, actual - counted) != CUDA_SUCCESS) {
+                size_t old = (size_t)limit_default[limit];
+                real_cuCtxSetLimit(limit, old); /* back to the default: nothing counted */
+                release_on((unsigned)di, counted, 0);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            if (actual > counted)
+                counted = actual;
+            want = actual;
+        }
+    } else {
+        want = had; /* unchanged */
+    }
+    if (counted > want)
+        release_on((unsigned)di, counted - want, 0);
+    if (want)
+        record(kind, ctx, want, di, ctx); /* destroying the context releases it */
     return rc;
 }
 
@@ -669,14 +771,41 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         release_on((unsigned)di, size, 0);
         return rc;
     }
-    record(ALLOC_HANDLE, *handle, size, di, 0);
+    if (fracgpu_vmm_created(*handle, size, (unsigned)di) != 0)
+        LOGE("out of host memory tracking a memory handle; its %zu bytes stay counted", size);
     return rc;
 }
 
+static void vmm_gone(unsigned di, uint64_t bytes)
+{
+    release_on(di, bytes, 0);
+}
+
+/* Released while mapped, the memory stays until the last unmap: so does the count. */
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     ENTER(cuMemRelease);
-    FREE_KIND(ALLOC_HANDLE, handle, real_cuMemRelease(handle));
+    if (mode_ == MODE_PASS)
+        return real_cuMemRelease(handle);
+    return fracgpu_vmm_release(handle, real_cuMemRelease, vmm_gone);
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    ENTER(cuMemMap);
+    CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_vmm_mapped(ptr, size, handle);
+    return rc;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    ENTER(cuMemUnmap);
+    if (mode_ == MODE_PASS)
+        return real_cuMemUnmap(ptr, size);
+    return fracgpu_vmm_unmap(ptr, size, real_cuMemUnmap, vmm_gone);
 }
 
 /* ---- arrays ---- */

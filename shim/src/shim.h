@@ -75,14 +75,25 @@ HIDDEN uint64_t fracgpu_proc_start_time(int pid);
 
 /* ---- per-process allocation table ---- */
 /* ALLOC_HOST_PTR: a linear allocation the shim served from host memory (host fallback). */
+/* ALLOC_LIMIT + l: what cuCtxSetLimit(l) takes beyond the default, keyed by context. */
 enum fracgpu_alloc_kind { ALLOC_PTR = 1, ALLOC_HANDLE = 2, ALLOC_ARRAY = 3, ALLOC_MIPMAP = 4, ALLOC_CTX = 5,
-                          ALLOC_HOST_PTR = 6 };
+                          ALLOC_HOST_PTR = 6, ALLOC_LIMIT = 16 };
 struct fracgpu_alloc { uint64_t key; uint64_t size; uint32_t kind; uint32_t dev; uint64_t ctx; };
 HIDDEN int fracgpu_table_put(uint32_t kind, uint64_t key, uint64_t size, unsigned dev, uint64_t ctx);
 HIDDEN void fracgpu_table_take_ctx(uint64_t ctx,
                                    void (*release)(unsigned dev, uint64_t size, uint32_t kind));
 HIDDEN int fracgpu_table_take(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev);
 HIDDEN void fracgpu_table_reset_after_fork(void);
+
+/* ---- virtual memory management: a handle counts until released and unmapped ---- */
+HIDDEN int fracgpu_vmm_created(uint64_t h, uint64_t size, unsigned di);
+HIDDEN CUresult fracgpu_vmm_release(uint64_t h, CUresult (*real)(CUmemGenericAllocationHandle),
+                                    void (*release)(unsigned, uint64_t));
+HIDDEN void fracgpu_vmm_mapped(uint64_t ptr, uint64_t size, uint64_t h);
+HIDDEN CUresult fracgpu_vmm_unmap(uint64_t ptr, uint64_t size,
+                                  CUresult (*real)(CUdeviceptr, size_t),
+                                  void (*release)(unsigned, uint64_t));
+HIDDEN void fracgpu_vmm_reset_after_fork(void);
 
 /* ---- global state ---- */
 enum fracgpu_state { ST_UNINIT = 0, ST_READY = 1, ST_FAILED = 2 };

@@ -72,6 +72,7 @@ static void defaults(struct fake_config *c)
     snprintf(c->driver_version, sizeof c->driver_version, "550.54.15");
     c->cuda_version = 12040;
     c->default_kernel_us = 10;
+    c->multiprocessor_count = 16;
     c->host_memory = 64ull << 30;
     for (unsigned i = 0; i < FAKE_MAX_DEVICES; i++) {
         struct fake_dev *d = &c->dev[i];
@@ -117,6 +118,8 @@ static void apply(struct fake_config *c, const char *path, unsigned line, char *
         c->context_bytes = strtoull(val, NULL, 10);
     } else if (strcmp(key, "host_memory_bytes") == 0) {
         c->host_memory = strtoull(val, NULL, 10);
+    } else if (strcmp(key, "multiprocessor_count") == 0) {
+        c->multiprocessor_count = (unsigned)atoi(val);
     } else if (strcmp(key, "default_kernel_us") == 0) {
         c->default_kernel_us = (unsigned)atoi(val);
     } else if (strncmp(key, "cuda_error.", 11) == 0) {

@@ -21,7 +21,9 @@
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
-struct CUctx_st { int dev; int primary; };
+/* limit: cuCtxSetLimit values; limit_bytes: device memory they take beyond the defaults. */
+#define N_LIMITS 7
+struct CUctx_st { int dev; int primary; uint64_t limit[N_LIMITS]; uint64_t limit_bytes; };
 #define QUEUE_DEPTH 1024
 /* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
  * still pending, like a hardware queue that is full. */
@@ -45,7 +47,15 @@ struct alloc {
     int preferred;
     int read_mostly;
     uint32_t accessed_by;
+    const struct CUctx_st *ctx; /* freed with this context (NULL: not context-bound) */
+    int vmm;                    /* a cuMemCreate handle: */
+    int released;               /*   cuMemRelease called */
+    unsigned maps;              /*   live cuMemMap mappings; freed when released and 0 */
 };
+/* Virtual memory management: reserved address ranges and what is mapped in them. */
+struct vrange { uint64_t ptr, size, handle; };
+static struct vrange *vres, *vmaps;
+static size_t n_vres, n_vmaps;
 #define ACCESSED_BY_CPU (1u << 31)
 
 static int initialized;
@@ -60,6 +70,7 @@ static struct CUstream_st default_stream[FAKE_MAX_DEVICES];
 static uint64_t proc_tail[FAKE_MAX_DEVICES];
 static int my_slot = -1, my_slot_pid;
 static __thread struct CUctx_st *cur_ctx;
+static struct CUctx_st *cur_ctx_of_thread(void) { return cur_ctx; }
 
 static const struct fake_config *cfg(void) { return fake_config(0); }
 
@@ -194,9 +205,12 @@ static int put_alloc_rec(struct alloc a)
     return 0;
 }
 
+static struct CUctx_st *cur_ctx_of_thread(void);
+
 static int put_alloc(uint64_t key, uint64_t size, int dev)
 {
-    return put_alloc_rec((struct alloc){key, size, dev, 0, CU_DEVICE_INVALID, 0, 0});
+    return put_alloc_rec(
+        (struct alloc){key, size, dev, 0, CU_DEVICE_INVALID, 0, 0, cur_ctx_of_thread(), 0, 0, 0});
 }
 
 /* The managed allocation holding [ptr, ptr + count), or NULL; call with mu held. */
@@ -258,6 +272,31 @@ static CUresult free_key(uint64_t key)
     else
         give_memory(a.dev, a.size);
     return CUDA_SUCCESS;
+}
+
+/* Destroying a context frees everything allocated in it, as the driver does.
+ * Call with mu held. */
+static void free_ctx_memory(struct CUctx_st *c)
+{
+    uint64_t dev_bytes[FAKE_MAX_DEVICES] = {0}, host = 0;
+    for (size_t i = n_allocs; i-- > 0;) {
+        if (allocs[i].ctx != c || allocs[i].vmm)
+            continue;
+        if (allocs[i].managed)
+            host += allocs[i].size;
+        else
+            dev_bytes[allocs[i].dev] += allocs[i].size;
+        allocs[i] = allocs[--n_allocs];
+    }
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+        if (dev_bytes[d])
+            give_memory(d, dev_bytes[d]);
+    if (host)
+        give_host_memory(host);
+    if (c->limit_bytes)
+        give_memory(c->dev, c->limit_bytes);
+    c->limit_bytes = 0;
+    memset(c->limit, 0, sizeof c->limit);
 }
 
 static CUresult need_ctx(int *dev)
@@ -469,6 +508,9 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (cfg()->context_bytes)
         give_memory(ctx->dev, cfg()->context_bytes);
+    pthread_mutex_lock(&mu);
+    free_ctx_memory(ctx);
+    pthread_mutex_unlock(&mu);
     if (cur_ctx == ctx)
         cur_ctx = NULL;
     free(ctx);
@@ -526,6 +568,7 @@ static void drop_primary(CUdevice dev)
 {
     if (cfg()->context_bytes)
         give_memory(dev, cfg()->context_bytes);
+    free_ctx_memory(&primary[dev]);
     primary_refs[dev] = 0;
     if (cur_ctx == &primary[dev])
         cur_ctx = NULL;
@@ -556,6 +599,87 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* The pre-11.0 entry points: same behaviour, still exported and still what
+ * cuGetProcAddress returns for a cudaVersion below 11000. */
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return cuDevicePrimaryCtxReset_v2(dev);
+}
+
+/* ---- limits of the current context: heaps and buffers the driver allocates ---- */
+
+#define THREADS_PER_SM 2048u
+static const uint64_t limit_default[N_LIMITS] = {1024, 1u << 20, 8u << 20, 2, 2048, 0, 0};
+
+/* Device memory a limit's value takes: the stack per resident thread, the printf
+ * FIFO and the malloc heap as they are; the other limits take none. */
+static uint64_t limit_memory(int limit, uint64_t v)
+{
+    if (limit == 0)
+        return v * cfg()->multiprocessor_count * THREADS_PER_SM;
+    return limit == 1 || limit == 2 ? v : 0;
+}
+
+static uint64_t ctx_limit(const struct CUctx_st *c, int limit)
+{
+    return c->limit[limit] ? c->limit[limit] : limit_default[limit];
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, int limit)
+{
+    CHECK_INIT("cuCtxGetLimit");
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (value == NULL || limit < 0 || limit >= N_LIMITS)
+        return CUDA_ERROR_INVALID_VALUE;
+    *value = (size_t)ctx_limit(cur_ctx, limit);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    CHECK_INIT("cuCtxSetLimit");
+    struct CUctx_st *c = cur_ctx;
+    if (c == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (limit < 0 || limit >= N_LIMITS)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (limit == 0)
+        value = (value + 15) / 16 * 16; /* the stack size is rounded up */
+    uint64_t total = 0;
+    for (int l = 0; l < N_LIMITS; l++) {
+        uint64_t v = l == limit ? value : ctx_limit(c, l);
+        uint64_t m = limit_memory(l, v), base = limit_memory(l, limit_default[l]);
+        total += m > base ? m - base : 0;
+    }
+    if (total > c->limit_bytes && take_memory(c->dev, total - c->limit_bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (total < c->limit_bytes)
+        give_memory(c->dev, c->limit_bytes - total);
+    c->limit_bytes = total;
+    c->limit[limit] = value;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetAttribute");
+    if (value == NULL || !valid_dev(dev))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attrib == 16) /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+        *value = (int)cfg()->multiprocessor_count;
+    else if (attrib == 39) /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
+        *value = (int)THREADS_PER_SM;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
 /* ---- memory ---- */
 
 #define ALLOC_CURRENT(name, size, dptr)                                                          \
@@ -581,7 +705,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flag
     if ((rc = take_host_memory(n)) != CUDA_SUCCESS)
         return rc;
     uint64_t a = new_address(n);
-    if (put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0}) != 0) {
+    if (put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0, cur_ctx, 0, 0, 0}) != 0) {
         give_host_memory(n);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -716,15 +840,147 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (rc != CUDA_SUCCESS)
         return rc;
     uint64_t h = __atomic_fetch_add(&next_handle, 1, __ATOMIC_RELAXED) | (1ull << 62);
-    put_alloc(h, size, dev);
+    if (put_alloc_rec((struct alloc){h, size, dev, 0, CU_DEVICE_INVALID, 0, 0, NULL, 1, 0, 0}) != 0) {
+        give_memory(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *handle = h;
     return CUDA_SUCCESS;
+}
+
+/* A cuMemCreate allocation; call with mu held. */
+static struct alloc *vmm_handle(uint64_t h)
+{
+    for (size_t i = 0; i < n_allocs; i++)
+        if (allocs[i].key == h && allocs[i].vmm)
+            return &allocs[i];
+    return NULL;
+}
+
+/* The physical memory goes when the handle is released and nothing maps it. */
+static void vmm_free_if_unused(struct alloc *a)
+{
+    if (!a->released || a->maps != 0)
+        return;
+    int dev = a->dev;
+    uint64_t size = a->size;
+    *a = allocs[--n_allocs];
+    give_memory(dev, size);
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     CHECK_INIT("cuMemRelease");
-    return free_key(handle);
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = vmm_handle(handle);
+    if (a == NULL || a->released)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else {
+        a->released = 1;
+        vmm_free_if_unused(a);
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+static int vrange_push(struct vrange **v, size_t *n, struct vrange r)
+{
+    struct vrange *x = realloc(*v, (*n + 1) * sizeof *x);
+    if (x == NULL)
+        return -1;
+    x[(*n)++] = r;
+    *v = x;
+    return 0;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags)
+{
+    (void)alignment, (void)addr;
+    CHECK_INIT("cuMemAddressReserve");
+    if (ptr == NULL || size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t a = new_address(size);
+    pthread_mutex_lock(&mu);
+    int rc = vrange_push(&vres, &n_vres, (struct vrange){a, size, 0});
+    pthread_mutex_unlock(&mu);
+    if (rc != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ptr = a;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT("cuMemAddressFree");
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_vres; i++) {
+        if (vres[i].ptr != ptr || vres[i].size != size)
+            continue;
+        rc = CUDA_SUCCESS;
+        for (size_t j = 0; j < n_vmaps; j++)
+            if (vmaps[j].ptr >= ptr && vmaps[j].ptr - ptr < size)
+                rc = CUDA_ERROR_INVALID_VALUE; /* still mapped */
+        if (rc == CUDA_SUCCESS)
+            vres[i] = vres[--n_vres];
+        break;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* Maps a whole handle (offset 0, as the driver requires) into a reserved range. */
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    CHECK_INIT("cuMemMap");
+    if (offset != 0 || flags != 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = vmm_handle(handle);
+    int inside = 0;
+    for (size_t i = 0; i < n_vres; i++)
+        if (ptr >= vres[i].ptr && size <= vres[i].size && ptr - vres[i].ptr <= vres[i].size - size)
+            inside = 1;
+    for (size_t j = 0; j < n_vmaps; j++)
+        if (ptr < vmaps[j].ptr + vmaps[j].size && vmaps[j].ptr < ptr + size)
+            inside = 0; /* overlaps a mapping */
+    if (a != NULL && !a->released && size <= a->size && inside) {
+        if (vrange_push(&vmaps, &n_vmaps, (struct vrange){ptr, size, handle}) == 0) {
+            a->maps++;
+            rc = CUDA_SUCCESS;
+        } else {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* Unmaps every mapping inside the range; a released handle whose last mapping
+ * goes frees its memory. */
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT("cuMemUnmap");
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (size_t j = n_vmaps; j-- > 0;) {
+        struct vrange m = vmaps[j];
+        if (m.ptr < ptr || m.ptr - ptr >= size || m.size > size - (m.ptr - ptr))
+            continue;
+        vmaps[j] = vmaps[--n_vmaps];
+        rc = CUDA_SUCCESS;
+        struct alloc *a = vmm_handle(m.handle);
+        if (a != NULL && a->maps > 0) {
+            a->maps--;
+            vmm_free_if_unused(a);
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }
 
 static uint64_t elem_bytes(CUarray_format f)
@@ -1132,7 +1388,9 @@ static const struct proc procs[] = {
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
     P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
     P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     P("cuMemAlloc", 3020, cuMemAlloc_v2),
@@ -1149,6 +1407,13 @@ static const struct proc procs[] = {
     PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
     P("cuMemCreate", 10020, cuMemCreate),
     P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    P("cuMemAddressFree", 10020, cuMemAddressFree),
+    P("cuMemMap", 10020, cuMemMap),
+    P("cuMemUnmap", 10020, cuMemUnmap),
+    P("cuCtxSetLimit", 3010, cuCtxSetLimit),
+    P("cuCtxGetLimit", 3010, cuCtxGetLimit),
+    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
     P("cuArrayCreate", 3020, cuArrayCreate_v2),
     P("cuArray3DCreate", 3020, cuArray3DCreate_v2),
     P("cuArrayDestroy", 2000, cuArrayDestroy),

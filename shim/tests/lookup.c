@@ -44,6 +44,11 @@ static void query_for(const char *sym, char *base, int *version, cuuint64_t *fla
             *version = 12050;
     } else if (strcmp(sym, "cuGetProcAddress") == 0) {
         *version = 11030;
+    } else if (strcmp(sym, "cuDevicePrimaryCtxRelease") == 0 ||
+               strcmp(sym, "cuDevicePrimaryCtxReset") == 0) {
+        *version = 10000; /* superseded by _v2 in 11.0 */
+    } else if (strcmp(sym, "cuCtxSetLimit") == 0) {
+        *version = 3010;
     }
 }
 

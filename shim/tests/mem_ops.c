@@ -3,6 +3,7 @@
  * step ("<step> <CUresult> [values]"), so pytest can drive single processes,
  * several processes sharing a region, fork and SIGKILL.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -77,6 +78,27 @@ static CUcontext current_ctx(void)
     extern CUresult cuCtxGetCurrent(CUcontext *);
     cuCtxGetCurrent(&c);
     return c;
+}
+
+/* The pre-11.0 cuDevicePrimaryCtxRelease/Reset, found the way this run finds functions:
+ * linked, dlsym, or cuGetProcAddress with a cudaVersion below 11000. */
+extern CUresult cuDevicePrimaryCtxRelease(CUdevice);
+extern CUresult cuDevicePrimaryCtxReset(CUdevice);
+static CUresult (*primary_v1(const char *name))(CUdevice)
+{
+    const char *m = harness_lookup();
+    if (strcmp(m, "direct") == 0)
+        return name[20] == 'l' ? cuDevicePrimaryCtxRelease : cuDevicePrimaryCtxReset;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (strcmp(m, "dlsym") == 0)
+        return (CUresult(*)(CUdevice))dlsym(h, name);
+    typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult *);
+    gpa_fn gpa = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
+    void *f = NULL;
+    CUdriverProcAddressQueryResult st;
+    gpa(name, &f, 10000, strcmp(m, "procaddr_ptds") == 0 ? 2 : 0, &st);
+    return (CUresult(*)(CUdevice))f;
 }
 
 int main(int argc, char **argv)
@@ -191,6 +213,24 @@ int main(int argc, char **argv)
             printf("primary_release %d\n", A.cuDevicePrimaryCtxRelease(atoi(ARG())));
         } else if (strcmp(c, "primary_reset") == 0) {
             printf("primary_reset %d\n", A.cuDevicePrimaryCtxReset(atoi(ARG())));
+        } else if (strcmp(c, "primary_release_v1") == 0 || strcmp(c, "primary_reset_v1") == 0) {
+            const char *name = c[8] == 'r' && c[10] == 'l' ? "cuDevicePrimaryCtxRelease"
+                                                            : "cuDevicePrimaryCtxReset";
+            printf("%s %d\n", c, primary_v1(name)(atoi(ARG())));
+        } else if (strcmp(c, "vreserve") == 0) {
+            CUdeviceptr va = 0;
+            rc = A.cuMemAddressReserve(&va, size_arg(ARG()), 0, 0, 0);
+            printf("vreserve %d %d\n", rc, rc == CUDA_SUCCESS ? keep(va) : -1);
+        } else if (strcmp(c, "map") == 0) {
+            /* map <va id> <handle id> <size> */
+            int va = atoi(ARG()), h = atoi(ARG());
+            printf("map %d\n", A.cuMemMap(ids[va], size_arg(ARG()), 0, ids[h], 0));
+        } else if (strcmp(c, "unmap") == 0) {
+            int va = atoi(ARG());
+            printf("unmap %d\n", A.cuMemUnmap(ids[va], size_arg(ARG())));
+        } else if (strcmp(c, "setlimit") == 0) {
+            int limit = atoi(ARG());
+            printf("setlimit %d\n", A.cuCtxSetLimit(limit, size_arg(ARG())));
         } else if (strcmp(c, "threads") == 0) {
             int n = atoi(ARG()), iters = atoi(ARG());
             uint64_t sz = size_arg(ARG());

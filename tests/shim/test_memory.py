@@ -236,3 +236,73 @@ def test_threads_racing_to_fill_never_pass_the_slice(node: Sandbox) -> None:
     got, count = step(out.stdout, "tfill")[1:]
     assert int(count) == GiB // (10 * MiB)
     assert int(got) == int(count) * 10 * MiB
+
+
+@pytest.mark.parametrize("lookup", ["direct", "dlsym", "procaddr"])
+@pytest.mark.parametrize("op", ["primary_release_v1", "primary_reset_v1"])
+def test_pre_11_primary_context_entry_points_give_the_memory_back(
+    node: Sandbox, lookup: str, op: str
+) -> None:
+    # cuDevicePrimaryCtxRelease/Reset (superseded by _v2 in CUDA 11.0, still exported,
+    # and what cuGetProcAddress returns for a cudaVersion below 11000) free the
+    # context and everything in it: the slice must see that, or the container is
+    # refused memory it no longer holds.
+    out = node.run(
+        "mem_ops", "ctx", "0", "alloc", "512Mi", op, "0", "ctx", "0", "alloc", "1000Mi", "info",
+        lookup=lookup,
+    )  # fmt: skip
+    assert step(out.stdout, op)[1] == "0", out.stdout + out.stderr
+    assert step(out.stdout, "alloc", 1)[1] == "0", out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 1000 * MiB)
+
+
+@pytest.mark.parametrize("lookup", ["direct", "procaddr"])
+def test_a_released_handle_counts_until_its_last_mapping_goes(node: Sandbox, lookup: str) -> None:
+    # Releasing a handle right after mapping it is how the VMM API is used; the driver
+    # keeps the memory until it is unmapped, and so must the slice.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "create", "0", "600Mi",  # id 0
+        "vreserve", "1Gi",  # id 1
+        "map", "1", "0", "600Mi",
+        "release", "0",
+        "alloc", "600Mi",  # still mapped: does not fit
+        "unmap", "1", "600Mi",
+        "alloc", "600Mi",  # now it does
+        "release", "0",  # a second release is the driver's error, not a second free
+        "info",
+        lookup=lookup,
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] in ("map", "unmap")] == ["0", "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "release"] == ["0", "1"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 600 * MiB)
+
+
+def test_context_limits_count_against_the_slice(node: Sandbox) -> None:
+    # cuCtxSetLimit makes the driver allocate outside cuMemAlloc: the malloc heap and
+    # printf FIFO as set, the stack for every resident thread (the double: 16
+    # multiprocessors x 2048 threads). Beyond the defaults it counts; lowering gives back.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "setlimit", "2", "900Mi",  # malloc heap: 892 MiB more than the default 8 MiB
+        "alloc", "200Mi",
+        "setlimit", "2", "8Mi",
+        "alloc", "200Mi",
+        "setlimit", "1", "2Gi",  # printf FIFO past the slice
+        "setlimit", "0", "4096",  # 3072 bytes more per thread x 32768 threads = 96 MiB
+        "info",
+        "setlimit", "0", "65536",  # 2 GiB of stack
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "setlimit"] == ["0", "0", OOM, "0", OOM]
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 200 * MiB - 96 * MiB)
+
+
+def test_destroying_a_context_gives_its_limits_back(node: Sandbox) -> None:
+    out = node.run(
+        "mem_ops", "ctx", "0", "ctxcreate", "0", "setlimit", "2", "520Mi", "ctxdestroy", "0",
+        "ctx", "0", "alloc", "1000Mi",
+    )  # fmt: skip
+    assert step(out.stdout, "setlimit")[1] == "0", out.stdout
+    assert step(out.stdout, "alloc")[1] == "0", out.stdout
