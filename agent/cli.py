@@ -6,15 +6,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes import config as kube_config
 from prometheus_client import start_http_server
 
-from agent.containers import live_containers, live_keys
+from agent.containers import LiveContainer, live_containers, live_keys
 from agent.containerstart import ContainerStarter
 from agent.deviceplugin.plugin import DevicePlugin
 from agent.deviceplugin.server import PluginManager
@@ -33,6 +33,7 @@ from agent.podlookup import KubernetesPodLookup
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.settings import AgentSettings, SettingsError, parse_settings
 from agent.shim_install import ShimInstallError, install_shim
+from agent.slice_audit import SliceAudit, SliceAuditLoop, SliceAuditSettings
 from fracgpu.codec import encode_device
 
 log = logging.getLogger("agent")
@@ -76,6 +77,22 @@ def discover_command() -> int:
         backend.shutdown()
     print(json.dumps(report, indent=2))
     return 0
+
+
+class _Background(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def _slice_audit(
+    s: AgentSettings, backend: PynvmlBackend, containers: Callable[[], list[LiveContainer]]
+) -> SliceAudit:
+    settings = SliceAuditSettings(
+        proc_dir=s.slice_audit_proc_dir,
+        tolerance_bytes=s.slice_audit_tolerance_bytes,
+        kill=s.slice_audit_kill,
+    )
+    return SliceAudit(backend, containers, settings)
 
 
 @dataclass
@@ -152,15 +169,17 @@ class Agent:
             gpu_manager_metrics=s.gpu_manager_metrics,
             node_name=s.node_name,
         )
+        audit = _slice_audit(s, backend, lambda: live_containers(pod_resources, resources, files))
         http_server, http_thread = start_http_server(
-            s.metrics_port, s.metrics_address, registry=build_registry(collector)
+            s.metrics_port, s.metrics_address, registry=build_registry(collector, audit)
         )
         log.info("metrics serving", extra={"port": http_server.server_port})
 
-        health.start()
-        manager.start()
-        if inventory is not None:
-            inventory.start()
+        # Started in this order, stopped in the reverse one.
+        background: list[_Background] = [health, manager, *([inventory] if inventory else [])]
+        background.append(SliceAuditLoop(audit, s.slice_audit_seconds))
+        for part in background:
+            part.start()
         housekeeper = Housekeeper(files, s.stale_grace_seconds)
         try:
             next_housekeeping = time.monotonic() + s.housekeeping_seconds
@@ -176,10 +195,8 @@ class Agent:
                     log.warning("housekeeping skipped", extra={"error": str(error)})
         finally:
             log.info("shutting down")
-            manager.stop()
-            if inventory is not None:
-                inventory.stop()
-            health.stop()
+            for part in reversed(background):
+                part.stop()
             http_server.shutdown()
             http_thread.join(timeout=5)
             backend.shutdown()

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,10 @@ _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
 )
 _CGROUP_FILE_CAP = 64 * 1024
+# Per process on a GPU: the driver's context memory, which the slice does not count. A
+# context takes a few hundred MiB; more than the cap would hide a real bypass.
+DEFAULT_TOLERANCE_BYTES = 512 << 20
+MAX_TOLERANCE_BYTES = 4 << 30
 
 
 class ProcessSource(Protocol):
@@ -48,14 +53,14 @@ class SliceAuditSettings:
     """How the check runs; validated here, once."""
 
     proc_dir: Path = Path("/proc")
-    # Per process on a GPU: the driver's context memory, which the slice does not count.
-    tolerance_bytes: int = 512 << 20
+    tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
     kill: bool = False
 
     def __post_init__(self) -> None:
-        if self.tolerance_bytes < 0:
+        if not 0 <= self.tolerance_bytes <= MAX_TOLERANCE_BYTES:
             raise ValueError(
-                f"slice audit tolerance {self.tolerance_bytes} is not allowed: 0 or more bytes"
+                f"slice audit tolerance {self.tolerance_bytes} is not allowed: "
+                f"use 0 to {MAX_TOLERANCE_BYTES} bytes"
             )
 
 
@@ -196,3 +201,30 @@ class SliceAudit:
         yield over
         yield detections
         yield kills
+
+
+class SliceAuditLoop:
+    """Runs a SliceAudit every ``interval_seconds`` on its own thread until stopped."""
+
+    def __init__(self, audit: SliceAudit, interval_seconds: float) -> None:
+        self._audit = audit
+        self._interval = interval_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="slice-audit", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._audit.run_once()
+            except Exception as error:  # kubelet or NVML away for a while: try again later
+                log.warning("slice audit skipped", extra={"error": str(error)})
+            self._stop.wait(self._interval)

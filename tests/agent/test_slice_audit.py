@@ -11,6 +11,8 @@ not in pod cgroups.
 
 import signal
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +20,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.containers import LiveContainer
+from agent.hostfiles import AllocationFiles, allocation_key
 from agent.nvml_backend import PynvmlBackend
+from agent.settings import SettingsError, parse_settings
 from agent.slice_audit import SliceAudit, SliceAuditSettings, find_overruns, pod_uid_of
+from fracgpu.names import RESOURCE_VCUDA_CORE
 from fracgpu.shim_abi import DeviceLimits, Limits, encode_limits
+from tests.agent.agent_process import AgentProcess, write_unused_kubeconfig
+from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import (
     SHIM_BUILD,
     NvmlDouble,
@@ -213,3 +220,86 @@ def test_hostile_cgroup_files_are_bounded(tmp_path: Path) -> None:
     assert pod_uid_of(tmp_path, 9) is None  # gone
     with pytest.raises(ValueError, match="tolerance"):
         SliceAuditSettings(tolerance_bytes=-1)
+
+
+@pytest.fixture
+def kubelet(short_dir: Path) -> Iterator[TestKubelet]:
+    k = TestKubelet(short_dir / "dp", short_dir / "pr.sock")
+    k.start()
+    yield k
+    k.close()
+
+
+def _metric(port: int, name: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_the_running_agent_exports_a_pod_over_its_slice(
+    double: NvmlDouble, kubelet: TestKubelet, short_dir: Path, tmp_path: Path
+) -> None:
+    proc_dir = tmp_path / "proc"
+    proc_dir.mkdir()
+    agent = AgentProcess(
+        node="node-a",
+        directory=short_dir,
+        double=double,
+        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
+        publish_inventory=False,
+        extra=("--slice-audit-seconds=0.2", f"--slice-audit-proc-dir={proc_dir}"),
+    )
+    escaped: subprocess.Popen[str] | None = None
+    try:
+        port = agent.metrics_port()
+        kubelet.wait_for_plugin(RESOURCE_VCUDA_CORE, timeout=30)
+        # A container kubelet lists with our device IDs, and the limits file the agent
+        # wrote for it at start (written here directly: no API server in this test).
+        ids = [f"{GPU}-core-{i}" for i in range(50)]
+        limits_text = encode_limits(_container().limits).decode()  # type: ignore[arg-type]
+        AllocationFiles(agent.state_dir).write_limits(
+            allocation_key(RESOURCE_VCUDA_CORE, ids), limits_text
+        )
+        with kubelet.lock:
+            kubelet.allocations[
+                (ContainerRef("team-a", "trainer", "main"), RESOURCE_VCUDA_CORE)
+            ] = ids
+        limits = tmp_path / "limits"
+        limits.write_text(limits_text)
+        escaped = _allocating(double, "3Gi", shim=False, limits=limits)  # its slice: 1 GiB
+        _in_pod(proc_dir, escaped.pid)
+        name = f'fracgpu_pod_memory_over_slice_bytes{{gpu="{GPU.lower()}"'
+        deadline = time.monotonic() + 20
+        while (over := _metric(port, name)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert over == 2 * GIB
+        assert escaped.poll() is None  # killing is off unless asked for
+        assert any(
+            e.get("level") == "error"
+            and e.get("pod") == "trainer"
+            and "outside the shim" in e["msg"]
+            for e in agent.logs
+        )
+    finally:
+        if escaped is not None:
+            _stop(escaped)
+        assert agent.stop() == 0
+
+
+def test_slice_audit_settings_are_validated() -> None:
+    s = parse_settings(["--node-name=n"], env={})
+    assert (s.slice_audit_kill, s.slice_audit_tolerance_bytes) == (False, 512 << 20)
+    on = parse_settings(["--node-name=n", "--slice-audit-kill"], env={})
+    assert on.slice_audit_kill is True
+    env = {"FRACGPU_AGENT_SLICE_AUDIT_KILL": "true"}
+    assert parse_settings(["--node-name=n"], env=env).slice_audit_kill is True
+    for bad, says in (
+        ("--slice-audit-seconds=0", "greater than 0"),
+        ("--slice-audit-kill=maybe", "true or false"),
+        ("--slice-audit-tolerance-bytes=-1", "0 to"),
+        (f"--slice-audit-tolerance-bytes={8 << 30}", "0 to"),
+    ):
+        with pytest.raises(SettingsError, match=says):
+            parse_settings(["--node-name=n", bad], env={})
