@@ -103,6 +103,30 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* Memory pools (cuMemPoolCreate) and graph memory nodes (cuGraphAddMemAllocNode). */
+typedef struct {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+typedef struct {
+    CUmemPoolProps poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+#define CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT 0
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
+
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef struct {
     unsigned int gridDimX, gridDimY, gridDimZ;

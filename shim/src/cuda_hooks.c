@@ -115,8 +115,12 @@ static CUresult reserve_on(int di, uint64_t bytes)
         return CUDA_ERROR_OUT_OF_MEMORY; /* cannot account: fail closed */
     if (di < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* Before refusing, take back what pools released at synchronisations since. */
     if (fracgpu_region_reserve(G.region, G.slot, (unsigned)di, bytes,
-                               G.limits.dev[di].memory_limit) != 0) {
+                               G.limits.dev[di].memory_limit) != 0 &&
+        (fracgpu_pool_settle_all() == 0 ||
+         fracgpu_region_reserve(G.region, G.slot, (unsigned)di, bytes,
+                                G.limits.dev[di].memory_limit) != 0)) {
         LOGI("allocation of %llu bytes refused: the slice of device %d is %llu bytes, %llu in use",
              (unsigned long long)bytes, di, (unsigned long long)G.limits.dev[di].memory_limit,
              (unsigned long long)__atomic_load_n(&G.region->dev[di].memory_used, __ATOMIC_RELAXED));
@@ -594,35 +598,159 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
                      NULL);
 }
 
+/*
+ * Stream-ordered allocations come from a memory pool, which keeps freed memory until
+ * it releases it (pool.c): they count against the pool's device as the pool holds
+ * memory. pool NULL: the device's current pool (cuMemAllocAsync), which may fall back
+ * to host memory when the GPU is full; an explicit pool never does.
+ */
+typedef CUresult (*pool_alloc_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+
+static CUresult async_plain(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    (void)p;
+    return real_cuMemAllocAsync(d, n, s);
+}
+
+static CUresult async_plain_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    (void)p;
+    return real_cuMemAllocAsync_ptsz(d, n, s);
+}
+
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s,
+                           pool_alloc_fn real)
+{
+    int di;
+    uint64_t ctx;
+    CUdevice dev;
+    CUresult rc = current(&di, &ctx, &dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int fallback = pool == NULL;
+    CUmemoryPool p = pool;
+    if (p == NULL && (real_cuDeviceGetMemPool == NULL ||
+                      real_cuDeviceGetMemPool(&p, dev) != CUDA_SUCCESS || p == NULL))
+        p = NULL;
+    uint64_t key = (uint64_t)(uintptr_t)p;
+    int pdi = p == NULL ? di : fracgpu_pool_device(POOL_MEM, key);
+    if (pdi < 0)
+        pdi = di; /* a pool the shim has not seen made: the current device's */
+    uint64_t took = 0;
+    if (p != NULL)
+        rc = fracgpu_pool_take(POOL_MEM, key, pdi, dev, n, &took);
+    else
+        rc = reserve_on(di, n); /* the driver named no pool: count it as plain memory */
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real(dptr, n, pool, s);
+    if (rc == CUDA_SUCCESS) {
+        if (p != NULL) {
+            fracgpu_pool_settle(POOL_MEM, key); /* what the driver took, rounding included */
+            record(ALLOC_POOL_PTR, *dptr, n, pdi, key);
+        } else {
+            record(ALLOC_PTR, *dptr, n, di, ctx);
+        }
+        return rc;
+    }
+    if (p != NULL)
+        fracgpu_pool_untake(POOL_MEM, key, n, took);
+    else
+        release_on((unsigned)di, n, 0);
+    if (fallback && UNLIKELY(host_fallback_on(rc)) && reserve_on(di, n) == CUDA_SUCCESS) {
+        if (serve_from_host(dptr, n, di, dev) == CUDA_SUCCESS) {
+            record(ALLOC_HOST_PTR, *dptr, n, di, ctx);
+            return CUDA_SUCCESS;
+        }
+        release_on((unsigned)di, n, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return rc;
+}
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     ENTER(cuMemAllocAsync);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync(dptr, bytesize, hStream), *dptr,
-                     dptr);
+    if (mode_ == MODE_PASS)
+        return real_cuMemAllocAsync(dptr, bytesize, hStream);
+    return pool_alloc(dptr, bytesize, NULL, hStream, async_plain);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     ENTER(cuMemAllocAsync_ptsz);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync_ptsz(dptr, bytesize, hStream),
-                     *dptr, dptr);
+    if (mode_ == MODE_PASS)
+        return real_cuMemAllocAsync_ptsz(dptr, bytesize, hStream);
+    return pool_alloc(dptr, bytesize, NULL, hStream, async_plain_ptsz);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                         CUstream hStream)
 {
     ENTER(cuMemAllocFromPoolAsync);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize,
-                     real_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream), *dptr, NULL);
+    if (mode_ == MODE_PASS || pool == NULL)
+        return real_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+    return pool_alloc(dptr, bytesize, pool, hStream, real_cuMemAllocFromPoolAsync);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                              CUmemoryPool pool, CUstream hStream)
 {
     ENTER(cuMemAllocFromPoolAsync_ptsz);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize,
-                     real_cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream), *dptr,
-                     NULL);
+    if (mode_ == MODE_PASS || pool == NULL)
+        return real_cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream);
+    return pool_alloc(dptr, bytesize, pool, hStream, real_cuMemAllocFromPoolAsync_ptsz);
+}
+
+/* ---- memory pools: where a pool's memory counts, and when the pool gives it back ---- */
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    ENTER(cuMemPoolCreate);
+    CUresult rc = real_cuMemPoolCreate(pool, props);
+    /* A pool of host memory is not sliced; a device pool counts on its own device,
+     * whatever context allocates from it. */
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT && props != NULL &&
+        props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        fracgpu_pool_known(POOL_MEM, (uint64_t)(uintptr_t)*pool,
+                           fracgpu_cuda_dev_index(props->location.id), props->location.id);
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    ENTER(cuDeviceGetDefaultMemPool);
+    CUresult rc = real_cuDeviceGetDefaultMemPool(pool, dev);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_pool_known(POOL_MEM, (uint64_t)(uintptr_t)*pool, fracgpu_cuda_dev_index(dev), dev);
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    ENTER(cuDeviceGetMemPool);
+    CUresult rc = real_cuDeviceGetMemPool(pool, dev);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_pool_known(POOL_MEM, (uint64_t)(uintptr_t)*pool, fracgpu_cuda_dev_index(dev), dev);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    ENTER(cuMemPoolTrimTo);
+    CUresult rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_pool_settle(POOL_MEM, (uint64_t)(uintptr_t)pool);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    ENTER(cuMemPoolDestroy);
+    CUresult rc = real_cuMemPoolDestroy(pool);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_pool_destroyed((uint64_t)(uintptr_t)pool);
+    return rc;
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -680,10 +808,15 @@ static CUresult free_linear(CUdeviceptr dptr, CUstream stream, CUresult (*sync)(
     uint64_t sz;
     unsigned di;
     uint32_t kind = ALLOC_PTR;
+    uint64_t pool = 0;
     int had = fracgpu_table_take(ALLOC_PTR, dptr, &sz, &di) == 0;
     if (!had && fracgpu_table_take(ALLOC_HOST_PTR, dptr, &sz, &di) == 0) {
         had = 1;
         kind = ALLOC_HOST_PTR;
+    }
+    if (!had && fracgpu_table_take_aux(ALLOC_POOL_PTR, dptr, &sz, &di, &pool) == 0) {
+        had = 1;
+        kind = ALLOC_POOL_PTR;
     }
     CUresult rc;
     if (kind == ALLOC_HOST_PTR) {
@@ -693,7 +826,13 @@ static CUresult free_linear(CUdeviceptr dptr, CUstream stream, CUresult (*sync)(
     } else {
         rc = realfree(dptr, stream);
     }
-    if (had) {
+    if (had && kind == ALLOC_POOL_PTR) {
+        /* Back into its pool: counted until the pool gives the memory back. */
+        if (rc == CUDA_SUCCESS)
+            fracgpu_pool_put(POOL_MEM, pool, sz);
+        else
+            fracgpu_table_put(kind, dptr, sz, di, pool);
+    } else if (had) {
         if (rc == CUDA_SUCCESS)
             release_on(di, sz, kind == ALLOC_HOST_PTR);
         else
@@ -878,6 +1017,222 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
     FREE_KIND(ALLOC_MIPMAP, (uint64_t)(uintptr_t)h, real_cuMipmappedArrayDestroy(h));
 }
 
+/*
+ * ---- graph memory nodes ----
+ * A graph's allocation nodes take no memory until an exec of it is uploaded or
+ * launched; then the device's graph memory pool backs them, and keeps that memory
+ * after frees and exec destruction until cuDeviceGraphMemTrim (pool.c counts it). The
+ * shim sums a graph's nodes per device, gives the sum to each exec instantiated from
+ * it, and reserves it when the exec is first uploaded or launched - refused with
+ * out-of-memory past the slice, as the driver refuses when the GPU is full. An exec the
+ * shim did not see instantiated (another entry point, stream capture) is still caught
+ * after its launch: its device's graph pool is settled against the driver's figure.
+ */
+static unsigned unbacked_execs; /* atomic: execs with memory not yet backed */
+
+static int launch_dev_index_any(void)
+{
+    return G.limits.device_count == 1 ? 0 : fracgpu_current_dev_index();
+}
+
+static uint64_t key_of(const void *h)
+{
+    return (uint64_t)(uintptr_t)h;
+}
+
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                       size_t n, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    ENTER(cuGraphAddMemAllocNode);
+    CUresult rc = real_cuGraphAddMemAllocNode(node, g, deps, n, params);
+    if (rc != CUDA_SUCCESS || mode_ != MODE_ACCOUNT || params == NULL ||
+        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return rc;
+    int di = fracgpu_cuda_dev_index(params->poolProps.location.id);
+    if (di < 0)
+        return rc; /* refused when it would be backed */
+    uint64_t had = 0, sz = 0;
+    unsigned hd;
+    if (fracgpu_table_take(ALLOC_GRAPH + (uint32_t)di, key_of(g), &had, &hd) == 0)
+        sz = had;
+    sz += params->bytesize;
+    record(ALLOC_GRAPH + (uint32_t)di, key_of(g), sz < had ? UINT64_MAX : sz, di,
+           (uint64_t)params->poolProps.location.id);
+    return rc;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+    ENTER(cuGraphDestroy);
+    CUresult rc = real_cuGraphDestroy(g);
+    uint64_t sz;
+    unsigned d;
+    for (unsigned i = 0; rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT &&
+                         i < G.limits.device_count; i++)
+        fracgpu_table_take(ALLOC_GRAPH + i, key_of(g), &sz, &d);
+    return rc;
+}
+
+/* Undo backing of exec e on limits indexes below upto (they are ALLOC_EXEC_BACKED). */
+static void unback(CUgraphExec e, unsigned upto, const uint64_t *took)
+{
+    for (unsigned i = 0; i < upto; i++) {
+        uint64_t sz, dev;
+        unsigned d;
+        if (fracgpu_table_take_aux(ALLOC_EXEC_BACKED + i, key_of(e), &sz, &d, &dev) == 0) {
+            fracgpu_pool_untake(POOL_GRAPH, dev, sz, took[i]);
+            record(ALLOC_EXEC + i, key_of(e), sz, (int)i, dev);
+        }
+    }
+}
+
+/* Reserves what exec e's memory nodes need in the graph pool, if not yet done. */
+static CUresult back_exec(CUgraphExec e)
+{
+    if (__atomic_load_n(&unbacked_execs, __ATOMIC_ACQUIRE) == 0)
+        return CUDA_SUCCESS;
+    uint64_t took[FRACGPU_MAX_DEVICES] = {0};
+    int any = 0;
+    for (unsigned i = 0; i < G.limits.device_count; i++) {
+        uint64_t sz, dev;
+        unsigned d;
+        if (fracgpu_table_take_aux(ALLOC_EXEC + i, key_of(e), &sz, &d, &dev) != 0)
+            continue;
+        CUresult rc = fracgpu_pool_take(POOL_GRAPH, dev, (int)i, (CUdevice)dev, sz, &took[i]);
+        if (rc != CUDA_SUCCESS) {
+            record(ALLOC_EXEC + i, key_of(e), sz, (int)i, dev);
+            unback(e, i, took);
+            return rc;
+        }
+        record(ALLOC_EXEC_BACKED + i, key_of(e), sz, (int)i, dev);
+        any = 1;
+    }
+    if (any)
+        __atomic_fetch_sub(&unbacked_execs, 1, __ATOMIC_ACQ_REL);
+    return CUDA_SUCCESS;
+}
+
+/* After the driver backed (or failed to back) e: settle the graph pools it touched. */
+static void after_backing(CUgraphExec e, CUresult rc)
+{
+    int undo = rc == CUDA_ERROR_OUT_OF_MEMORY;
+    for (unsigned i = 0; i < G.limits.device_count; i++) {
+        uint64_t sz, dev;
+        unsigned d;
+        if (undo && fracgpu_table_take_aux(ALLOC_EXEC_BACKED + i, key_of(e), &sz, &d, &dev) == 0) {
+            /* The driver could not back it: it is unbacked again. */
+            fracgpu_pool_put(POOL_GRAPH, dev, sz);
+            record(ALLOC_EXEC + i, key_of(e), sz, (int)i, dev);
+            __atomic_fetch_add(&unbacked_execs, 1, __ATOMIC_ACQ_REL);
+        }
+    }
+    int di = launch_dev_index_any();
+    CUdevice dev;
+    if (di >= 0 && real_cuCtxGetDevice != NULL && real_cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
+        fracgpu_pool_known(POOL_GRAPH, (uint64_t)dev, di, dev);
+        fracgpu_pool_settle(POOL_GRAPH, (uint64_t)dev);
+    }
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    ENTER(cuGraphInstantiateWithFlags);
+    if (mode_ != MODE_ACCOUNT)
+        return real_cuGraphInstantiateWithFlags(e, g, flags);
+    uint64_t sz[FRACGPU_MAX_DEVICES] = {0}, dev[FRACGPU_MAX_DEVICES] = {0}, took[FRACGPU_MAX_DEVICES] = {0};
+    int any = 0;
+    for (unsigned i = 0; i < G.limits.device_count; i++) {
+        unsigned d;
+        if (fracgpu_table_take_aux(ALLOC_GRAPH + i, key_of(g), &sz[i], &d, &dev[i]) == 0) {
+            record(ALLOC_GRAPH + i, key_of(g), sz[i], (int)i, dev[i]);
+            any = 1;
+        }
+    }
+    int upload = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0;
+    for (unsigned i = 0; upload && any && i < G.limits.device_count; i++) {
+        CUresult rc = sz[i] ? fracgpu_pool_take(POOL_GRAPH, dev[i], (int)i, (CUdevice)dev[i],
+                                                sz[i], &took[i])
+                            : CUDA_SUCCESS;
+        if (rc != CUDA_SUCCESS) {
+            for (unsigned j = 0; j < i; j++)
+                if (sz[j])
+                    fracgpu_pool_untake(POOL_GRAPH, dev[j], sz[j], took[j]);
+            return rc;
+        }
+    }
+    CUresult rc = real_cuGraphInstantiateWithFlags(e, g, flags);
+    for (unsigned i = 0; any && i < G.limits.device_count; i++) {
+        if (!sz[i])
+            continue;
+        if (rc != CUDA_SUCCESS && upload)
+            fracgpu_pool_untake(POOL_GRAPH, dev[i], sz[i], took[i]);
+        else if (rc == CUDA_SUCCESS)
+            record(upload ? ALLOC_EXEC_BACKED + i : ALLOC_EXEC + i, key_of(*e), sz[i], (int)i,
+                   dev[i]);
+    }
+    if (rc == CUDA_SUCCESS && any && !upload)
+        __atomic_fetch_add(&unbacked_execs, 1, __ATOMIC_ACQ_REL);
+    if (rc == CUDA_SUCCESS && upload)
+        after_backing(*e, rc);
+    return rc;
+}
+
+static CUresult graph_upload(CUgraphExec e, CUstream s, CUresult (*real)(CUgraphExec, CUstream),
+                             int mode)
+{
+    if (mode != MODE_ACCOUNT)
+        return real(e, s);
+    CUresult rc = back_exec(e);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real(e, s);
+    after_backing(e, rc);
+    return rc;
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+    ENTER(cuGraphUpload);
+    return graph_upload(e, s, real_cuGraphUpload, mode_);
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s)
+{
+    ENTER(cuGraphUpload_ptsz);
+    return graph_upload(e, s, real_cuGraphUpload_ptsz, mode_);
+}
+
+/* The exec's memory goes back to the graph pool, which keeps it until a trim. */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    ENTER(cuGraphExecDestroy);
+    CUresult rc = real_cuGraphExecDestroy(e);
+    int unbacked = 0;
+    for (unsigned i = 0; rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT &&
+                         i < G.limits.device_count; i++) {
+        uint64_t sz, dev;
+        unsigned d;
+        if (fracgpu_table_take_aux(ALLOC_EXEC_BACKED + i, key_of(e), &sz, &d, &dev) == 0)
+            fracgpu_pool_put(POOL_GRAPH, dev, sz);
+        if (fracgpu_table_take_aux(ALLOC_EXEC + i, key_of(e), &sz, &d, &dev) == 0)
+            unbacked = 1;
+    }
+    if (unbacked)
+        __atomic_fetch_sub(&unbacked_execs, 1, __ATOMIC_ACQ_REL);
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    ENTER(cuDeviceGraphMemTrim);
+    CUresult rc = real_cuDeviceGraphMemTrim(dev);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT) {
+        fracgpu_pool_known(POOL_GRAPH, (uint64_t)dev, fracgpu_cuda_dev_index(dev), dev);
+        fracgpu_pool_settle(POOL_GRAPH, (uint64_t)dev);
+    }
+    return rc;
+}
+
 /* ---- launches: paced only when a compute limit applies ---- */
 
 /* With one GPU in the limits every usable context is on it (creating one
@@ -942,12 +1297,37 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, un
     LAUNCH(cuLaunchCooperativeKernel_ptsz, s, 1, (f, gx, gy, gz, bx, by, bz, shm, s, params))
 }
 
+/* A graph launch backs the exec's memory nodes first, then is paced like a kernel. */
+static CUresult graph_launch(CUgraphExec g, CUstream s, int ptsz,
+                             CUresult (*real)(CUgraphExec, CUstream), int mode)
+{
+    if (mode != MODE_ACCOUNT)
+        return real(g, s);
+    CUresult rc = back_exec(g);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (LIKELY(!G.launch_hooks)) {
+        rc = real(g, s);
+    } else {
+        void *tok;
+        int di = launch_dev_index();
+        int bounded = fracgpu_priority_before(di);
+        fracgpu_pace_before(di, bounded, s, ptsz, &tok);
+        rc = real(g, s);
+        fracgpu_pace_after(di, s, ptsz, tok, rc);
+    }
+    after_backing(g, rc);
+    return rc;
+}
+
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
-    LAUNCH(cuGraphLaunch, s, 0, (g, s))
+    ENTER(cuGraphLaunch);
+    return graph_launch(g, s, 0, real_cuGraphLaunch, mode_);
 }
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
-    LAUNCH(cuGraphLaunch_ptsz, s, 1, (g, s))
+    ENTER(cuGraphLaunch_ptsz);
+    return graph_launch(g, s, 1, real_cuGraphLaunch_ptsz, mode_);
 }

@@ -125,6 +125,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&slot_mu, NULL);
     fracgpu_table_reset_after_fork();
     fracgpu_vmm_reset_after_fork();
+    fracgpu_pool_reset_after_fork();
     fracgpu_pace_reset_after_fork();
     fracgpu_cuda_reset_after_fork();
 }

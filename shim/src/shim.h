@@ -76,13 +76,19 @@ HIDDEN uint64_t fracgpu_proc_start_time(int pid);
 /* ---- per-process allocation table ---- */
 /* ALLOC_HOST_PTR: a linear allocation the shim served from host memory (host fallback). */
 /* ALLOC_LIMIT + l: what cuCtxSetLimit(l) takes beyond the default, keyed by context. */
+/* ALLOC_POOL_PTR: from a memory pool (ctx field: the pool). ALLOC_GRAPH + di: bytes of a
+ * graph's memory nodes on limits index di; ALLOC_EXEC + di: an exec's, not yet backed
+ * by the graph pool; ALLOC_EXEC_BACKED + di: an exec's, backed. */
 enum fracgpu_alloc_kind { ALLOC_PTR = 1, ALLOC_HANDLE = 2, ALLOC_ARRAY = 3, ALLOC_MIPMAP = 4, ALLOC_CTX = 5,
-                          ALLOC_HOST_PTR = 6, ALLOC_LIMIT = 16 };
+                          ALLOC_HOST_PTR = 6, ALLOC_POOL_PTR = 7, ALLOC_LIMIT = 16,
+                          ALLOC_GRAPH = 32, ALLOC_EXEC = 48, ALLOC_EXEC_BACKED = 64 };
 struct fracgpu_alloc { uint64_t key; uint64_t size; uint32_t kind; uint32_t dev; uint64_t ctx; };
 HIDDEN int fracgpu_table_put(uint32_t kind, uint64_t key, uint64_t size, unsigned dev, uint64_t ctx);
 HIDDEN void fracgpu_table_take_ctx(uint64_t ctx,
                                    void (*release)(unsigned dev, uint64_t size, uint32_t kind));
 HIDDEN int fracgpu_table_take(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev);
+HIDDEN int fracgpu_table_take_aux(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev,
+                                  uint64_t *ctx);
 HIDDEN void fracgpu_table_reset_after_fork(void);
 
 /* ---- virtual memory management: a handle counts until released and unmapped ---- */
@@ -94,6 +100,19 @@ HIDDEN CUresult fracgpu_vmm_unmap(uint64_t ptr, uint64_t size,
                                   CUresult (*real)(CUdeviceptr, size_t),
                                   void (*release)(unsigned, uint64_t));
 HIDDEN void fracgpu_vmm_reset_after_fork(void);
+
+/* ---- memory pools: counted as the driver reserves them (pool.c) ---- */
+enum { POOL_MEM = 1, POOL_GRAPH = 2 };
+HIDDEN void fracgpu_pool_known(int kind, uint64_t key, int di, CUdevice dev);
+HIDDEN int fracgpu_pool_device(int kind, uint64_t key); /* limits index, or -1 */
+HIDDEN CUresult fracgpu_pool_take(int kind, uint64_t key, int di, CUdevice dev, uint64_t n,
+                                  uint64_t *took);
+HIDDEN void fracgpu_pool_untake(int kind, uint64_t key, uint64_t n, uint64_t took);
+HIDDEN void fracgpu_pool_put(int kind, uint64_t key, uint64_t n);
+HIDDEN void fracgpu_pool_settle(int kind, uint64_t key);
+HIDDEN void fracgpu_pool_destroyed(uint64_t key);
+HIDDEN uint64_t fracgpu_pool_settle_all(void);
+HIDDEN void fracgpu_pool_reset_after_fork(void);
 
 /* ---- global state ---- */
 enum fracgpu_state { ST_UNINIT = 0, ST_READY = 1, ST_FAILED = 2 };

@@ -31,8 +31,14 @@ struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; 
 struct CUevent_st { uint64_t ts; int recorded; };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
-struct CUgraph_st { uint64_t dur_ns; };
-struct CUgraphExec_st { uint64_t dur_ns; };
+/* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where. */
+struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; };
+/* backed: its allocations have physical memory from the device's graph pool. */
+struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; int backed; };
+/* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
+ * the device when allocations need more than it has free, given back at a
+ * synchronisation above the release threshold, on cuMemPoolTrimTo, on destroy). */
+struct CUmemPoolHandle_st { int dev; int destroyed; uint64_t reserved, used, threshold; };
 struct CUarray_st { uint64_t size; int dev; };
 struct CUmipmappedArray_st { uint64_t size; int dev; };
 
@@ -51,6 +57,7 @@ struct alloc {
     int vmm;                    /* a cuMemCreate handle: */
     int released;               /*   cuMemRelease called */
     unsigned maps;              /*   live cuMemMap mappings; freed when released and 0 */
+    struct CUmemPoolHandle_st *pool; /* from a memory pool: a free returns it there */
 };
 /* Virtual memory management: reserved address ranges and what is mapped in them. */
 struct vrange { uint64_t ptr, size, handle; };
@@ -262,11 +269,89 @@ static CUresult alloc_on(int dev, uint64_t size, CUdeviceptr *dptr)
     return CUDA_SUCCESS;
 }
 
+/* ---- stream-ordered memory pools and the graph memory pool, per device ---- */
+
+static struct CUmemPoolHandle_st default_pool[FAKE_MAX_DEVICES];
+static struct CUmemPoolHandle_st *current_pool[FAKE_MAX_DEVICES];
+static struct CUmemPoolHandle_st *pools[256]; /* every pool of this process */
+static size_t n_pools;
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t graph_reserved[FAKE_MAX_DEVICES], graph_used[FAKE_MAX_DEVICES];
+
+static struct CUmemPoolHandle_st *pool_of_dev(int dev)
+{
+    pthread_mutex_lock(&pool_mu);
+    if (default_pool[dev].dev != dev + 1) { /* first use: dev is stored plus one */
+        default_pool[dev].dev = dev + 1;
+        if (n_pools < 256)
+            pools[n_pools++] = &default_pool[dev];
+    }
+    struct CUmemPoolHandle_st *p = current_pool[dev] ? current_pool[dev] : &default_pool[dev];
+    pthread_mutex_unlock(&pool_mu);
+    return p;
+}
+
+static CUresult pool_alloc(struct CUmemPoolHandle_st *p, uint64_t n, CUdeviceptr *dptr)
+{
+    if (dptr == NULL || n == 0 || p == NULL || p->destroyed)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t idle = p->reserved - p->used, more = n > idle ? n - idle : 0;
+    CUresult rc = more ? take_memory(p->dev - 1, more) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        p->reserved += more;
+        p->used += n;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t a = new_address(n);
+    put_alloc_rec((struct alloc){a, n, p->dev - 1, 0, CU_DEVICE_INVALID, 0, 0, NULL, 0, 0, 0, p});
+    *dptr = a;
+    return CUDA_SUCCESS;
+}
+
+/* Freed memory stays in the pool (reserved) until a synchronisation, a trim or destroy. */
+static void pool_free(struct CUmemPoolHandle_st *p, uint64_t n)
+{
+    pthread_mutex_lock(&pool_mu);
+    p->used -= n;
+    if (p->destroyed) {
+        p->reserved -= n;
+        give_memory(p->dev - 1, n);
+    }
+    pthread_mutex_unlock(&pool_mu);
+}
+
+static void pool_trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
+{
+    uint64_t floor = p->used > keep ? p->used : keep;
+    if (p->reserved > floor) {
+        give_memory(p->dev - 1, p->reserved - floor);
+        p->reserved = floor;
+    }
+}
+
+/* At a stream, event or context synchronisation every pool above its release
+ * threshold gives back what it holds beyond it. */
+static void pools_synchronised(void)
+{
+    pthread_mutex_lock(&pool_mu);
+    for (size_t i = 0; i < n_pools; i++)
+        if (pools[i]->reserved > pools[i]->threshold)
+            pool_trim_locked(pools[i], pools[i]->threshold);
+    pthread_mutex_unlock(&pool_mu);
+}
+
 static CUresult free_key(uint64_t key)
 {
     struct alloc a;
     if (take_alloc(key, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (a.pool != NULL) {
+        pool_free(a.pool, a.size);
+        return CUDA_SUCCESS;
+    }
     if (a.managed)
         give_host_memory(a.size);
     else
@@ -544,6 +629,7 @@ EXPORT CUresult cuCtxSynchronize(void)
     CUresult rc = need_ctx(&dev);
     if (rc == CUDA_SUCCESS)
         sleep_until(__atomic_load_n(&proc_tail[dev], __ATOMIC_ACQUIRE));
+    pools_synchronised();
     return rc;
 }
 
@@ -776,26 +862,145 @@ EXPORT CUresult cuMemRangeGetAttribute(void *data, size_t size, CUmem_range_attr
     pthread_mutex_unlock(&mu);
     return rc;
 }
+/* Stream-ordered allocations come from the device's current pool (or the one named). */
+#define ALLOC_POOL(name, size, dptr, pool)                                                       \
+    CHECK_INIT(name);                                                                            \
+    int dev_;                                                                                    \
+    CUresult rc_ = need_ctx(&dev_);                                                              \
+    if (rc_ != CUDA_SUCCESS)                                                                     \
+        return rc_;                                                                              \
+    return pool_alloc((pool) ? (pool) : pool_of_dev(dev_), (size), (dptr));
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
     (void)s;
-    ALLOC_CURRENT("cuMemAllocAsync", n, dptr)
+    ALLOC_POOL("cuMemAllocAsync", n, dptr, NULL)
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
 {
     (void)s;
-    ALLOC_CURRENT("cuMemAllocAsync_ptsz", n, dptr)
+    ALLOC_POOL("cuMemAllocAsync_ptsz", n, dptr, NULL)
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CUstream s)
 {
-    (void)s, (void)p;
-    ALLOC_CURRENT("cuMemAllocFromPoolAsync", n, dptr)
+    (void)s;
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    ALLOC_POOL("cuMemAllocFromPoolAsync", n, dptr, p)
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool p,
                                              CUstream s)
 {
-    (void)s, (void)p;
-    ALLOC_CURRENT("cuMemAllocFromPoolAsync_ptsz", n, dptr)
+    (void)s;
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    ALLOC_POOL("cuMemAllocFromPoolAsync_ptsz", n, dptr, p)
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetDefaultMemPool");
+    if (pool == NULL || !valid_dev(dev))
+        return CUDA_ERROR_INVALID_VALUE;
+    pool_of_dev(dev);
+    *pool = &default_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetMemPool");
+    if (pool == NULL || !valid_dev(dev))
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = pool_of_dev(dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    CHECK_INIT("cuDeviceSetMemPool");
+    if (pool == NULL || !valid_dev(dev) || pool->dev != dev + 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    current_pool[dev] = pool;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    CHECK_INIT("cuMemPoolCreate");
+    if (pool == NULL || props == NULL || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_dev(props->location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->dev = props->location.id + 1;
+    pthread_mutex_lock(&pool_mu);
+    if (n_pools < 256)
+        pools[n_pools++] = p;
+    pthread_mutex_unlock(&pool_mu);
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+/* Outstanding allocations keep their memory until freed; the rest goes now. The
+ * handle stays valid memory here (never reused), as a destroyed pool is never used. */
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CHECK_INIT("cuMemPoolDestroy");
+    if (pool == NULL || pool->destroyed || pool == &default_pool[pool->dev - 1])
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    pool->destroyed = 1;
+    pool_trim_locked(pool, 0);
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+        if (current_pool[d] == pool)
+            current_pool[d] = NULL;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    CHECK_INIT("cuMemPoolTrimTo");
+    if (pool == NULL || pool->destroyed)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    pool_trim_locked(pool, keep);
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    CHECK_INIT("cuMemPoolSetAttribute");
+    if (pool == NULL || pool->destroyed || value == NULL || attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    pool->threshold = *(cuuint64_t *)value;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    CHECK_INIT("cuMemPoolGetAttribute");
+    if (pool == NULL || pool->destroyed || value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&pool_mu);
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        *(cuuint64_t *)value = pool->threshold;
+    else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+        *(cuuint64_t *)value = pool->reserved;
+    else if (attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        *(cuuint64_t *)value = pool->used;
+    else
+        rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
@@ -1191,32 +1396,143 @@ EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraph
     return cuGraphAddKernelNode_v2(node, g, deps, n, params);
 }
 
+/* A memory allocation node: its memory is virtual until an exec of the graph is uploaded
+ * or launched; then the device's graph pool backs it with physical memory. */
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                       size_t n, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    (void)deps, (void)n;
+    CHECK_INIT("cuGraphAddMemAllocNode");
+    if (g == NULL || params == NULL || params->bytesize == 0 ||
+        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_dev(params->poolProps.location.id) ||
+        (g->mem_bytes && g->mem_dev != params->poolProps.location.id))
+        return CUDA_ERROR_INVALID_VALUE; /* the double keeps one device per graph */
+    g->mem_bytes += params->bytesize;
+    g->mem_dev = params->poolProps.location.id;
+    params->dptr = new_address(params->bytesize);
+    if (node)
+        *node = (CUgraphNode)(uintptr_t)(params->dptr | 1);
+    return CUDA_SUCCESS;
+}
+
+/* Physical memory for an exec's allocations: what the graph pool has free is reused,
+ * the rest taken from the device; it stays in the pool until cuDeviceGraphMemTrim. */
+static CUresult graph_back(struct CUgraphExec_st *x)
+{
+    if (x->backed || x->mem_bytes == 0)
+        return CUDA_SUCCESS;
+    int d = x->mem_dev;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t idle = graph_reserved[d] - graph_used[d];
+    uint64_t more = x->mem_bytes > idle ? x->mem_bytes - idle : 0;
+    CUresult rc = more ? take_memory(d, more) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        graph_reserved[d] += more;
+        graph_used[d] += x->mem_bytes;
+        x->backed = 1;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
+}
+
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
 {
-    (void)flags;
     CHECK_INIT("cuGraphInstantiateWithFlags");
     if (e == NULL || g == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *x = calloc(1, sizeof *x);
     x->dur_ns = g->dur_ns;
+    x->mem_bytes = g->mem_bytes;
+    x->mem_dev = g->mem_dev;
+    CUresult rc = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) ? graph_back(x) : CUDA_SUCCESS;
+    if (rc != CUDA_SUCCESS) {
+        free(x);
+        return rc;
+    }
     *e = x;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+    (void)s;
+    CHECK_INIT("cuGraphUpload");
+    return e ? graph_back(e) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s)
+{
+    (void)s;
+    CHECK_INIT("cuGraphUpload_ptsz");
+    return e ? graph_back(e) : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult graph_launch(CUgraphExec e, CUstream s)
+{
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = graph_back(e);
+    return rc == CUDA_SUCCESS ? launch(NULL, s, e->dur_ns) : rc;
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 {
     CHECK_INIT("cuGraphLaunch");
-    return e ? launch(NULL, s, e->dur_ns) : CUDA_ERROR_INVALID_VALUE;
+    return graph_launch(e, s);
 }
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
 {
     CHECK_INIT("cuGraphLaunch_ptsz");
-    return e ? launch(NULL, s, e->dur_ns) : CUDA_ERROR_INVALID_VALUE;
+    return graph_launch(e, s);
 }
 
-EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
+/* The exec's memory goes back to the graph pool, which keeps it reserved. */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (e->backed) {
+        pthread_mutex_lock(&pool_mu);
+        graph_used[e->mem_dev] -= e->mem_bytes;
+        pthread_mutex_unlock(&pool_mu);
+    }
+    free(e);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGraphMemTrim");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&pool_mu);
+    if (graph_reserved[dev] > graph_used[dev]) {
+        give_memory(dev, graph_reserved[dev] - graph_used[dev]);
+        graph_reserved[dev] = graph_used[dev];
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+    CHECK_INIT("cuDeviceGetGraphMemAttribute");
+    if (!valid_dev(dev) || value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&pool_mu);
+    if (attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+        *(cuuint64_t *)value = graph_reserved[dev];
+    else if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+        *(cuuint64_t *)value = graph_used[dev];
+    else
+        rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
+}
 
 /* ---- streams and events ---- */
 
@@ -1250,6 +1566,7 @@ static CUresult stream_sync(CUstream s)
     if (st == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     sleep_until(__atomic_load_n(&st->tail, __ATOMIC_ACQUIRE));
+    pools_synchronised();
     return CUDA_SUCCESS;
 }
 
@@ -1319,6 +1636,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
         return CUDA_ERROR_INVALID_HANDLE;
     if (e->recorded)
         sleep_until(e->ts);
+    pools_synchronised();
     return CUDA_SUCCESS;
 }
 
@@ -1436,6 +1754,19 @@ static const struct proc procs[] = {
     P("cuGraphLaunch", 10000, cuGraphLaunch),
     PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
     P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    P("cuGraphUpload", 11010, cuGraphUpload),
+    PT("cuGraphUpload", 11010, cuGraphUpload_ptsz),
+    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
+    P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
     P("cuGraphDestroy", 10000, cuGraphDestroy),
     P("cuStreamCreate", 2000, cuStreamCreate),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),

@@ -101,6 +101,16 @@ static CUresult (*primary_v1(const char *name))(CUdevice)
     return (CUresult(*)(CUdevice))f;
 }
 
+/* The pool "pool" steps allocate from: the last "mkpool", else device 0's current pool. */
+static CUmemoryPool made_pool;
+static CUmemoryPool pool_in_use(void)
+{
+    CUmemoryPool p = made_pool;
+    if (p == NULL && A.cuDeviceGetMemPool(&p, 0) != CUDA_SUCCESS)
+        p = NULL;
+    return p;
+}
+
 int main(int argc, char **argv)
 {
     harness_resolve();
@@ -122,7 +132,7 @@ int main(int argc, char **argv)
             else if (c[0] == 'a')
                 rc = A.cuMemAllocAsync(&p, n, NULL);
             else
-                rc = A.cuMemAllocFromPoolAsync(&p, n, NULL, NULL);
+                rc = A.cuMemAllocFromPoolAsync(&p, n, pool_in_use(), NULL);
             printf("%s %d %d\n", c, rc, rc == CUDA_SUCCESS ? keep(p) : -1);
         } else if (strcmp(c, "where") == 0) {
             /* where a managed allocation lives: preferred location, accessed-by list */
@@ -268,6 +278,59 @@ int main(int argc, char **argv)
             int st = 0;
             waitpid(pid, &st, 0);
             printf("fork %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+        } else if (strcmp(c, "mkpool") == 0) {
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = 1;
+            props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            props.location.id = atoi(ARG());
+            CUmemoryPool p = NULL;
+            rc = A.cuMemPoolCreate(&p, &props);
+            if (rc == CUDA_SUCCESS)
+                made_pool = p;
+            printf("mkpool %d\n", rc);
+        } else if (strcmp(c, "rmpool") == 0) {
+            printf("rmpool %d\n", A.cuMemPoolDestroy(made_pool));
+        } else if (strcmp(c, "threshold") == 0) {
+            cuuint64_t v = size_arg(ARG());
+            printf("threshold %d\n",
+                   A.cuMemPoolSetAttribute(pool_in_use(), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+        } else if (strcmp(c, "trim") == 0) {
+            printf("trim %d\n", A.cuMemPoolTrimTo(pool_in_use(), size_arg(ARG())));
+        } else if (strcmp(c, "sync") == 0) {
+            printf("sync %d\n", A.cuCtxSynchronize());
+        } else if (strcmp(c, "graph") == 0) {
+            /* graph <dev> <bytes>: a graph with one memory allocation node */
+            CUgraph g = NULL;
+            CUDA_MEM_ALLOC_NODE_PARAMS np;
+            memset(&np, 0, sizeof np);
+            np.poolProps.allocType = 1;
+            np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            np.poolProps.location.id = atoi(ARG());
+            np.bytesize = size_arg(ARG());
+            CUgraphNode node;
+            rc = A.cuGraphCreate(&g, 0);
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuGraphAddMemAllocNode(&node, g, NULL, 0, &np);
+            printf("graph %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
+        } else if (strcmp(c, "instantiate") == 0) {
+            /* instantiate <graph id> <flags> */
+            CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];
+            CUgraphExec e = NULL;
+            rc = A.cuGraphInstantiateWithFlags(&e, g, (unsigned long long)atoi(ARG()));
+            printf("instantiate %d %d\n", rc,
+                   rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)e) : -1);
+        } else if (strcmp(c, "glaunch") == 0) {
+            printf("glaunch %d\n", A.cuGraphLaunch((CUgraphExec)(uintptr_t)ids[atoi(ARG())], NULL));
+        } else if (strcmp(c, "gupload") == 0) {
+            printf("gupload %d\n", A.cuGraphUpload((CUgraphExec)(uintptr_t)ids[atoi(ARG())], NULL));
+        } else if (strcmp(c, "gexecdestroy") == 0) {
+            printf("gexecdestroy %d\n",
+                   A.cuGraphExecDestroy((CUgraphExec)(uintptr_t)ids[atoi(ARG())]));
+        } else if (strcmp(c, "gdestroy") == 0) {
+            printf("gdestroy %d\n", A.cuGraphDestroy((CUgraph)(uintptr_t)ids[atoi(ARG())]));
+        } else if (strcmp(c, "gtrim") == 0) {
+            printf("gtrim %d\n", A.cuDeviceGraphMemTrim(atoi(ARG())));
         } else if (strcmp(c, "wait") == 0) {
             char line[64];
             printf("waiting\n");

@@ -306,3 +306,81 @@ def test_destroying_a_context_gives_its_limits_back(node: Sandbox) -> None:
     )  # fmt: skip
     assert step(out.stdout, "setlimit")[1] == "0", out.stdout
     assert step(out.stdout, "alloc")[1] == "0", out.stdout
+
+
+@pytest.mark.parametrize("own_pool", [False, True])
+def test_memory_a_pool_keeps_after_a_free_stays_counted(node: Sandbox, own_pool: bool) -> None:
+    # With a raised release threshold the pool keeps freed memory on the GPU: it stays in
+    # the slice until the pool gives it back (trim), however the pool came to be.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        *(["mkpool", "0"] if own_pool else []),
+        "threshold", "4Gi",
+        "pool", "700Mi",  # id 0
+        "freeasync", "0",
+        "sync",
+        "alloc", "700Mi",  # the pool still holds 700 MiB: past the slice
+        "pool", "700Mi",  # the pool's own free memory is reused: fits
+        "freeasync", "1",
+        "trim", "0",
+        "alloc", "700Mi",  # given back: fits
+        "info",
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "pool"] == ["0", "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 700 * MiB)
+
+
+def test_pool_memory_is_given_back_when_the_pool_releases_it(node: Sandbox) -> None:
+    # Default threshold: the pool releases at the next synchronisation, not at the free.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "async", "700Mi", "freeasync", "0",
+        "alloc", "700Mi",  # not yet released: past the slice
+        "sync",
+        "alloc", "700Mi",
+        "mkpool", "0", "threshold", "4Gi", "pool", "200Mi", "freeasync", "2",
+        "alloc", "200Mi",  # the created pool holds 200 MiB
+        "rmpool",
+        "alloc", "200Mi",  # destroying it gave them back
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0", OOM, "0"], out.stdout
+
+
+@pytest.mark.parametrize("lookup", ["direct", "procaddr"])
+def test_graph_memory_nodes_count_when_backed_until_trimmed(node: Sandbox, lookup: str) -> None:
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "graph", "0", "700Mi",  # id 0
+        "instantiate", "0", "0",  # id 1: no memory yet
+        "alloc", "400Mi",  # id 2
+        "glaunch", "1",  # backing 700 MiB would pass the slice
+        "free", "2",
+        "glaunch", "1",
+        "glaunch", "1",  # backed once
+        "alloc", "400Mi",
+        "gexecdestroy", "1",
+        "alloc", "400Mi",  # the graph pool keeps the memory
+        "gtrim", "0",
+        "alloc", "400Mi",  # trimmed: given back
+        "instantiate", "0", "2",  # upload at instantiation: backed now, past the slice
+        "info",
+        lookup=lookup,
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "glaunch"] == [OOM, "0", "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM, OOM, "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "instantiate"] == ["0", OOM], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 400 * MiB)
+
+
+def test_a_pool_counts_on_its_own_device_not_the_callers(node: Sandbox) -> None:
+    # A pool made on device 1 and used from device 0's context: its memory is device 1's.
+    node.device_count = 2
+    node.write_fake_config()
+    node.write_limits(devices=2)
+    out = node.run(
+        "mem_ops", "ctx", "0", "mkpool", "1", "pool", "1Gi", "pool", "1",
+        "alloc", "1Gi",  # device 0's slice is untouched
+    )  # fmt: skip
+    assert [x[1] for x in steps(out.stdout) if x[0] == "pool"] == ["0", OOM], out.stdout
+    assert step(out.stdout, "alloc")[1] == "0", out.stdout
