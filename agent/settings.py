@@ -212,6 +212,13 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         raise SettingsError(
             f"--slice-audit-kill={ns.slice_audit_kill} is not allowed: use true or false"
         )
+    if slice_audit_kill and ns.slice_audit_proc_dir != Path("/proc"):
+        # NVML's PIDs are the host's: signalling them from another PID namespace would hit
+        # whatever process has that number there.
+        raise SettingsError(
+            "--slice-audit-kill needs the host's PID namespace: run the agent with hostPID "
+            f"and --slice-audit-proc-dir=/proc (not {ns.slice_audit_proc_dir})"
+        )
     try:  # the audit's own settings say what is allowed
         SliceAuditSettings(tolerance_bytes=ns.slice_audit_tolerance_bytes)
     except ValueError as error:

@@ -295,6 +295,9 @@ def test_slice_audit_settings_are_validated() -> None:
     assert on.slice_audit_kill is True
     env = {"FRACGPU_AGENT_SLICE_AUDIT_KILL": "true"}
     assert parse_settings(["--node-name=n"], env=env).slice_audit_kill is True
+    # Host PIDs are signalled only from the host's PID namespace.
+    with pytest.raises(SettingsError, match="hostPID"):
+        parse_settings(["--node-name=n", "--slice-audit-kill", "--slice-audit-proc-dir=/h"], env={})
     for bad, says in (
         ("--slice-audit-seconds=0", "greater than 0"),
         ("--slice-audit-kill=maybe", "true or false"),
