@@ -126,6 +126,14 @@ typedef struct {
 #define CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT 0
 #define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
 #define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
+#define CU_GRAPH_NODE_TYPE_KERNEL 0
+#define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef struct {

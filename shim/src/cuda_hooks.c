@@ -5,6 +5,7 @@
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include "shim.h"
@@ -1022,11 +1023,12 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
  * A graph's allocation nodes take no memory until an exec of it is uploaded or
  * launched; then the device's graph memory pool backs them, and keeps that memory
  * after frees and exec destruction until cuDeviceGraphMemTrim (pool.c counts it). The
- * shim sums a graph's nodes per device, gives the sum to each exec instantiated from
- * it, and reserves it when the exec is first uploaded or launched - refused with
- * out-of-memory past the slice, as the driver refuses when the GPU is full. An exec the
- * shim did not see instantiated (another entry point, stream capture) is still caught
- * after its launch: its device's graph pool is settled against the driver's figure.
+ * shim asks the driver for the graph's allocation nodes at instantiation (every
+ * instantiate entry point; nodes added, captured from a stream or cloned alike), gives
+ * their bytes per device to the exec, and reserves them when the exec is first uploaded
+ * or launched - refused with out-of-memory past the slice, as the driver refuses when
+ * the GPU is full. After every upload and launch the device's graph pool is also
+ * settled against the driver's figure, so nothing the driver took goes uncounted.
  */
 static unsigned unbacked_execs; /* atomic: execs with memory not yet backed */
 
@@ -1040,36 +1042,39 @@ static uint64_t key_of(const void *h)
     return (uint64_t)(uintptr_t)h;
 }
 
-EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
-                                       size_t n, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+/* Bytes of g's memory allocation nodes per limits index, from the driver's own view of
+ * the graph (however its nodes were made: added, captured from a stream, cloned).
+ * -1: a node allocates on a device not in the limits (nothing is allowed there). */
+static int graph_bytes(CUgraph g, uint64_t *sz, uint64_t *dev)
 {
-    ENTER(cuGraphAddMemAllocNode);
-    CUresult rc = real_cuGraphAddMemAllocNode(node, g, deps, n, params);
-    if (rc != CUDA_SUCCESS || mode_ != MODE_ACCOUNT || params == NULL ||
-        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return rc;
-    int di = fracgpu_cuda_dev_index(params->poolProps.location.id);
-    if (di < 0)
-        return rc; /* refused when it would be backed */
-    uint64_t had = 0, sz = 0;
-    unsigned hd;
-    if (fracgpu_table_take(ALLOC_GRAPH + (uint32_t)di, key_of(g), &had, &hd) == 0)
-        sz = had;
-    sz += params->bytesize;
-    record(ALLOC_GRAPH + (uint32_t)di, key_of(g), sz < had ? UINT64_MAX : sz, di,
-           (uint64_t)params->poolProps.location.id);
-    return rc;
-}
-
-EXPORT CUresult cuGraphDestroy(CUgraph g)
-{
-    ENTER(cuGraphDestroy);
-    CUresult rc = real_cuGraphDestroy(g);
-    uint64_t sz;
-    unsigned d;
-    for (unsigned i = 0; rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT &&
-                         i < G.limits.device_count; i++)
-        fracgpu_table_take(ALLOC_GRAPH + i, key_of(g), &sz, &d);
+    size_t n = 0;
+    if (real_cuGraphGetNodes == NULL || real_cuGraphNodeGetType == NULL ||
+        real_cuGraphMemAllocNodeGetParams == NULL || real_cuGraphGetNodes(g, NULL, &n) != 0 ||
+        n == 0)
+        return 0; /* unknown: the graph pool is still settled after each launch */
+    CUgraphNode *nodes = malloc(n * sizeof *nodes);
+    if (nodes == NULL || real_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS) {
+        free(nodes);
+        return 0;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int type = -1;
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS ||
+            type != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+            real_cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS ||
+            p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            continue;
+        int di = fracgpu_cuda_dev_index(p.poolProps.location.id);
+        if (di < 0) {
+            rc = -1;
+            break;
+        }
+        sz[di] = sz[di] + p.bytesize < sz[di] ? UINT64_MAX : sz[di] + p.bytesize;
+        dev[di] = (uint64_t)p.poolProps.location.id;
+    }
+    free(nodes);
     return rc;
 }
 
@@ -1134,21 +1139,22 @@ static void after_backing(CUgraphExec e, CUresult rc)
     }
 }
 
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+/* Instantiation: the exec gets the graph's memory-node bytes, reserved now when it is
+ * uploaded at once (upload), else at its first upload or launch. */
+typedef CUresult (*instantiate_fn)(CUgraphExec *e, CUgraph g, void *arg);
+
+static CUresult instantiate(CUgraphExec *e, CUgraph g, int upload, instantiate_fn real,
+                            void *arg, int mode)
 {
-    ENTER(cuGraphInstantiateWithFlags);
-    if (mode_ != MODE_ACCOUNT)
-        return real_cuGraphInstantiateWithFlags(e, g, flags);
-    uint64_t sz[FRACGPU_MAX_DEVICES] = {0}, dev[FRACGPU_MAX_DEVICES] = {0}, took[FRACGPU_MAX_DEVICES] = {0};
+    if (mode != MODE_ACCOUNT)
+        return real(e, g, arg);
+    uint64_t sz[FRACGPU_MAX_DEVICES] = {0}, dev[FRACGPU_MAX_DEVICES] = {0};
+    uint64_t took[FRACGPU_MAX_DEVICES] = {0};
+    if (graph_bytes(g, sz, dev) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* memory on a device outside the slice */
     int any = 0;
-    for (unsigned i = 0; i < G.limits.device_count; i++) {
-        unsigned d;
-        if (fracgpu_table_take_aux(ALLOC_GRAPH + i, key_of(g), &sz[i], &d, &dev[i]) == 0) {
-            record(ALLOC_GRAPH + i, key_of(g), sz[i], (int)i, dev[i]);
-            any = 1;
-        }
-    }
-    int upload = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0;
+    for (unsigned i = 0; i < G.limits.device_count; i++)
+        any |= sz[i] != 0;
     for (unsigned i = 0; upload && any && i < G.limits.device_count; i++) {
         CUresult rc = sz[i] ? fracgpu_pool_take(POOL_GRAPH, dev[i], (int)i, (CUdevice)dev[i],
                                                 sz[i], &took[i])
@@ -1160,7 +1166,7 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
             return rc;
         }
     }
-    CUresult rc = real_cuGraphInstantiateWithFlags(e, g, flags);
+    CUresult rc = real(e, g, arg);
     for (unsigned i = 0; any && i < G.limits.device_count; i++) {
         if (!sz[i])
             continue;
@@ -1175,6 +1181,75 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
     if (rc == CUDA_SUCCESS && upload)
         after_backing(*e, rc);
     return rc;
+}
+
+static CUresult inst_flags(CUgraphExec *e, CUgraph g, void *arg)
+{
+    return real_cuGraphInstantiateWithFlags(e, g, *(unsigned long long *)arg);
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    ENTER(cuGraphInstantiateWithFlags);
+    return instantiate(e, g, (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0, inst_flags,
+                       &flags, mode_);
+}
+
+static CUresult inst_params(CUgraphExec *e, CUgraph g, void *arg)
+{
+    return real_cuGraphInstantiateWithParams(e, g, arg);
+}
+
+static CUresult inst_params_ptsz(CUgraphExec *e, CUgraph g, void *arg)
+{
+    return real_cuGraphInstantiateWithParams_ptsz(e, g, arg);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    ENTER(cuGraphInstantiateWithParams);
+    int upload = params != NULL && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+    return instantiate(e, g, upload, inst_params, params, mode_);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    ENTER(cuGraphInstantiateWithParams_ptsz);
+    int upload = params != NULL && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+    return instantiate(e, g, upload, inst_params_ptsz, params, mode_);
+}
+
+/* The pre-12.0 forms (error node and log buffer, no flags). */
+struct inst_legacy { CUgraphNode *err; char *log; size_t size; };
+
+static CUresult inst_v2(CUgraphExec *e, CUgraph g, void *arg)
+{
+    struct inst_legacy *a = arg;
+    return real_cuGraphInstantiate_v2(e, g, a->err, a->log, a->size);
+}
+
+static CUresult inst_v1(CUgraphExec *e, CUgraph g, void *arg)
+{
+    struct inst_legacy *a = arg;
+    return real_cuGraphInstantiate(e, g, a->err, a->log, a->size);
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+                                      size_t size)
+{
+    ENTER(cuGraphInstantiate_v2);
+    struct inst_legacy a = {err, log, size};
+    return instantiate(e, g, 0, inst_v2, &a, mode_);
+}
+
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+                                   size_t size)
+{
+    ENTER(cuGraphInstantiate);
+    struct inst_legacy a = {err, log, size};
+    return instantiate(e, g, 0, inst_v1, &a, mode_);
 }
 
 static CUresult graph_upload(CUgraphExec e, CUstream s, CUresult (*real)(CUgraphExec, CUstream),

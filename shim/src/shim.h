@@ -76,12 +76,12 @@ HIDDEN uint64_t fracgpu_proc_start_time(int pid);
 /* ---- per-process allocation table ---- */
 /* ALLOC_HOST_PTR: a linear allocation the shim served from host memory (host fallback). */
 /* ALLOC_LIMIT + l: what cuCtxSetLimit(l) takes beyond the default, keyed by context. */
-/* ALLOC_POOL_PTR: from a memory pool (ctx field: the pool). ALLOC_GRAPH + di: bytes of a
- * graph's memory nodes on limits index di; ALLOC_EXEC + di: an exec's, not yet backed
- * by the graph pool; ALLOC_EXEC_BACKED + di: an exec's, backed. */
+/* ALLOC_POOL_PTR: from a memory pool (ctx field: the pool). ALLOC_EXEC + di: bytes of an
+ * exec's memory nodes on limits index di, not yet backed by the graph pool (ctx field:
+ * the CUDA ordinal); ALLOC_EXEC_BACKED + di: backed. */
 enum fracgpu_alloc_kind { ALLOC_PTR = 1, ALLOC_HANDLE = 2, ALLOC_ARRAY = 3, ALLOC_MIPMAP = 4, ALLOC_CTX = 5,
                           ALLOC_HOST_PTR = 6, ALLOC_POOL_PTR = 7, ALLOC_LIMIT = 16,
-                          ALLOC_GRAPH = 32, ALLOC_EXEC = 48, ALLOC_EXEC_BACKED = 64 };
+                          ALLOC_EXEC = 48, ALLOC_EXEC_BACKED = 64 };
 struct fracgpu_alloc { uint64_t key; uint64_t size; uint32_t kind; uint32_t dev; uint64_t ctx; };
 HIDDEN int fracgpu_table_put(uint32_t kind, uint64_t key, uint64_t size, unsigned dev, uint64_t ctx);
 HIDDEN void fracgpu_table_take_ctx(uint64_t ctx,

@@ -120,7 +120,7 @@ void fracgpu_table_take_ctx(uint64_t ctx,
             /* Pool memory and graphs belong to the device, not the context (and their
              * ctx field holds something else). */
             if (old[i].ctx == ctx && old[i].kind != ALLOC_CTX && old[i].kind != ALLOC_POOL_PTR &&
-                old[i].kind < ALLOC_GRAPH) {
+                old[i].kind < ALLOC_EXEC) {
                 release(old[i].dev, old[i].size, old[i].kind);
                 continue;
             }

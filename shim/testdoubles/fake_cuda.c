@@ -32,7 +32,9 @@ struct CUevent_st { uint64_t ts; int recorded; };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
 /* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where. */
-struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; };
+struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; struct CUgraphNode_st **nodes; size_t n_nodes; };
+/* type: CU_GRAPH_NODE_TYPE_KERNEL or _MEM_ALLOC (bytes on dev). */
+struct CUgraphNode_st { int type; uint64_t bytes; int dev; };
 /* backed: its allocations have physical memory from the device's graph pool. */
 struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; int backed; };
 /* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
@@ -1377,6 +1379,60 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
+static CUgraphNode add_node(CUgraph g, int type, uint64_t bytes, int dev)
+{
+    struct CUgraphNode_st *n = calloc(1, sizeof *n);
+    struct CUgraphNode_st **v = realloc(g->nodes, (g->n_nodes + 1) * sizeof *v);
+    if (n == NULL || v == NULL) {
+        free(n);
+        if (v != NULL)
+            g->nodes = v;
+        return NULL;
+    }
+    *n = (struct CUgraphNode_st){type, bytes, dev};
+    g->nodes = v;
+    g->nodes[g->n_nodes++] = n;
+    return n;
+}
+
+EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count)
+{
+    CHECK_INIT("cuGraphGetNodes");
+    if (g == NULL || count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (nodes != NULL) {
+        size_t k = *count < g->n_nodes ? *count : g->n_nodes;
+        for (size_t i = 0; i < k; i++)
+            nodes[i] = g->nodes[i];
+        *count = k;
+    } else {
+        *count = g->n_nodes;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type)
+{
+    CHECK_INIT("cuGraphNodeGetType");
+    if (node == NULL || type == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = node->type;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    CHECK_INIT("cuGraphMemAllocNodeGetParams");
+    if (node == NULL || params == NULL || node->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(params, 0, sizeof *params);
+    params->poolProps.allocType = 1;
+    params->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params->poolProps.location.id = node->dev;
+    params->bytesize = node->bytes;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
                                         size_t n, const CUDA_KERNEL_NODE_PARAMS *params)
 {
@@ -1384,9 +1440,12 @@ EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgr
     CHECK_INIT("cuGraphAddKernelNode_v2");
     if (g == NULL || params == NULL || params->func == NULL)
         return CUDA_ERROR_INVALID_VALUE;
+    CUgraphNode n_ = add_node(g, CU_GRAPH_NODE_TYPE_KERNEL, 0, 0);
+    if (n_ == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     g->dur_ns += params->func->dur_ns;
     if (node)
-        *node = (CUgraphNode)(uintptr_t)(g->dur_ns | 1);
+        *node = n_;
     return CUDA_SUCCESS;
 }
 
@@ -1408,11 +1467,15 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgra
         !valid_dev(params->poolProps.location.id) ||
         (g->mem_bytes && g->mem_dev != params->poolProps.location.id))
         return CUDA_ERROR_INVALID_VALUE; /* the double keeps one device per graph */
+    CUgraphNode n_ = add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, params->bytesize,
+                              params->poolProps.location.id);
+    if (n_ == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     g->mem_bytes += params->bytesize;
     g->mem_dev = params->poolProps.location.id;
     params->dptr = new_address(params->bytesize);
     if (node)
-        *node = (CUgraphNode)(uintptr_t)(params->dptr | 1);
+        *node = n_;
     return CUDA_SUCCESS;
 }
 
@@ -1452,6 +1515,39 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
     }
     *e = x;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuGraphInstantiateWithFlags(e, g, params->flags);
+    params->result_out = rc == CUDA_SUCCESS ? 0 : 1;
+    return rc;
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return cuGraphInstantiateWithParams(e, g, params);
+}
+
+/* The pre-12.0 forms, still exported: no flags, an error node and log buffer. */
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+                                      size_t logsize)
+{
+    if (err)
+        *err = NULL;
+    if (log && logsize)
+        log[0] = '\0';
+    return cuGraphInstantiateWithFlags(e, g, 0);
+}
+
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+                                   size_t logsize)
+{
+    return cuGraphInstantiate_v2(e, g, err, log, logsize);
 }
 
 EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
@@ -1501,7 +1597,16 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
     free(e);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+    if (g == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < g->n_nodes; i++)
+        free(g->nodes[i]);
+    free(g->nodes);
+    free(g);
+    return CUDA_SUCCESS;
+}
 
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
@@ -1755,6 +1860,14 @@ static const struct proc procs[] = {
     PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
     P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    P("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    P("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),
+    P("cuGraphInstantiate", 10000, cuGraphInstantiate),
+    P("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
+    P("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams_ptsz),
     P("cuGraphUpload", 11010, cuGraphUpload),
     PT("cuGraphUpload", 11010, cuGraphUpload_ptsz),
     P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),

@@ -320,6 +320,26 @@ int main(int argc, char **argv)
             rc = A.cuGraphInstantiateWithFlags(&e, g, (unsigned long long)atoi(ARG()));
             printf("instantiate %d %d\n", rc,
                    rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)e) : -1);
+        } else if (strcmp(c, "instantiatep") == 0) {
+            /* instantiatep <graph id> <flags>: cuGraphInstantiateWithParams */
+            CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];
+            CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+            memset(&ip, 0, sizeof ip);
+            ip.flags = (cuuint64_t)atoi(ARG());
+            CUgraphExec e = NULL;
+            rc = A.cuGraphInstantiateWithParams(&e, g, &ip);
+            printf("instantiate %d %d\n", rc,
+                   rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)e) : -1);
+        } else if (strcmp(c, "instantiate2") == 0) {
+            /* instantiate2 <graph id>: the pre-12.0 cuGraphInstantiate_v2, linked */
+            extern CUresult cuGraphInstantiate_v2(CUgraphExec *, CUgraph, CUgraphNode *, char *,
+                                                  size_t);
+            CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];
+            CUgraphExec e = NULL;
+            char log[64];
+            rc = cuGraphInstantiate_v2(&e, g, NULL, log, sizeof log);
+            printf("instantiate %d %d\n", rc,
+                   rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)e) : -1);
         } else if (strcmp(c, "glaunch") == 0) {
             printf("glaunch %d\n", A.cuGraphLaunch((CUgraphExec)(uintptr_t)ids[atoi(ARG())], NULL));
         } else if (strcmp(c, "gupload") == 0) {

@@ -384,3 +384,29 @@ def test_a_pool_counts_on_its_own_device_not_the_callers(node: Sandbox) -> None:
     )  # fmt: skip
     assert [x[1] for x in steps(out.stdout) if x[0] == "pool"] == ["0", OOM], out.stdout
     assert step(out.stdout, "alloc")[1] == "0", out.stdout
+
+
+@pytest.mark.parametrize("instantiate", ["instantiatep", "instantiate2"])
+def test_graph_memory_counts_whichever_way_the_exec_is_made(
+    node: Sandbox, instantiate: str
+) -> None:
+    # cuGraphInstantiateWithParams and the pre-12.0 cuGraphInstantiate_v2 make execs too;
+    # the shim reads the graph's allocation nodes from the driver at instantiation.
+    flags = ["0"] if instantiate == "instantiatep" else []
+    upload = ["instantiatep", "0", "2"] if instantiate == "instantiatep" else []
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "graph", "0", "700Mi",  # id 0
+        "alloc", "400Mi",  # id 1
+        instantiate, "0", *flags,  # id 2
+        "glaunch", "2",  # backing 700 MiB would pass the slice
+        *upload,
+        "free", "1",
+        "glaunch", "2",
+        "alloc", "400Mi",
+    )  # fmt: skip
+    launches = [s[1] for s in steps(out.stdout) if s[0] == "glaunch"]
+    assert launches == [OOM, "0"], out.stdout
+    made = [s[1] for s in steps(out.stdout) if s[0] == "instantiate"]
+    assert made == (["0", OOM] if upload else ["0"]), out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM], out.stdout
