@@ -221,14 +221,24 @@ const struct fake_config *fake_config(int reload)
     return c;
 }
 
+/* The hardware follows the config: a process whose config names another state_file
+ * (a test process that loads the NVML double once and is pointed at new hardware) maps
+ * that one. The old mapping stays: other threads may still read it. */
+static const struct fake_config *state_cfg; /* the config state was last checked against */
+static char state_path[sizeof ((struct fake_config *)0)->state_file];
+
 struct fake_state *fake_state(void)
 {
     struct fake_state *s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (s != NULL)
-        return s;
     const struct fake_config *c = fake_config(0);
+    if (s != NULL && __atomic_load_n(&state_cfg, __ATOMIC_ACQUIRE) == c)
+        return s;
     pthread_mutex_lock(&cfg_mu);
+    if (state != NULL && strcmp(state_path, c->state_file) != 0)
+        __atomic_store_n(&state, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&state_cfg, c, __ATOMIC_RELEASE);
     if (state == NULL) {
+        snprintf(state_path, sizeof state_path, "%s", c->state_file);
         void *p = MAP_FAILED;
         if (c->state_file[0]) {
             int fd = open(c->state_file, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
