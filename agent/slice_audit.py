@@ -134,6 +134,8 @@ class SliceAudit:
     _current: list[Overrun] = field(default_factory=list)
     _detections: dict[tuple[str, str, str], int] = field(default_factory=dict)
     _kills: int = 0
+    # run_once (the audit loop's thread) and collect (a scrape's thread) meet here.
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run_once(self) -> list[Overrun]:
         live = self.containers()
@@ -161,7 +163,8 @@ class SliceAudit:
         )
         for o in found:
             key = (o.namespace, o.pod, o.gpu)
-            self._detections[key] = self._detections.get(key, 0) + 1
+            with self._lock:
+                self._detections[key] = self._detections.get(key, 0) + 1
             log.error(
                 "GPU memory past the slice outside the shim (a private driver copy or raw "
                 "ioctls): pod %s/%s uses %d bytes on %s, its slices allow %d",
@@ -173,31 +176,37 @@ class SliceAudit:
                 for pid in o.pids:
                     try:
                         self.killer(pid, signal.SIGKILL)
-                        self._kills += 1
+                        with self._lock:
+                            self._kills += 1
                     except OSError as error:
                         log.warning("cannot kill", extra={"pid": pid, "error": str(error)})
-        self._current = found
+        with self._lock:
+            self._current = found
         return found
 
     def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            current = list(self._current)
+            detected = sorted(self._detections.items())
+            killed = self._kills
         over = GaugeMetricFamily(
             "fracgpu_pod_memory_over_slice_bytes",
             "GPU memory a pod holds past its slices by the driver's per-process accounting",
             labels=["namespace", "pod", "gpu"],
         )
-        for o in self._current:
+        for o in current:
             over.add_metric([o.namespace, o.pod, o.gpu], o.used_bytes - o.slice_bytes)
         detections = CounterMetricFamily(
             "fracgpu_slice_bypass_detections",
             "Checks that found a pod past its slices outside the shim",
             labels=["namespace", "pod", "gpu"],
         )
-        for (namespace, pod, gpu), n in sorted(self._detections.items()):
+        for (namespace, pod, gpu), n in detected:
             detections.add_metric([namespace, pod, gpu], n)
         kills = CounterMetricFamily(
             "fracgpu_slice_bypass_kills", "Processes killed for holding memory past a slice"
         )
-        kills.add_metric([], self._kills)
+        kills.add_metric([], killed)
         yield over
         yield detections
         yield kills
