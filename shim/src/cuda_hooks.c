@@ -619,9 +619,20 @@ static CUresult async_plain_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstr
     return real_cuMemAllocAsync_ptsz(d, n, s);
 }
 
+/* Under stream capture an asynchronous allocation is a node of the captured graph: it
+ * takes no memory now, and the graph's memory is counted when an exec of it is backed. */
+static int capturing(CUstream s)
+{
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return real_cuStreamIsCapturing != NULL && real_cuStreamIsCapturing(s, &status) == 0 &&
+           status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static CUresult pool_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s,
                            pool_alloc_fn real)
 {
+    if (capturing(s))
+        return real(dptr, n, pool, s);
     int di;
     uint64_t ctx;
     CUdevice dev;

@@ -27,7 +27,8 @@ struct CUctx_st { int dev; int primary; uint64_t limit[N_LIMITS]; uint64_t limit
 #define QUEUE_DEPTH 1024
 /* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
  * still pending, like a hardware queue that is full. */
-struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH]; };
+/* capture: the graph a stream capture builds (cuStreamBeginCapture .. EndCapture). */
+struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH]; struct CUgraph_st *capture; };
 struct CUevent_st { uint64_t ts; int recorded; };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
@@ -291,6 +292,30 @@ static struct CUmemPoolHandle_st *pool_of_dev(int dev)
     struct CUmemPoolHandle_st *p = current_pool[dev] ? current_pool[dev] : &default_pool[dev];
     pthread_mutex_unlock(&pool_mu);
     return p;
+}
+
+static CUgraphNode add_node(CUgraph g, int type, uint64_t bytes, int dev);
+
+/* Captured: a stream-ordered allocation becomes an allocation node of the graph being
+ * captured and takes no memory now (the graph pool backs it at upload or launch). */
+static int captured_alloc(CUstream s, uint64_t n, CUdeviceptr *dptr, CUresult *rc)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture == NULL)
+        return 0;
+    if (dptr == NULL || n == 0) {
+        *rc = CUDA_ERROR_INVALID_VALUE;
+        return 1;
+    }
+    struct CUgraph_st *g = s->capture;
+    if (add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, n, s->dev) == NULL) {
+        *rc = CUDA_ERROR_OUT_OF_MEMORY;
+        return 1;
+    }
+    g->mem_bytes += n;
+    g->mem_dev = s->dev;
+    *dptr = new_address(n);
+    *rc = CUDA_SUCCESS;
+    return 1;
 }
 
 static CUresult pool_alloc(struct CUmemPoolHandle_st *p, uint64_t n, CUdeviceptr *dptr)
@@ -875,12 +900,16 @@ EXPORT CUresult cuMemRangeGetAttribute(void *data, size_t size, CUmem_range_attr
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
-    (void)s;
+    CUresult crc;
+    if (captured_alloc(s, n, dptr, &crc))
+        return crc;
     ALLOC_POOL("cuMemAllocAsync", n, dptr, NULL)
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
 {
-    (void)s;
+    CUresult crc;
+    if (captured_alloc(s, n, dptr, &crc))
+        return crc;
     ALLOC_POOL("cuMemAllocAsync_ptsz", n, dptr, NULL)
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CUstream s)
@@ -1022,8 +1051,9 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
-    (void)s;
     CHECK_INIT("cuMemFreeAsync");
+    if (s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && s->capture != NULL)
+        return CUDA_SUCCESS; /* a free node of the captured graph */
     return free_key(p);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
@@ -1656,6 +1686,38 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
+{
+    (void)mode;
+    CHECK_INIT("cuStreamBeginCapture_v2");
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture != NULL)
+        return CUDA_ERROR_INVALID_VALUE; /* the double captures created streams only */
+    s->capture = calloc(1, sizeof *s->capture);
+    return s->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph)
+{
+    CHECK_INIT("cuStreamEndCapture");
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture == NULL ||
+        graph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *graph = s->capture;
+    s->capture = NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+    CHECK_INIT("cuStreamIsCapturing");
+    if (status == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    int capturing = s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD &&
+                    s->capture != NULL;
+    *status = capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
     CHECK_INIT("cuStreamDestroy_v2");
@@ -1884,6 +1946,9 @@ static const struct proc procs[] = {
     P("cuStreamCreate", 2000, cuStreamCreate),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
     PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
     P("cuEventCreate", 2000, cuEventCreate),
     P("cuEventDestroy", 4000, cuEventDestroy_v2),

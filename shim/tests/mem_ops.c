@@ -340,6 +340,22 @@ int main(int argc, char **argv)
             rc = cuGraphInstantiate_v2(&e, g, NULL, log, sizeof log);
             printf("instantiate %d %d\n", rc,
                    rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)e) : -1);
+        } else if (strcmp(c, "stream") == 0) {
+            CUstream st = NULL;
+            rc = A.cuStreamCreate(&st, 0);
+            printf("stream %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)st) : -1);
+        } else if (strcmp(c, "capture") == 0) {
+            printf("capture %d\n", A.cuStreamBeginCapture((CUstream)(uintptr_t)ids[atoi(ARG())], 0));
+        } else if (strcmp(c, "endcapture") == 0) {
+            CUgraph g = NULL;
+            rc = A.cuStreamEndCapture((CUstream)(uintptr_t)ids[atoi(ARG())], &g);
+            printf("endcapture %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
+        } else if (strcmp(c, "asyncon") == 0) {
+            /* asyncon <stream id> <bytes>: cuMemAllocAsync on that stream */
+            CUstream st = (CUstream)(uintptr_t)ids[atoi(ARG())];
+            CUdeviceptr p = 0;
+            rc = A.cuMemAllocAsync(&p, size_arg(ARG()), st);
+            printf("asyncon %d %d\n", rc, rc == CUDA_SUCCESS ? keep(p) : -1);
         } else if (strcmp(c, "glaunch") == 0) {
             printf("glaunch %d\n", A.cuGraphLaunch((CUgraphExec)(uintptr_t)ids[atoi(ARG())], NULL));
         } else if (strcmp(c, "gupload") == 0) {

@@ -410,3 +410,29 @@ def test_graph_memory_counts_whichever_way_the_exec_is_made(
     made = [s[1] for s in steps(out.stdout) if s[0] == "instantiate"]
     assert made == (["0", OOM] if upload else ["0"]), out.stdout
     assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM], out.stdout
+
+
+def test_a_captured_async_allocation_counts_with_its_graph_not_twice(node: Sandbox) -> None:
+    # Under stream capture cuMemAllocAsync only adds an allocation node: no memory now.
+    # The graph's memory counts when its exec is backed, once.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "stream",  # id 0
+        "capture", "0",
+        "asyncon", "0", "700Mi",  # id 1: a node, no memory
+        "endcapture", "0",  # id 2: the graph
+        "alloc", "400Mi",  # id 3: fits, nothing else is held
+        "instantiate", "2", "0",  # id 4
+        "glaunch", "4",  # 700 MiB more would pass the slice
+        "free", "3",
+        "glaunch", "4",
+        "info",
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] in ("capture", "asyncon", "endcapture")] == [
+        "0",
+        "0",
+        "0",
+    ], out.stdout
+    assert step(out.stdout, "alloc")[1] == "0", out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "glaunch"] == [OOM, "0"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 700 * MiB)
