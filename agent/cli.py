@@ -6,16 +6,16 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client
 from kubernetes import config as kube_config
 
 from agent.boards import BoardLoop, BoardPublisher, allocation_sources
-from agent.containers import live_containers, live_keys
+from agent.containers import LiveContainer, live_containers, live_keys
 from agent.containerstart import ContainerStarter
 from agent.deviceplugin.plugin import DevicePlugin
 from agent.deviceplugin.server import PluginManager
@@ -35,6 +35,7 @@ from agent.podlookup import KubernetesPodLookup
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.settings import AgentExit, AgentSettings, SettingsError, parse_settings
 from agent.shim_install import ShimInstallError, install_shim
+from agent.slice_audit import SliceAudit, SliceAuditLoop, SliceAuditSettings
 from fracgpu.codec import encode_device
 
 log = logging.getLogger("agent")
@@ -97,11 +98,27 @@ def _host_files(settings: AgentSettings, gpus: list[str]) -> tuple[AllocationFil
     return files, boards
 
 
+class _Background(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def _slice_audit(
+    s: AgentSettings, backend: PynvmlBackend, containers: Callable[[], list[LiveContainer]]
+) -> SliceAudit:
+    settings = SliceAuditSettings(
+        proc_dir=s.slice_audit_proc_dir,
+        tolerance_bytes=s.slice_audit_tolerance_bytes,
+        kill=s.slice_audit_kill,
+    )
+    return SliceAudit(backend, containers, settings)
+
+
 @dataclass
 class Agent:
     settings: AgentSettings
 
-    def run(self, stop: threading.Event) -> None:  # noqa: PLR0915 - wiring, one step each
+    def run(self, stop: threading.Event) -> None:
         s = self.settings
         backend = PynvmlBackend()
         gpus = discover(backend)
@@ -170,16 +187,18 @@ class Agent:
             gpu_manager_metrics=s.gpu_manager_metrics,
             node_name=s.node_name,
         )
+        audit = _slice_audit(s, backend, lambda: live_containers(pod_resources, resources, files))
         http_server, http_thread = start_http_server(
-            s.metrics_port, s.metrics_address, registry=build_registry(collector)
+            s.metrics_port, s.metrics_address, registry=build_registry(collector, audit)
         )
         log.info("metrics serving", extra={"port": http_server.server_port})
         http_server.readiness = manager.readiness  # /readyz: registered with kubelet yet?
 
-        health.start()
-        manager.start()
-        if inventory is not None:
-            inventory.start()
+        # Started in this order, stopped in the reverse one.
+        background: list[_Background] = [health, manager, *([inventory] if inventory else [])]
+        background.append(SliceAuditLoop(audit, s.slice_audit_seconds))
+        for part in background:
+            part.start()
         housekeeper = Housekeeper(files, s.stale_grace_seconds)
         try:
             next_housekeeping = time.monotonic() + s.housekeeping_seconds
@@ -195,11 +214,9 @@ class Agent:
                     log.warning("housekeeping skipped", extra={"error": str(error)})
         finally:
             log.info("shutting down")
-            manager.stop()
+            for part in reversed(background):
+                part.stop()
             boards.stop()
-            if inventory is not None:
-                inventory.stop()
-            health.stop()
             http_server.shutdown()
             http_thread.join(timeout=5)
             backend.shutdown()

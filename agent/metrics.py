@@ -335,7 +335,9 @@ def _slices(limits: Limits | None) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def build_registry(collector: AgentCollector) -> CollectorRegistry:
+def build_registry(collector: AgentCollector, *more: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    for extra in more:  # e.g. the slice audit (agent/slice_audit.py)
+        registry.register(extra)
     return registry

@@ -151,6 +151,18 @@ class PynvmlBackend:
         )
         return DeviceUsage(int(memory.used), int(memory.total), int(rates.gpu))
 
+    def compute_processes(self, uuid: str) -> list[tuple[int, int]]:
+        """(pid, used bytes) of every compute process on the GPU, as the driver counts
+        them (host PIDs; NVML's per-process accounting, whatever the process loaded)."""
+        handle = self._handle(uuid)
+        found = self._call(
+            "nvmlDeviceGetComputeRunningProcesses",
+            pynvml.nvmlDeviceGetComputeRunningProcesses,
+            handle,
+        )
+        # usedGpuMemory is None where the driver cannot say (NVML_VALUE_NOT_AVAILABLE).
+        return [(int(p.pid), int(p.usedGpuMemory or 0)) for p in found]
+
     def probe(self, uuid: str) -> None:
         handle = self._handle(uuid)
         self._call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, handle)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.slice_audit import DEFAULT_TOLERANCE_BYTES, MAX_TOLERANCE_BYTES, SliceAuditSettings
 from fracgpu import __version__
 from fracgpu.names import MAX_MEMORY_SCALING, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 
@@ -60,6 +61,13 @@ class AgentSettings:
     log_level: str = "INFO"
     kubeconfig: Path | None = None
     publish_inventory: bool = True
+    # NVML's per-process accounting checked against the pods' slices (agent/slice_audit.py):
+    # how often, whether to SIGKILL a pod's processes past their slices, the driver context
+    # memory allowed per process beyond the slice, and where the host's /proc is.
+    slice_audit_seconds: float = 10.0
+    slice_audit_kill: bool = False
+    slice_audit_tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
+    slice_audit_proc_dir: Path = Path("/proc")
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -222,6 +230,35 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=d.log_level, help="one of " + ", ".join(_LOG_LEVELS))
     p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster config")
     p.add_argument(
+        "--slice-audit-seconds",
+        type=float,
+        default=d.slice_audit_seconds,
+        help="how often NVML's per-process GPU memory is checked against the pods' slices "
+        "(memory taken around the shim, e.g. by a statically linked driver)",
+    )
+    p.add_argument(
+        "--slice-audit-kill",
+        nargs="?",
+        const="true",
+        default="true" if d.slice_audit_kill else "false",
+        help="SIGKILL a pod's processes on a GPU where they hold more than their slices: "
+        "true or false (default false: log and metrics only; the flag alone means true)",
+    )
+    p.add_argument(
+        "--slice-audit-tolerance-bytes",
+        type=int,
+        default=d.slice_audit_tolerance_bytes,
+        help="GPU memory per process allowed beyond the slice (the driver's context, which "
+        f"the slice does not count), 0 to {MAX_TOLERANCE_BYTES}",
+    )
+    p.add_argument(
+        "--slice-audit-proc-dir",
+        type=Path,
+        default=d.slice_audit_proc_dir,
+        help="the host's /proc (PIDs from NVML are host PIDs): the agent runs with hostPID "
+        "or mounts the host's /proc here",
+    )
+    p.add_argument(
         "--no-publish-inventory",
         dest="publish_inventory",
         action="store_false",
@@ -275,11 +312,28 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         raise SettingsError(
             f"--gpu-manager-metrics={ns.gpu_manager_metrics} is not allowed: use true or false"
         )
+    slice_audit_kill = _BOOLEANS.get(str(ns.slice_audit_kill).lower())
+    if slice_audit_kill is None:
+        raise SettingsError(
+            f"--slice-audit-kill={ns.slice_audit_kill} is not allowed: use true or false"
+        )
+    if slice_audit_kill and ns.slice_audit_proc_dir != Path("/proc"):
+        # NVML's PIDs are the host's: signalling them from another PID namespace would hit
+        # whatever process has that number there.
+        raise SettingsError(
+            "--slice-audit-kill needs the host's PID namespace: run the agent with hostPID "
+            f"and --slice-audit-proc-dir=/proc (not {ns.slice_audit_proc_dir})"
+        )
+    try:  # the audit's own settings say what is allowed
+        SliceAuditSettings(tolerance_bytes=ns.slice_audit_tolerance_bytes)
+    except ValueError as error:
+        raise SettingsError(f"--slice-audit-tolerance-bytes: {error}") from None
     for flag in (
         "kubelet_poll_seconds",
         "health_probe_seconds",
         "inventory_resync_seconds",
         "housekeeping_seconds",
+        "slice_audit_seconds",
     ):
         if getattr(ns, flag) <= 0:
             raise SettingsError(f"--{flag.replace('_', '-')} must be greater than 0")
@@ -336,4 +390,8 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         log_level=level,
         kubeconfig=ns.kubeconfig,
         publish_inventory=ns.publish_inventory,
+        slice_audit_seconds=ns.slice_audit_seconds,
+        slice_audit_kill=slice_audit_kill,
+        slice_audit_tolerance_bytes=ns.slice_audit_tolerance_bytes,
+        slice_audit_proc_dir=ns.slice_audit_proc_dir,
     )

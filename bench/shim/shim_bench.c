@@ -21,6 +21,11 @@ extern CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigne
                                unsigned, unsigned, CUstream, void **, void **);
 extern CUresult cuStreamCreate(CUstream *, unsigned int);
 extern CUresult cuStreamSynchronize(CUstream);
+extern CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+extern CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+extern CUresult cuGraphCreate(CUgraph *, unsigned int);
+extern CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+extern CUresult cuGraphLaunch(CUgraphExec, CUstream);
 extern CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
                                     CUdriverProcAddressQueryResult *);
 
@@ -58,7 +63,12 @@ int main(int argc, char **argv)
     check(cuModuleLoadData(&mod, "bench"), "cuModuleLoadData");
     check(cuModuleGetFunction(&fn, mod, "empty_0us"), "cuModuleGetFunction");
     check(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    CUgraph graph;
+    CUgraphExec exec;
+    check(cuGraphCreate(&graph, 0), "cuGraphCreate");
+    check(cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags");
     double best_alloc = 1e18, best_free = 1e18, best_launch = 1e18, best_gpa = 1e18;
+    double best_async = 1e18, best_graph = 1e18;
     for (int r = 0; r < ROUNDS; r++) {
         uint64_t alloc_ns = 0, free_ns = 0, t;
         for (int b = 0; b < batches; b++) {
@@ -82,6 +92,24 @@ int main(int argc, char **argv)
         cuStreamSynchronize(stream);
         if (launch < best_launch) best_launch = launch;
 
+        /* a stream-ordered allocation and its free: the pool's bookkeeping (pool.c) */
+        t = now_ns();
+        for (int b = 0; b < batches; b++)
+            for (int i = 0; i < BATCH; i++) {
+                check(cuMemAllocAsync(&ptrs[i], 4096, stream), "cuMemAllocAsync");
+                check(cuMemFreeAsync(ptrs[i], stream), "cuMemFreeAsync");
+            }
+        double async = (now_ns() - t) / n;
+        if (async < best_async) best_async = async;
+
+        /* a graph launch: backing check and the graph pool settled after it */
+        t = now_ns();
+        for (int i = 0; i < batches * BATCH; i++)
+            check(cuGraphLaunch(exec, stream), "cuGraphLaunch");
+        double graph_ns = (now_ns() - t) / n;
+        cuStreamSynchronize(stream);
+        if (graph_ns < best_graph) best_graph = graph_ns;
+
         t = now_ns();
         for (int i = 0; i < batches * BATCH; i++) {
             void *p;
@@ -93,5 +121,6 @@ int main(int argc, char **argv)
     }
     printf("alloc %.1f\nfree %.1f\nlaunch %.1f\ngetprocaddress %.1f\n", best_alloc, best_free,
            best_launch, best_gpa);
+    printf("asyncallocfree %.1f\ngraphlaunch %.1f\n", best_async, best_graph);
     return 0;
 }

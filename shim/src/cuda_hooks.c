@@ -5,6 +5,7 @@
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include "shim.h"
@@ -115,8 +116,12 @@ static CUresult reserve_on(int di, uint64_t bytes)
         return CUDA_ERROR_OUT_OF_MEMORY; /* cannot account: fail closed */
     if (di < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* Before refusing, take back what pools released at synchronisations since. */
     if (fracgpu_region_reserve(G.region, G.slot, (unsigned)di, bytes,
-                               G.limits.dev[di].memory_limit) != 0) {
+                               G.limits.dev[di].memory_limit) != 0 &&
+        (fracgpu_pool_settle_all() == 0 ||
+         fracgpu_region_reserve(G.region, G.slot, (unsigned)di, bytes,
+                                G.limits.dev[di].memory_limit) != 0)) {
         LOGI("allocation of %llu bytes refused: the slice of device %d is %llu bytes, %llu in use",
              (unsigned long long)bytes, di, (unsigned long long)G.limits.dev[di].memory_limit,
              (unsigned long long)__atomic_load_n(&G.region->dev[di].memory_used, __ATOMIC_RELAXED));
@@ -450,34 +455,136 @@ static void primary_gone(int di)
     fracgpu_table_take_ctx(prim_ctx[di], release_cb);
 }
 
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+/* The _v2 entry points and the pre-11.0 ones (still exported, and what
+ * cuGetProcAddress returns for a cudaVersion below 11000) behave alike. */
+static CUresult primary_release(CUdevice dev, CUresult (*real)(CUdevice), int mode)
 {
-    ENTER(cuDevicePrimaryCtxRelease_v2);
-    if (mode_ == MODE_PASS)
-        return real_cuDevicePrimaryCtxRelease_v2(dev);
+    if (mode == MODE_PASS)
+        return real(dev);
     int di = fracgpu_cuda_dev_index(dev);
     pthread_mutex_lock(&prim_mu);
     if (di >= 0 && prim_refs[di] == 1) /* pacing: the last release destroys it */
         fracgpu_pace_ctx_gone((CUcontext)(uintptr_t)prim_ctx[di]);
-    CUresult rc = real_cuDevicePrimaryCtxRelease_v2(dev);
+    CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0 && --prim_refs[di] == 0)
         primary_gone(di);
     pthread_mutex_unlock(&prim_mu);
     return rc;
 }
 
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+static CUresult primary_reset(CUdevice dev, CUresult (*real)(CUdevice), int mode)
 {
-    ENTER(cuDevicePrimaryCtxReset_v2);
-    if (mode_ == MODE_PASS)
-        return real_cuDevicePrimaryCtxReset_v2(dev);
+    if (mode == MODE_PASS)
+        return real(dev);
     int di = fracgpu_cuda_dev_index(dev);
     pthread_mutex_lock(&prim_mu);
     fracgpu_pace_ctx_gone(di >= 0 && prim_refs[di] > 0 ? (CUcontext)(uintptr_t)prim_ctx[di] : NULL);
-    CUresult rc = real_cuDevicePrimaryCtxReset_v2(dev);
+    CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && di >= 0 && prim_refs[di] > 0)
         primary_gone(di);
     pthread_mutex_unlock(&prim_mu);
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxRelease_v2);
+    return primary_release(dev, real_cuDevicePrimaryCtxRelease_v2, mode_);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxRelease);
+    return primary_release(dev, real_cuDevicePrimaryCtxRelease, mode_);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxReset_v2);
+    return primary_reset(dev, real_cuDevicePrimaryCtxReset_v2, mode_);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    ENTER(cuDevicePrimaryCtxReset);
+    return primary_reset(dev, real_cuDevicePrimaryCtxReset, mode_);
+}
+
+/* ---- context limits: heaps and buffers the driver allocates outside cuMemAlloc ---- */
+
+#define LIMIT_STACK 0
+#define LIMIT_PRINTF_FIFO 1
+#define LIMIT_MALLOC_HEAP 2
+/* The defaults are part of every context (context_overhead_bytes estimates them). */
+static const uint64_t limit_default[3] = {1024, 1u << 20, 8u << 20};
+
+/* Device memory a limit's value takes beyond its default: the stack is per resident
+ * thread (multiprocessors x threads per multiprocessor; when the driver will not say,
+ * 256 x 2048, more than any GPU has, so never too little). */
+static uint64_t limit_bytes(CUlimit limit, uint64_t v, CUdevice dev)
+{
+    uint64_t per = 1;
+    if (limit == LIMIT_STACK) {
+        int sms = 0, threads = 0;
+        if (real_cuDeviceGetAttribute == NULL ||
+            real_cuDeviceGetAttribute(&sms, 16, dev) != CUDA_SUCCESS ||
+            real_cuDeviceGetAttribute(&threads, 39, dev) != CUDA_SUCCESS || sms <= 0 ||
+            threads <= 0) {
+            sms = 256;
+            threads = 2048;
+        }
+        per = (uint64_t)sms * (uint64_t)threads;
+    }
+    uint64_t base = limit_default[limit] * per;
+    if (v > UINT64_MAX / per)
+        return UINT64_MAX;
+    return v * per > base ? v * per - base : 0;
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    ENTER(cuCtxSetLimit);
+    if (mode_ == MODE_PASS || limit < LIMIT_STACK || limit > LIMIT_MALLOC_HEAP)
+        return real_cuCtxSetLimit(limit, value);
+    int di;
+    uint64_t ctx, had = 0;
+    CUdevice dev;
+    unsigned hd;
+    CUresult rc = current(&di, &ctx, &dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint32_t kind = ALLOC_LIMIT + (uint32_t)limit;
+    int held = fracgpu_table_take(kind, ctx, &had, &hd) == 0;
+    uint64_t want = limit_bytes(limit, value, dev);
+    if (want > had && (rc = reserve_on(di, want - had)) != CUDA_SUCCESS) {
+        if (held)
+            record(kind, ctx, had, di, ctx);
+        return rc;
+    }
+    uint64_t counted = want > had ? want : had;
+    rc = real_cuCtxSetLimit(limit, value);
+    if (rc == CUDA_SUCCESS) {
+        /* Settle on what the driver took (it rounds the stack size up). */
+        size_t got = value;
+        if (real_cuCtxGetLimit != NULL && real_cuCtxGetLimit(&got, limit) == CUDA_SUCCESS) {
+            uint64_t actual = limit_bytes(limit, got, dev);
+            if (actual > counted && reserve_on(di, actual - counted) != CUDA_SUCCESS) {
+                size_t old = (size_t)limit_default[limit];
+                real_cuCtxSetLimit(limit, old); /* back to the default: nothing counted */
+                release_on((unsigned)di, counted, 0);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            if (actual > counted)
+                counted = actual;
+            want = actual;
+        }
+    } else {
+        want = had; /* unchanged */
+    }
+    if (counted > want)
+        release_on((unsigned)di, counted - want, 0);
+    if (want)
+        record(kind, ctx, want, di, ctx); /* destroying the context releases it */
     return rc;
 }
 
@@ -496,35 +603,170 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
                      NULL);
 }
 
+/*
+ * Stream-ordered allocations come from a memory pool, which keeps freed memory until
+ * it releases it (pool.c): they count against the pool's device as the pool holds
+ * memory. pool NULL: the device's current pool (cuMemAllocAsync), which may fall back
+ * to host memory when the GPU is full; an explicit pool never does.
+ */
+typedef CUresult (*pool_alloc_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+
+static CUresult async_plain(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    (void)p;
+    return real_cuMemAllocAsync(d, n, s);
+}
+
+static CUresult async_plain_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    (void)p;
+    return real_cuMemAllocAsync_ptsz(d, n, s);
+}
+
+/* Under stream capture an asynchronous allocation is a node of the captured graph: it
+ * takes no memory now, and the graph's memory is counted when an exec of it is backed. */
+static int capturing(CUstream s)
+{
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return real_cuStreamIsCapturing != NULL && real_cuStreamIsCapturing(s, &status) == 0 &&
+           status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s,
+                           pool_alloc_fn real)
+{
+    if (capturing(s))
+        return real(dptr, n, pool, s);
+    int di;
+    uint64_t ctx;
+    CUdevice dev;
+    CUresult rc = current(&di, &ctx, &dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int fallback = pool == NULL;
+    CUmemoryPool p = pool;
+    if (p == NULL && (real_cuDeviceGetMemPool == NULL ||
+                      real_cuDeviceGetMemPool(&p, dev) != CUDA_SUCCESS || p == NULL))
+        p = NULL;
+    uint64_t key = (uint64_t)(uintptr_t)p;
+    int pdi = p == NULL ? di : fracgpu_pool_device(POOL_MEM, key);
+    if (pdi < 0)
+        pdi = di; /* a pool the shim has not seen made: the current device's */
+    uint64_t took = 0;
+    if (p != NULL)
+        rc = fracgpu_pool_take(POOL_MEM, key, pdi, dev, n, &took);
+    else
+        rc = reserve_on(di, n); /* the driver named no pool: count it as plain memory */
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real(dptr, n, pool, s);
+    if (rc == CUDA_SUCCESS) {
+        if (p != NULL) {
+            fracgpu_pool_settle(POOL_MEM, key); /* what the driver took, rounding included */
+            record(ALLOC_POOL_PTR, *dptr, n, pdi, key);
+        } else {
+            record(ALLOC_PTR, *dptr, n, di, ctx);
+        }
+        return rc;
+    }
+    if (p != NULL)
+        fracgpu_pool_untake(POOL_MEM, key, n, took);
+    else
+        release_on((unsigned)di, n, 0);
+    if (fallback && UNLIKELY(host_fallback_on(rc)) && reserve_on(di, n) == CUDA_SUCCESS) {
+        if (serve_from_host(dptr, n, di, dev) == CUDA_SUCCESS) {
+            record(ALLOC_HOST_PTR, *dptr, n, di, ctx);
+            return CUDA_SUCCESS;
+        }
+        release_on((unsigned)di, n, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return rc;
+}
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     ENTER(cuMemAllocAsync);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync(dptr, bytesize, hStream), *dptr,
-                     dptr);
+    if (mode_ == MODE_PASS)
+        return real_cuMemAllocAsync(dptr, bytesize, hStream);
+    return pool_alloc(dptr, bytesize, NULL, hStream, async_plain);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     ENTER(cuMemAllocAsync_ptsz);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize, real_cuMemAllocAsync_ptsz(dptr, bytesize, hStream),
-                     *dptr, dptr);
+    if (mode_ == MODE_PASS)
+        return real_cuMemAllocAsync_ptsz(dptr, bytesize, hStream);
+    return pool_alloc(dptr, bytesize, NULL, hStream, async_plain_ptsz);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                         CUstream hStream)
 {
     ENTER(cuMemAllocFromPoolAsync);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize,
-                     real_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream), *dptr, NULL);
+    if (mode_ == MODE_PASS || pool == NULL)
+        return real_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+    return pool_alloc(dptr, bytesize, pool, hStream, real_cuMemAllocFromPoolAsync);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                              CUmemoryPool pool, CUstream hStream)
 {
     ENTER(cuMemAllocFromPoolAsync_ptsz);
-    ALLOC_IN_CURRENT(ALLOC_PTR, bytesize,
-                     real_cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream), *dptr,
-                     NULL);
+    if (mode_ == MODE_PASS || pool == NULL)
+        return real_cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream);
+    return pool_alloc(dptr, bytesize, pool, hStream, real_cuMemAllocFromPoolAsync_ptsz);
+}
+
+/* ---- memory pools: where a pool's memory counts, and when the pool gives it back ---- */
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    ENTER(cuMemPoolCreate);
+    CUresult rc = real_cuMemPoolCreate(pool, props);
+    /* A pool of host memory is not sliced; a device pool counts on its own device,
+     * whatever context allocates from it. */
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT && props != NULL &&
+        props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        fracgpu_pool_known(POOL_MEM, (uint64_t)(uintptr_t)*pool,
+                           fracgpu_cuda_dev_index(props->location.id), props->location.id);
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    ENTER(cuDeviceGetDefaultMemPool);
+    CUresult rc = real_cuDeviceGetDefaultMemPool(pool, dev);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_pool_known(POOL_MEM, (uint64_t)(uintptr_t)*pool, fracgpu_cuda_dev_index(dev), dev);
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    ENTER(cuDeviceGetMemPool);
+    CUresult rc = real_cuDeviceGetMemPool(pool, dev);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_pool_known(POOL_MEM, (uint64_t)(uintptr_t)*pool, fracgpu_cuda_dev_index(dev), dev);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    ENTER(cuMemPoolTrimTo);
+    CUresult rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_pool_settle(POOL_MEM, (uint64_t)(uintptr_t)pool);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    ENTER(cuMemPoolDestroy);
+    CUresult rc = real_cuMemPoolDestroy(pool);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_pool_destroyed((uint64_t)(uintptr_t)pool);
+    return rc;
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -582,10 +824,15 @@ static CUresult free_linear(CUdeviceptr dptr, CUstream stream, CUresult (*sync)(
     uint64_t sz;
     unsigned di;
     uint32_t kind = ALLOC_PTR;
+    uint64_t pool = 0;
     int had = fracgpu_table_take(ALLOC_PTR, dptr, &sz, &di) == 0;
     if (!had && fracgpu_table_take(ALLOC_HOST_PTR, dptr, &sz, &di) == 0) {
         had = 1;
         kind = ALLOC_HOST_PTR;
+    }
+    if (!had && fracgpu_table_take_aux(ALLOC_POOL_PTR, dptr, &sz, &di, &pool) == 0) {
+        had = 1;
+        kind = ALLOC_POOL_PTR;
     }
     CUresult rc;
     if (kind == ALLOC_HOST_PTR) {
@@ -595,7 +842,13 @@ static CUresult free_linear(CUdeviceptr dptr, CUstream stream, CUresult (*sync)(
     } else {
         rc = realfree(dptr, stream);
     }
-    if (had) {
+    if (had && kind == ALLOC_POOL_PTR) {
+        /* Back into its pool: counted until the pool gives the memory back. */
+        if (rc == CUDA_SUCCESS)
+            fracgpu_pool_put(POOL_MEM, pool, sz);
+        else
+            fracgpu_table_put(kind, dptr, sz, di, pool);
+    } else if (had) {
         if (rc == CUDA_SUCCESS)
             release_on(di, sz, kind == ALLOC_HOST_PTR);
         else
@@ -673,14 +926,41 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         release_on((unsigned)di, size, 0);
         return rc;
     }
-    record(ALLOC_HANDLE, *handle, size, di, 0);
+    if (fracgpu_vmm_created(*handle, size, (unsigned)di) != 0)
+        LOGE("out of host memory tracking a memory handle; its %zu bytes stay counted", size);
     return rc;
 }
 
+static void vmm_gone(unsigned di, uint64_t bytes)
+{
+    release_on(di, bytes, 0);
+}
+
+/* Released while mapped, the memory stays until the last unmap: so does the count. */
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     ENTER(cuMemRelease);
-    FREE_KIND(ALLOC_HANDLE, handle, real_cuMemRelease(handle));
+    if (mode_ == MODE_PASS)
+        return real_cuMemRelease(handle);
+    return fracgpu_vmm_release(handle, real_cuMemRelease, vmm_gone);
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    ENTER(cuMemMap);
+    CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT)
+        fracgpu_vmm_mapped(ptr, size, handle);
+    return rc;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    ENTER(cuMemUnmap);
+    if (mode_ == MODE_PASS)
+        return real_cuMemUnmap(ptr, size);
+    return fracgpu_vmm_unmap(ptr, size, real_cuMemUnmap, vmm_gone);
 }
 
 /* ---- arrays ---- */
@@ -753,6 +1033,296 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
     FREE_KIND(ALLOC_MIPMAP, (uint64_t)(uintptr_t)h, real_cuMipmappedArrayDestroy(h));
 }
 
+/*
+ * ---- graph memory nodes ----
+ * A graph's allocation nodes take no memory until an exec of it is uploaded or
+ * launched; then the device's graph memory pool backs them, and keeps that memory
+ * after frees and exec destruction until cuDeviceGraphMemTrim (pool.c counts it). The
+ * shim asks the driver for the graph's allocation nodes at instantiation (every
+ * instantiate entry point; nodes added, captured from a stream or cloned alike), gives
+ * their bytes per device to the exec, and reserves them when the exec is first uploaded
+ * or launched - refused with out-of-memory past the slice, as the driver refuses when
+ * the GPU is full. After every upload and launch the device's graph pool is also
+ * settled against the driver's figure, so nothing the driver took goes uncounted.
+ */
+static unsigned unbacked_execs; /* atomic: execs with memory not yet backed */
+
+static int launch_dev_index_any(void)
+{
+    return G.limits.device_count == 1 ? 0 : fracgpu_current_dev_index();
+}
+
+static uint64_t key_of(const void *h)
+{
+    return (uint64_t)(uintptr_t)h;
+}
+
+/* Bytes of g's memory allocation nodes per limits index, from the driver's own view of
+ * the graph (however its nodes were made: added, captured from a stream, cloned).
+ * -1: a node allocates on a device not in the limits (nothing is allowed there). */
+static int graph_bytes(CUgraph g, uint64_t *sz, uint64_t *dev)
+{
+    size_t n = 0;
+    if (real_cuGraphGetNodes == NULL || real_cuGraphNodeGetType == NULL ||
+        real_cuGraphMemAllocNodeGetParams == NULL || real_cuGraphGetNodes(g, NULL, &n) != 0 ||
+        n == 0)
+        return 0; /* unknown: the graph pool is still settled after each launch */
+    CUgraphNode *nodes = malloc(n * sizeof *nodes);
+    if (nodes == NULL || real_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS) {
+        free(nodes);
+        return 0;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int type = -1;
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS ||
+            type != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+            real_cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS ||
+            p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            continue;
+        int di = fracgpu_cuda_dev_index(p.poolProps.location.id);
+        if (di < 0) {
+            rc = -1;
+            break;
+        }
+        sz[di] = sz[di] + p.bytesize < sz[di] ? UINT64_MAX : sz[di] + p.bytesize;
+        dev[di] = (uint64_t)p.poolProps.location.id;
+    }
+    free(nodes);
+    return rc;
+}
+
+/* Undo backing of exec e on limits indexes below upto (they are ALLOC_EXEC_BACKED). */
+static void unback(CUgraphExec e, unsigned upto, const uint64_t *took)
+{
+    for (unsigned i = 0; i < upto; i++) {
+        uint64_t sz, dev;
+        unsigned d;
+        if (fracgpu_table_take_aux(ALLOC_EXEC_BACKED + i, key_of(e), &sz, &d, &dev) == 0) {
+            fracgpu_pool_untake(POOL_GRAPH, dev, sz, took[i]);
+            record(ALLOC_EXEC + i, key_of(e), sz, (int)i, dev);
+        }
+    }
+}
+
+/* Reserves what exec e's memory nodes need in the graph pool, if not yet done. */
+static CUresult back_exec(CUgraphExec e)
+{
+    if (__atomic_load_n(&unbacked_execs, __ATOMIC_ACQUIRE) == 0)
+        return CUDA_SUCCESS;
+    uint64_t took[FRACGPU_MAX_DEVICES] = {0};
+    int any = 0;
+    for (unsigned i = 0; i < G.limits.device_count; i++) {
+        uint64_t sz, dev;
+        unsigned d;
+        if (fracgpu_table_take_aux(ALLOC_EXEC + i, key_of(e), &sz, &d, &dev) != 0)
+            continue;
+        CUresult rc = fracgpu_pool_take(POOL_GRAPH, dev, (int)i, (CUdevice)dev, sz, &took[i]);
+        if (rc != CUDA_SUCCESS) {
+            record(ALLOC_EXEC + i, key_of(e), sz, (int)i, dev);
+            unback(e, i, took);
+            return rc;
+        }
+        record(ALLOC_EXEC_BACKED + i, key_of(e), sz, (int)i, dev);
+        any = 1;
+    }
+    if (any)
+        __atomic_fetch_sub(&unbacked_execs, 1, __ATOMIC_ACQ_REL);
+    return CUDA_SUCCESS;
+}
+
+/* After the driver backed (or failed to back) e: settle the graph pools it touched. */
+static void after_backing(CUgraphExec e, CUresult rc)
+{
+    int undo = rc == CUDA_ERROR_OUT_OF_MEMORY;
+    for (unsigned i = 0; i < G.limits.device_count; i++) {
+        uint64_t sz, dev;
+        unsigned d;
+        if (undo && fracgpu_table_take_aux(ALLOC_EXEC_BACKED + i, key_of(e), &sz, &d, &dev) == 0) {
+            /* The driver could not back it: it is unbacked again. */
+            fracgpu_pool_put(POOL_GRAPH, dev, sz);
+            record(ALLOC_EXEC + i, key_of(e), sz, (int)i, dev);
+            __atomic_fetch_add(&unbacked_execs, 1, __ATOMIC_ACQ_REL);
+        }
+    }
+    int di = launch_dev_index_any();
+    CUdevice dev;
+    if (di >= 0 && real_cuCtxGetDevice != NULL && real_cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
+        fracgpu_pool_known(POOL_GRAPH, (uint64_t)dev, di, dev);
+        fracgpu_pool_settle(POOL_GRAPH, (uint64_t)dev);
+    }
+}
+
+/* Instantiation: the exec gets the graph's memory-node bytes, reserved now when it is
+ * uploaded at once (upload), else at its first upload or launch. */
+typedef CUresult (*instantiate_fn)(CUgraphExec *e, CUgraph g, void *arg);
+
+static CUresult instantiate(CUgraphExec *e, CUgraph g, int upload, instantiate_fn real,
+                            void *arg, int mode)
+{
+    if (mode != MODE_ACCOUNT)
+        return real(e, g, arg);
+    uint64_t sz[FRACGPU_MAX_DEVICES] = {0}, dev[FRACGPU_MAX_DEVICES] = {0};
+    uint64_t took[FRACGPU_MAX_DEVICES] = {0};
+    if (graph_bytes(g, sz, dev) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* memory on a device outside the slice */
+    int any = 0;
+    for (unsigned i = 0; i < G.limits.device_count; i++)
+        any |= sz[i] != 0;
+    for (unsigned i = 0; upload && any && i < G.limits.device_count; i++) {
+        CUresult rc = sz[i] ? fracgpu_pool_take(POOL_GRAPH, dev[i], (int)i, (CUdevice)dev[i],
+                                                sz[i], &took[i])
+                            : CUDA_SUCCESS;
+        if (rc != CUDA_SUCCESS) {
+            for (unsigned j = 0; j < i; j++)
+                if (sz[j])
+                    fracgpu_pool_untake(POOL_GRAPH, dev[j], sz[j], took[j]);
+            return rc;
+        }
+    }
+    CUresult rc = real(e, g, arg);
+    for (unsigned i = 0; any && i < G.limits.device_count; i++) {
+        if (!sz[i])
+            continue;
+        if (rc != CUDA_SUCCESS && upload)
+            fracgpu_pool_untake(POOL_GRAPH, dev[i], sz[i], took[i]);
+        else if (rc == CUDA_SUCCESS)
+            record(upload ? ALLOC_EXEC_BACKED + i : ALLOC_EXEC + i, key_of(*e), sz[i], (int)i,
+                   dev[i]);
+    }
+    if (rc == CUDA_SUCCESS && any && !upload)
+        __atomic_fetch_add(&unbacked_execs, 1, __ATOMIC_ACQ_REL);
+    if (rc == CUDA_SUCCESS && upload)
+        after_backing(*e, rc);
+    return rc;
+}
+
+static CUresult inst_flags(CUgraphExec *e, CUgraph g, void *arg)
+{
+    return real_cuGraphInstantiateWithFlags(e, g, *(unsigned long long *)arg);
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    ENTER(cuGraphInstantiateWithFlags);
+    return instantiate(e, g, (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0, inst_flags,
+                       &flags, mode_);
+}
+
+static CUresult inst_params(CUgraphExec *e, CUgraph g, void *arg)
+{
+    return real_cuGraphInstantiateWithParams(e, g, arg);
+}
+
+static CUresult inst_params_ptsz(CUgraphExec *e, CUgraph g, void *arg)
+{
+    return real_cuGraphInstantiateWithParams_ptsz(e, g, arg);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    ENTER(cuGraphInstantiateWithParams);
+    int upload = params != NULL && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+    return instantiate(e, g, upload, inst_params, params, mode_);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    ENTER(cuGraphInstantiateWithParams_ptsz);
+    int upload = params != NULL && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+    return instantiate(e, g, upload, inst_params_ptsz, params, mode_);
+}
+
+/* The pre-12.0 forms (error node and log buffer, no flags). */
+struct inst_legacy { CUgraphNode *err; char *log; size_t size; };
+
+static CUresult inst_v2(CUgraphExec *e, CUgraph g, void *arg)
+{
+    struct inst_legacy *a = arg;
+    return real_cuGraphInstantiate_v2(e, g, a->err, a->log, a->size);
+}
+
+static CUresult inst_v1(CUgraphExec *e, CUgraph g, void *arg)
+{
+    struct inst_legacy *a = arg;
+    return real_cuGraphInstantiate(e, g, a->err, a->log, a->size);
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+                                      size_t size)
+{
+    ENTER(cuGraphInstantiate_v2);
+    struct inst_legacy a = {err, log, size};
+    return instantiate(e, g, 0, inst_v2, &a, mode_);
+}
+
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+                                   size_t size)
+{
+    ENTER(cuGraphInstantiate);
+    struct inst_legacy a = {err, log, size};
+    return instantiate(e, g, 0, inst_v1, &a, mode_);
+}
+
+static CUresult graph_upload(CUgraphExec e, CUstream s, CUresult (*real)(CUgraphExec, CUstream),
+                             int mode)
+{
+    if (mode != MODE_ACCOUNT)
+        return real(e, s);
+    CUresult rc = back_exec(e);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = real(e, s);
+    after_backing(e, rc);
+    return rc;
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+    ENTER(cuGraphUpload);
+    return graph_upload(e, s, real_cuGraphUpload, mode_);
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s)
+{
+    ENTER(cuGraphUpload_ptsz);
+    return graph_upload(e, s, real_cuGraphUpload_ptsz, mode_);
+}
+
+/* The exec's memory goes back to the graph pool, which keeps it until a trim. */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    ENTER(cuGraphExecDestroy);
+    CUresult rc = real_cuGraphExecDestroy(e);
+    int unbacked = 0;
+    for (unsigned i = 0; rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT &&
+                         i < G.limits.device_count; i++) {
+        uint64_t sz, dev;
+        unsigned d;
+        if (fracgpu_table_take_aux(ALLOC_EXEC_BACKED + i, key_of(e), &sz, &d, &dev) == 0)
+            fracgpu_pool_put(POOL_GRAPH, dev, sz);
+        if (fracgpu_table_take_aux(ALLOC_EXEC + i, key_of(e), &sz, &d, &dev) == 0)
+            unbacked = 1;
+    }
+    if (unbacked)
+        __atomic_fetch_sub(&unbacked_execs, 1, __ATOMIC_ACQ_REL);
+    return rc;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    ENTER(cuDeviceGraphMemTrim);
+    CUresult rc = real_cuDeviceGraphMemTrim(dev);
+    if (rc == CUDA_SUCCESS && mode_ == MODE_ACCOUNT) {
+        fracgpu_pool_known(POOL_GRAPH, (uint64_t)dev, fracgpu_cuda_dev_index(dev), dev);
+        fracgpu_pool_settle(POOL_GRAPH, (uint64_t)dev);
+    }
+    return rc;
+}
+
 /* ---- launches: paced only when a compute limit applies ---- */
 
 /* With one GPU in the limits every usable context is on it (creating one
@@ -817,14 +1387,39 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, un
     LAUNCH(cuLaunchCooperativeKernel_ptsz, s, 1, (f, gx, gy, gz, bx, by, bz, shm, s, params))
 }
 
+/* A graph launch backs the exec's memory nodes first, then is paced like a kernel. */
+static CUresult graph_launch(CUgraphExec g, CUstream s, int ptsz,
+                             CUresult (*real)(CUgraphExec, CUstream), int mode)
+{
+    if (mode != MODE_ACCOUNT)
+        return real(g, s);
+    CUresult rc = back_exec(g);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (LIKELY(!G.launch_hooks)) {
+        rc = real(g, s);
+    } else {
+        struct fracgpu_pace_token tok;
+        int di = launch_dev_index();
+        int bounded = fracgpu_priority_before(di);
+        fracgpu_pace_before(di, bounded, s, ptsz, &tok);
+        rc = real(g, s);
+        fracgpu_pace_after(s, ptsz, &tok, rc);
+    }
+    after_backing(g, rc);
+    return rc;
+}
+
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
-    LAUNCH(cuGraphLaunch, s, 0, (g, s))
+    ENTER(cuGraphLaunch);
+    return graph_launch(g, s, 0, real_cuGraphLaunch, mode_);
 }
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
-    LAUNCH(cuGraphLaunch_ptsz, s, 1, (g, s))
+    ENTER(cuGraphLaunch_ptsz);
+    return graph_launch(g, s, 1, real_cuGraphLaunch_ptsz, mode_);
 }
 
 /* ---- deprecated and multi-device launch entry points: paced like the rest ---- */

@@ -6,6 +6,8 @@
  * processes that actually call CUDA or NVML read limits or map the region.
  */
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,20 +33,78 @@ static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static int cuda_ok, nvml_ok;
 static __thread int in_init;
 
+/*
+ * glibc's dlsym, found without asking the loader by name: the shim exports dlsym
+ * and dlvsym itself (dl_hooks.c), and the loader would hand any lookup of those
+ * names from the global scope back to the shim. The object that defines dlerror
+ * (libc, or libdl before glibc 2.34) defines dlsym too: its dynamic symbol table
+ * is searched through its GNU hash table, preferring the default version.
+ */
+static uintptr_t dyn_ptr(const struct link_map *lm, uintptr_t v)
+{
+    return v < (uintptr_t)lm->l_addr ? v + (uintptr_t)lm->l_addr : v; /* relocated in place */
+}
+
+/* Interposers (sanitizers) call dlsym while they start, before their own strcmp
+ * works: nothing on this path may call an interceptable libc function. */
+static void *glibc_symbol(const char *name)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (dladdr1((void *)dlerror, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || lm == NULL)
+        return NULL;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const uint32_t *gnu = NULL;
+    const ElfW(Half) *versym = NULL;
+    for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++) {
+        if (d->d_tag == DT_SYMTAB)
+            symtab = (const ElfW(Sym) *)dyn_ptr(lm, d->d_un.d_ptr);
+        else if (d->d_tag == DT_STRTAB)
+            strtab = (const char *)dyn_ptr(lm, d->d_un.d_ptr);
+        else if (d->d_tag == DT_GNU_HASH)
+            gnu = (const uint32_t *)dyn_ptr(lm, d->d_un.d_ptr);
+        else if (d->d_tag == DT_VERSYM)
+            versym = (const ElfW(Half) *)dyn_ptr(lm, d->d_un.d_ptr);
+    }
+    if (symtab == NULL || strtab == NULL || gnu == NULL)
+        return NULL;
+    uint32_t h = 5381;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = h * 33 + *c;
+    uint32_t nbuckets = gnu[0], symoffset = gnu[1], bloom_words = gnu[2];
+    const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)&gnu[4] + bloom_words);
+    const uint32_t *chain = buckets + nbuckets;
+    if (nbuckets == 0)
+        return NULL;
+    void *found = NULL;
+    for (uint32_t i = buckets[h % nbuckets]; i >= symoffset; i++) {
+        uint32_t h2 = chain[i - symoffset];
+        const ElfW(Sym) *sym = &symtab[i];
+        if ((h | 1) == (h2 | 1) && sym->st_shndx != SHN_UNDEF && sym->st_value != 0 &&
+            fracgpu_streq(strtab + sym->st_name, name)) {
+            found = (void *)(lm->l_addr + sym->st_value);
+            if (versym == NULL || !(versym[i] & 0x8000))
+                return found; /* the default version */
+        }
+        if (h2 & 1)
+            break;
+    }
+    return found;
+}
+
 static void resolve_next_dlsym(void)
 {
     if (__atomic_load_n(&next_dlsym, __ATOMIC_ACQUIRE) != NULL)
         return;
-    /* dlvsym is not hooked, so it can find glibc's dlsym for us. */
-    void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (p == NULL)
-        p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    void *p = glibc_symbol("dlsym");
     __atomic_store_n(&next_dlsym, (dlsym_fn)p, __ATOMIC_RELEASE);
 }
 
 __attribute__((constructor)) static void fracgpu_load(void)
 {
     resolve_next_dlsym();
+    fracgpu_dl_note_start();
 }
 
 void *fracgpu_real_dlsym(void *handle, const char *name)
@@ -64,6 +124,8 @@ static void after_fork_child(void)
     G.slot = -1;
     pthread_mutex_init(&slot_mu, NULL);
     fracgpu_table_reset_after_fork();
+    fracgpu_vmm_reset_after_fork();
+    fracgpu_pool_reset_after_fork();
     fracgpu_pace_reset_after_fork();
     fracgpu_board_reset_after_fork();
     fracgpu_cuda_reset_after_fork();
@@ -92,6 +154,11 @@ static void core_init(void)
     if (G.limits.whole) {
         LOGI("limits file says mode=whole: no slicing in this container");
         __atomic_store_n(&G.state, ST_READY, __ATOMIC_RELEASE);
+        in_init = 0;
+        return;
+    }
+    if (fracgpu_private_namespace(err, sizeof err)) {
+        fail(err);
         in_init = 0;
         return;
     }
@@ -222,6 +289,8 @@ static const struct hook_entry hook_table[] = {
 
 void *fracgpu_hook_by_name(const char *name)
 {
+    if (name[0] == 'd' && name[1] == 'l')
+        return fracgpu_dl_hook_by_name(name);
     if (!((name[0] == 'c' && name[1] == 'u') || (name[0] == 'n' && name[1] == 'v')))
         return NULL;
     for (size_t i = 0; i < N_HOOKS; i++)

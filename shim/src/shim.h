@@ -75,14 +75,44 @@ HIDDEN uint64_t fracgpu_proc_start_time(int pid);
 
 /* ---- per-process allocation table ---- */
 /* ALLOC_HOST_PTR: a linear allocation the shim served from host memory (host fallback). */
+/* ALLOC_LIMIT + l: what cuCtxSetLimit(l) takes beyond the default, keyed by context. */
+/* ALLOC_POOL_PTR: from a memory pool (ctx field: the pool). ALLOC_EXEC + di: bytes of an
+ * exec's memory nodes on limits index di, not yet backed by the graph pool (ctx field:
+ * the CUDA ordinal); ALLOC_EXEC_BACKED + di: backed. */
 enum fracgpu_alloc_kind { ALLOC_PTR = 1, ALLOC_HANDLE = 2, ALLOC_ARRAY = 3, ALLOC_MIPMAP = 4, ALLOC_CTX = 5,
-                          ALLOC_HOST_PTR = 6 };
+                          ALLOC_HOST_PTR = 6, ALLOC_POOL_PTR = 7, ALLOC_LIMIT = 16,
+                          ALLOC_EXEC = 48, ALLOC_EXEC_BACKED = 64 };
 struct fracgpu_alloc { uint64_t key; uint64_t size; uint32_t kind; uint32_t dev; uint64_t ctx; };
 HIDDEN int fracgpu_table_put(uint32_t kind, uint64_t key, uint64_t size, unsigned dev, uint64_t ctx);
 HIDDEN void fracgpu_table_take_ctx(uint64_t ctx,
                                    void (*release)(unsigned dev, uint64_t size, uint32_t kind));
 HIDDEN int fracgpu_table_take(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev);
+HIDDEN int fracgpu_table_take_aux(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev,
+                                  uint64_t *ctx);
 HIDDEN void fracgpu_table_reset_after_fork(void);
+
+/* ---- virtual memory management: a handle counts until released and unmapped ---- */
+HIDDEN int fracgpu_vmm_created(uint64_t h, uint64_t size, unsigned di);
+HIDDEN CUresult fracgpu_vmm_release(uint64_t h, CUresult (*real)(CUmemGenericAllocationHandle),
+                                    void (*release)(unsigned, uint64_t));
+HIDDEN void fracgpu_vmm_mapped(uint64_t ptr, uint64_t size, uint64_t h);
+HIDDEN CUresult fracgpu_vmm_unmap(uint64_t ptr, uint64_t size,
+                                  CUresult (*real)(CUdeviceptr, size_t),
+                                  void (*release)(unsigned, uint64_t));
+HIDDEN void fracgpu_vmm_reset_after_fork(void);
+
+/* ---- memory pools: counted as the driver reserves them (pool.c) ---- */
+enum { POOL_MEM = 1, POOL_GRAPH = 2 };
+HIDDEN void fracgpu_pool_known(int kind, uint64_t key, int di, CUdevice dev);
+HIDDEN int fracgpu_pool_device(int kind, uint64_t key); /* limits index, or -1 */
+HIDDEN CUresult fracgpu_pool_take(int kind, uint64_t key, int di, CUdevice dev, uint64_t n,
+                                  uint64_t *took);
+HIDDEN void fracgpu_pool_untake(int kind, uint64_t key, uint64_t n, uint64_t took);
+HIDDEN void fracgpu_pool_put(int kind, uint64_t key, uint64_t n);
+HIDDEN void fracgpu_pool_settle(int kind, uint64_t key);
+HIDDEN void fracgpu_pool_destroyed(uint64_t key);
+HIDDEN uint64_t fracgpu_pool_settle_all(void);
+HIDDEN void fracgpu_pool_reset_after_fork(void);
 
 /* ---- global state ---- */
 enum fracgpu_state { ST_UNINIT = 0, ST_READY = 1, ST_FAILED = 2 };
@@ -113,6 +143,18 @@ HIDDEN int fracgpu_ensure_nvml(void);  /* libnvidia-ml resolved */
 HIDDEN void *fracgpu_real_dlsym(void *handle, const char *name);
 HIDDEN void *fracgpu_hook_for_real(const void *real_fn); /* reverse lookup, NULL if not hooked */
 HIDDEN void *fracgpu_hook_by_name(const char *name);
+/* strcmp(a, b) == 0 without libc: sanitizers call dlsym before their strcmp works */
+static inline int fracgpu_streq(const char *a, const char *b)
+{
+    while (*a && *a == *b)
+        a++, b++;
+    return *a == *b;
+}
+/* dl_hooks.c: the loader's doors (RTLD_DEEPBIND, dlmopen, dlvsym) */
+HIDDEN void fracgpu_dl_note_start(void);
+HIDDEN void *fracgpu_dl_hook_by_name(const char *name);
+/* 1 (why filled) if this process has a link-map namespace the shim is not in. */
+HIDDEN int fracgpu_private_namespace(char *why, size_t n);
 /* Limits index of a CUDA ordinal, or -1 (no limits: fail closed). */
 HIDDEN int fracgpu_cuda_dev_index(CUdevice dev);
 HIDDEN int fracgpu_current_dev_index(void);

@@ -62,6 +62,13 @@ int fracgpu_table_put(uint32_t kind, uint64_t key, uint64_t size, unsigned dev, 
 
 int fracgpu_table_take(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev)
 {
+    uint64_t ctx;
+    return fracgpu_table_take_aux(kind, key, size, dev, &ctx);
+}
+
+int fracgpu_table_take_aux(uint32_t kind, uint64_t key, uint64_t *size, unsigned *dev,
+                           uint64_t *ctx)
+{
     int rc = -1;
     pthread_mutex_lock(&table_mu);
     if (cap) {
@@ -70,6 +77,7 @@ int fracgpu_table_take(uint32_t kind, uint64_t key, uint64_t *size, unsigned *de
             if (slots[i].kind == kind && slots[i].key == key) {
                 *size = slots[i].size;
                 *dev = slots[i].dev;
+                *ctx = slots[i].ctx;
                 rc = 0;
                 /* backward-shift deletion keeps probe chains intact */
                 size_t hole = i, j = i;
@@ -109,7 +117,10 @@ void fracgpu_table_take_ctx(uint64_t ctx,
         for (size_t i = 0; i < ocap; i++) {
             if (old[i].kind == 0)
                 continue;
-            if (old[i].ctx == ctx && old[i].kind != ALLOC_CTX) {
+            /* Pool memory and graphs belong to the device, not the context (and their
+             * ctx field holds something else). */
+            if (old[i].ctx == ctx && old[i].kind != ALLOC_CTX && old[i].kind != ALLOC_POOL_PTR &&
+                old[i].kind < ALLOC_EXEC) {
                 release(old[i].dev, old[i].size, old[i].kind);
                 continue;
             }

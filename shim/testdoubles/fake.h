@@ -31,6 +31,7 @@ struct fake_config {
     char state_file[512];
     char events_file[512];
     uint64_t context_bytes;
+    unsigned multiprocessor_count; /* cuDeviceGetAttribute; stack limits scale with it */
     uint64_t host_memory; /* host memory behind managed allocations */
     unsigned default_kernel_us;
     unsigned n_cuda_errors;

@@ -72,6 +72,7 @@ static void defaults(struct fake_config *c)
     snprintf(c->driver_version, sizeof c->driver_version, "550.54.15");
     c->cuda_version = 12040;
     c->default_kernel_us = 10;
+    c->multiprocessor_count = 16;
     c->host_memory = 64ull << 30;
     for (unsigned i = 0; i < FAKE_MAX_DEVICES; i++) {
         struct fake_dev *d = &c->dev[i];
@@ -117,6 +118,8 @@ static void apply(struct fake_config *c, const char *path, unsigned line, char *
         c->context_bytes = strtoull(val, NULL, 10);
     } else if (strcmp(key, "host_memory_bytes") == 0) {
         c->host_memory = strtoull(val, NULL, 10);
+    } else if (strcmp(key, "multiprocessor_count") == 0) {
+        c->multiprocessor_count = (unsigned)atoi(val);
     } else if (strcmp(key, "default_kernel_us") == 0) {
         c->default_kernel_us = (unsigned)atoi(val);
     } else if (strncmp(key, "cuda_error.", 11) == 0) {
@@ -218,14 +221,24 @@ const struct fake_config *fake_config(int reload)
     return c;
 }
 
+/* The hardware follows the config: a process whose config names another state_file
+ * (a test process that loads the NVML double once and is pointed at new hardware) maps
+ * that one. The old mapping stays: other threads may still read it. */
+static const struct fake_config *state_cfg; /* the config state was last checked against */
+static char state_path[sizeof ((struct fake_config *)0)->state_file];
+
 struct fake_state *fake_state(void)
 {
     struct fake_state *s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (s != NULL)
-        return s;
     const struct fake_config *c = fake_config(0);
+    if (s != NULL && __atomic_load_n(&state_cfg, __ATOMIC_ACQUIRE) == c)
+        return s;
     pthread_mutex_lock(&cfg_mu);
+    if (state != NULL && strcmp(state_path, c->state_file) != 0)
+        __atomic_store_n(&state, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&state_cfg, c, __ATOMIC_RELEASE);
     if (state == NULL) {
+        snprintf(state_path, sizeof state_path, "%s", c->state_file);
         void *p = MAP_FAILED;
         if (c->state_file[0]) {
             int fd = open(c->state_file, O_RDWR | O_CREAT | O_CLOEXEC, 0666);

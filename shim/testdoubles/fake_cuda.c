@@ -21,18 +21,31 @@
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
-struct CUctx_st { int dev; int primary; int destroyed; /* a destroyed context is kept, marked */ };
+/* limit: cuCtxSetLimit values; limit_bytes: device memory they take beyond the defaults. */
+#define N_LIMITS 7
+struct CUctx_st { int dev; int primary; int destroyed; /* a destroyed context is kept, marked */
+                  uint64_t limit[N_LIMITS]; uint64_t limit_bytes; };
 #define QUEUE_DEPTH 1024
 /* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
  * still pending, like a hardware queue that is full. */
+/* capture: the graph a stream capture builds (cuStreamBeginCapture .. EndCapture). */
 struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH];
-                     struct CUctx_st *ctx; /* the context it was created in */ };
+                     struct CUctx_st *ctx; /* the context it was created in */
+                     struct CUgraph_st *capture; };
 struct CUevent_st { uint64_t ts; int recorded;
                     struct CUctx_st *ctx; /* an event belongs to the context it was created in */ };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
-struct CUgraph_st { uint64_t dur_ns; };
-struct CUgraphExec_st { uint64_t dur_ns; };
+/* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where. */
+struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; struct CUgraphNode_st **nodes; size_t n_nodes; };
+/* type: CU_GRAPH_NODE_TYPE_KERNEL or _MEM_ALLOC (bytes on dev). */
+struct CUgraphNode_st { int type; uint64_t bytes; int dev; };
+/* backed: its allocations have physical memory from the device's graph pool. */
+struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; int backed; };
+/* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
+ * the device when allocations need more than it has free, given back at a
+ * synchronisation above the release threshold, on cuMemPoolTrimTo, on destroy). */
+struct CUmemPoolHandle_st { int dev; int destroyed; uint64_t reserved, used, threshold; };
 struct CUarray_st { uint64_t size; int dev; };
 struct CUmipmappedArray_st { uint64_t size; int dev; };
 
@@ -47,7 +60,16 @@ struct alloc {
     int preferred;
     int read_mostly;
     uint32_t accessed_by;
+    const struct CUctx_st *ctx; /* freed with this context (NULL: not context-bound) */
+    int vmm;                    /* a cuMemCreate handle: */
+    int released;               /*   cuMemRelease called */
+    unsigned maps;              /*   live cuMemMap mappings; freed when released and 0 */
+    struct CUmemPoolHandle_st *pool; /* from a memory pool: a free returns it there */
 };
+/* Virtual memory management: reserved address ranges and what is mapped in them. */
+struct vrange { uint64_t ptr, size, handle; };
+static struct vrange *vres, *vmaps;
+static size_t n_vres, n_vmaps;
 #define ACCESSED_BY_CPU (1u << 31)
 
 static int initialized;
@@ -62,6 +84,7 @@ static struct CUstream_st default_stream[FAKE_MAX_DEVICES];
 static uint64_t proc_tail[FAKE_MAX_DEVICES];
 static int my_slot = -1, my_slot_pid;
 static __thread struct CUctx_st *cur_ctx;
+static struct CUctx_st *cur_ctx_of_thread(void) { return cur_ctx; }
 
 static const struct fake_config *cfg(void) { return fake_config(0); }
 
@@ -196,9 +219,12 @@ static int put_alloc_rec(struct alloc a)
     return 0;
 }
 
+static struct CUctx_st *cur_ctx_of_thread(void);
+
 static int put_alloc(uint64_t key, uint64_t size, int dev)
 {
-    return put_alloc_rec((struct alloc){key, size, dev, 0, CU_DEVICE_INVALID, 0, 0});
+    return put_alloc_rec(
+        (struct alloc){key, size, dev, 0, CU_DEVICE_INVALID, 0, 0, cur_ctx_of_thread(), 0, 0, 0});
 }
 
 /* The managed allocation holding [ptr, ptr + count), or NULL; call with mu held. */
@@ -250,16 +276,143 @@ static CUresult alloc_on(int dev, uint64_t size, CUdeviceptr *dptr)
     return CUDA_SUCCESS;
 }
 
+/* ---- stream-ordered memory pools and the graph memory pool, per device ---- */
+
+static struct CUmemPoolHandle_st default_pool[FAKE_MAX_DEVICES];
+static struct CUmemPoolHandle_st *current_pool[FAKE_MAX_DEVICES];
+static struct CUmemPoolHandle_st *pools[256]; /* every pool of this process */
+static size_t n_pools;
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t graph_reserved[FAKE_MAX_DEVICES], graph_used[FAKE_MAX_DEVICES];
+
+static struct CUmemPoolHandle_st *pool_of_dev(int dev)
+{
+    pthread_mutex_lock(&pool_mu);
+    if (default_pool[dev].dev != dev + 1) { /* first use: dev is stored plus one */
+        default_pool[dev].dev = dev + 1;
+        if (n_pools < 256)
+            pools[n_pools++] = &default_pool[dev];
+    }
+    struct CUmemPoolHandle_st *p = current_pool[dev] ? current_pool[dev] : &default_pool[dev];
+    pthread_mutex_unlock(&pool_mu);
+    return p;
+}
+
+static CUgraphNode add_node(CUgraph g, int type, uint64_t bytes, int dev);
+
+/* Captured: a stream-ordered allocation becomes an allocation node of the graph being
+ * captured and takes no memory now (the graph pool backs it at upload or launch). */
+static int captured_alloc(CUstream s, uint64_t n, CUdeviceptr *dptr, CUresult *rc)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture == NULL)
+        return 0;
+    if (dptr == NULL || n == 0) {
+        *rc = CUDA_ERROR_INVALID_VALUE;
+        return 1;
+    }
+    struct CUgraph_st *g = s->capture;
+    if (add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, n, s->dev) == NULL) {
+        *rc = CUDA_ERROR_OUT_OF_MEMORY;
+        return 1;
+    }
+    g->mem_bytes += n;
+    g->mem_dev = s->dev;
+    *dptr = new_address(n);
+    *rc = CUDA_SUCCESS;
+    return 1;
+}
+
+static CUresult pool_alloc(struct CUmemPoolHandle_st *p, uint64_t n, CUdeviceptr *dptr)
+{
+    if (dptr == NULL || n == 0 || p == NULL || p->destroyed)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t idle = p->reserved - p->used, more = n > idle ? n - idle : 0;
+    CUresult rc = more ? take_memory(p->dev - 1, more) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        p->reserved += more;
+        p->used += n;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t a = new_address(n);
+    put_alloc_rec((struct alloc){a, n, p->dev - 1, 0, CU_DEVICE_INVALID, 0, 0, NULL, 0, 0, 0, p});
+    *dptr = a;
+    return CUDA_SUCCESS;
+}
+
+/* Freed memory stays in the pool (reserved) until a synchronisation, a trim or destroy. */
+static void pool_free(struct CUmemPoolHandle_st *p, uint64_t n)
+{
+    pthread_mutex_lock(&pool_mu);
+    p->used -= n;
+    if (p->destroyed) {
+        p->reserved -= n;
+        give_memory(p->dev - 1, n);
+    }
+    pthread_mutex_unlock(&pool_mu);
+}
+
+static void pool_trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
+{
+    uint64_t floor = p->used > keep ? p->used : keep;
+    if (p->reserved > floor) {
+        give_memory(p->dev - 1, p->reserved - floor);
+        p->reserved = floor;
+    }
+}
+
+/* At a stream, event or context synchronisation every pool above its release
+ * threshold gives back what it holds beyond it. */
+static void pools_synchronised(void)
+{
+    pthread_mutex_lock(&pool_mu);
+    for (size_t i = 0; i < n_pools; i++)
+        if (pools[i]->reserved > pools[i]->threshold)
+            pool_trim_locked(pools[i], pools[i]->threshold);
+    pthread_mutex_unlock(&pool_mu);
+}
+
 static CUresult free_key(uint64_t key)
 {
     struct alloc a;
     if (take_alloc(key, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (a.pool != NULL) {
+        pool_free(a.pool, a.size);
+        return CUDA_SUCCESS;
+    }
     if (a.managed)
         give_host_memory(a.size);
     else
         give_memory(a.dev, a.size);
     return CUDA_SUCCESS;
+}
+
+/* Destroying a context frees everything allocated in it, as the driver does.
+ * Call with mu held. */
+static void free_ctx_memory(struct CUctx_st *c)
+{
+    uint64_t dev_bytes[FAKE_MAX_DEVICES] = {0}, host = 0;
+    for (size_t i = n_allocs; i-- > 0;) {
+        if (allocs[i].ctx != c || allocs[i].vmm)
+            continue;
+        if (allocs[i].managed)
+            host += allocs[i].size;
+        else
+            dev_bytes[allocs[i].dev] += allocs[i].size;
+        allocs[i] = allocs[--n_allocs];
+    }
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+        if (dev_bytes[d])
+            give_memory(d, dev_bytes[d]);
+    if (host)
+        give_host_memory(host);
+    if (c->limit_bytes)
+        give_memory(c->dev, c->limit_bytes);
+    c->limit_bytes = 0;
+    memset(c->limit, 0, sizeof c->limit);
 }
 
 static CUresult need_ctx(int *dev)
@@ -471,6 +624,9 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (cfg()->context_bytes)
         give_memory(ctx->dev, cfg()->context_bytes);
+    pthread_mutex_lock(&mu);
+    free_ctx_memory(ctx);
+    pthread_mutex_unlock(&mu);
     if (cur_ctx == ctx)
         cur_ctx = NULL;
     /* Kept, marked destroyed: its events then fail as the driver's would (their
@@ -506,6 +662,7 @@ EXPORT CUresult cuCtxSynchronize(void)
     CUresult rc = need_ctx(&dev);
     if (rc == CUDA_SUCCESS)
         sleep_until(__atomic_load_n(&proc_tail[dev], __ATOMIC_ACQUIRE));
+    pools_synchronised();
     return rc;
 }
 
@@ -530,6 +687,7 @@ static void drop_primary(CUdevice dev)
 {
     if (cfg()->context_bytes)
         give_memory(dev, cfg()->context_bytes);
+    free_ctx_memory(&primary[dev]);
     primary_refs[dev] = 0;
     if (cur_ctx == &primary[dev])
         cur_ctx = NULL;
@@ -560,6 +718,87 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* The pre-11.0 entry points: same behaviour, still exported and still what
+ * cuGetProcAddress returns for a cudaVersion below 11000. */
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return cuDevicePrimaryCtxReset_v2(dev);
+}
+
+/* ---- limits of the current context: heaps and buffers the driver allocates ---- */
+
+#define THREADS_PER_SM 2048u
+static const uint64_t limit_default[N_LIMITS] = {1024, 1u << 20, 8u << 20, 2, 2048, 0, 0};
+
+/* Device memory a limit's value takes: the stack per resident thread, the printf
+ * FIFO and the malloc heap as they are; the other limits take none. */
+static uint64_t limit_memory(int limit, uint64_t v)
+{
+    if (limit == 0)
+        return v * cfg()->multiprocessor_count * THREADS_PER_SM;
+    return limit == 1 || limit == 2 ? v : 0;
+}
+
+static uint64_t ctx_limit(const struct CUctx_st *c, int limit)
+{
+    return c->limit[limit] ? c->limit[limit] : limit_default[limit];
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, int limit)
+{
+    CHECK_INIT("cuCtxGetLimit");
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (value == NULL || limit < 0 || limit >= N_LIMITS)
+        return CUDA_ERROR_INVALID_VALUE;
+    *value = (size_t)ctx_limit(cur_ctx, limit);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    CHECK_INIT("cuCtxSetLimit");
+    struct CUctx_st *c = cur_ctx;
+    if (c == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (limit < 0 || limit >= N_LIMITS)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (limit == 0)
+        value = (value + 15) / 16 * 16; /* the stack size is rounded up */
+    uint64_t total = 0;
+    for (int l = 0; l < N_LIMITS; l++) {
+        uint64_t v = l == limit ? value : ctx_limit(c, l);
+        uint64_t m = limit_memory(l, v), base = limit_memory(l, limit_default[l]);
+        total += m > base ? m - base : 0;
+    }
+    if (total > c->limit_bytes && take_memory(c->dev, total - c->limit_bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (total < c->limit_bytes)
+        give_memory(c->dev, c->limit_bytes - total);
+    c->limit_bytes = total;
+    c->limit[limit] = value;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetAttribute");
+    if (value == NULL || !valid_dev(dev))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attrib == 16) /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+        *value = (int)cfg()->multiprocessor_count;
+    else if (attrib == 39) /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
+        *value = (int)THREADS_PER_SM;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
 /* ---- memory ---- */
 
 #define ALLOC_CURRENT(name, size, dptr)                                                          \
@@ -585,7 +824,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flag
     if ((rc = take_host_memory(n)) != CUDA_SUCCESS)
         return rc;
     uint64_t a = new_address(n);
-    if (put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0}) != 0) {
+    if (put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0, cur_ctx, 0, 0, 0}) != 0) {
         give_host_memory(n);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -656,26 +895,149 @@ EXPORT CUresult cuMemRangeGetAttribute(void *data, size_t size, CUmem_range_attr
     pthread_mutex_unlock(&mu);
     return rc;
 }
+/* Stream-ordered allocations come from the device's current pool (or the one named). */
+#define ALLOC_POOL(name, size, dptr, pool)                                                       \
+    CHECK_INIT(name);                                                                            \
+    int dev_;                                                                                    \
+    CUresult rc_ = need_ctx(&dev_);                                                              \
+    if (rc_ != CUDA_SUCCESS)                                                                     \
+        return rc_;                                                                              \
+    return pool_alloc((pool) ? (pool) : pool_of_dev(dev_), (size), (dptr));
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
-    (void)s;
-    ALLOC_CURRENT("cuMemAllocAsync", n, dptr)
+    CUresult crc;
+    if (captured_alloc(s, n, dptr, &crc))
+        return crc;
+    ALLOC_POOL("cuMemAllocAsync", n, dptr, NULL)
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
 {
-    (void)s;
-    ALLOC_CURRENT("cuMemAllocAsync_ptsz", n, dptr)
+    CUresult crc;
+    if (captured_alloc(s, n, dptr, &crc))
+        return crc;
+    ALLOC_POOL("cuMemAllocAsync_ptsz", n, dptr, NULL)
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool p, CUstream s)
 {
-    (void)s, (void)p;
-    ALLOC_CURRENT("cuMemAllocFromPoolAsync", n, dptr)
+    (void)s;
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    ALLOC_POOL("cuMemAllocFromPoolAsync", n, dptr, p)
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool p,
                                              CUstream s)
 {
-    (void)s, (void)p;
-    ALLOC_CURRENT("cuMemAllocFromPoolAsync_ptsz", n, dptr)
+    (void)s;
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    ALLOC_POOL("cuMemAllocFromPoolAsync_ptsz", n, dptr, p)
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetDefaultMemPool");
+    if (pool == NULL || !valid_dev(dev))
+        return CUDA_ERROR_INVALID_VALUE;
+    pool_of_dev(dev);
+    *pool = &default_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetMemPool");
+    if (pool == NULL || !valid_dev(dev))
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = pool_of_dev(dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    CHECK_INIT("cuDeviceSetMemPool");
+    if (pool == NULL || !valid_dev(dev) || pool->dev != dev + 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    current_pool[dev] = pool;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    CHECK_INIT("cuMemPoolCreate");
+    if (pool == NULL || props == NULL || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_dev(props->location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->dev = props->location.id + 1;
+    pthread_mutex_lock(&pool_mu);
+    if (n_pools < 256)
+        pools[n_pools++] = p;
+    pthread_mutex_unlock(&pool_mu);
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+/* Outstanding allocations keep their memory until freed; the rest goes now. The
+ * handle stays valid memory here (never reused), as a destroyed pool is never used. */
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CHECK_INIT("cuMemPoolDestroy");
+    if (pool == NULL || pool->destroyed || pool == &default_pool[pool->dev - 1])
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    pool->destroyed = 1;
+    pool_trim_locked(pool, 0);
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+        if (current_pool[d] == pool)
+            current_pool[d] = NULL;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    CHECK_INIT("cuMemPoolTrimTo");
+    if (pool == NULL || pool->destroyed)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    pool_trim_locked(pool, keep);
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    CHECK_INIT("cuMemPoolSetAttribute");
+    if (pool == NULL || pool->destroyed || value == NULL || attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    pool->threshold = *(cuuint64_t *)value;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    CHECK_INIT("cuMemPoolGetAttribute");
+    if (pool == NULL || pool->destroyed || value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&pool_mu);
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        *(cuuint64_t *)value = pool->threshold;
+    else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+        *(cuuint64_t *)value = pool->reserved;
+    else if (attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        *(cuuint64_t *)value = pool->used;
+    else
+        rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
@@ -695,8 +1057,9 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
-    (void)s;
     CHECK_INIT("cuMemFreeAsync");
+    if (s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && s->capture != NULL)
+        return CUDA_SUCCESS; /* a free node of the captured graph */
     return free_key(p);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
@@ -720,15 +1083,147 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (rc != CUDA_SUCCESS)
         return rc;
     uint64_t h = __atomic_fetch_add(&next_handle, 1, __ATOMIC_RELAXED) | (1ull << 62);
-    put_alloc(h, size, dev);
+    if (put_alloc_rec((struct alloc){h, size, dev, 0, CU_DEVICE_INVALID, 0, 0, NULL, 1, 0, 0}) != 0) {
+        give_memory(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *handle = h;
     return CUDA_SUCCESS;
+}
+
+/* A cuMemCreate allocation; call with mu held. */
+static struct alloc *vmm_handle(uint64_t h)
+{
+    for (size_t i = 0; i < n_allocs; i++)
+        if (allocs[i].key == h && allocs[i].vmm)
+            return &allocs[i];
+    return NULL;
+}
+
+/* The physical memory goes when the handle is released and nothing maps it. */
+static void vmm_free_if_unused(struct alloc *a)
+{
+    if (!a->released || a->maps != 0)
+        return;
+    int dev = a->dev;
+    uint64_t size = a->size;
+    *a = allocs[--n_allocs];
+    give_memory(dev, size);
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     CHECK_INIT("cuMemRelease");
-    return free_key(handle);
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = vmm_handle(handle);
+    if (a == NULL || a->released)
+        rc = CUDA_ERROR_INVALID_VALUE;
+    else {
+        a->released = 1;
+        vmm_free_if_unused(a);
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+static int vrange_push(struct vrange **v, size_t *n, struct vrange r)
+{
+    struct vrange *x = realloc(*v, (*n + 1) * sizeof *x);
+    if (x == NULL)
+        return -1;
+    x[(*n)++] = r;
+    *v = x;
+    return 0;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags)
+{
+    (void)alignment, (void)addr;
+    CHECK_INIT("cuMemAddressReserve");
+    if (ptr == NULL || size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t a = new_address(size);
+    pthread_mutex_lock(&mu);
+    int rc = vrange_push(&vres, &n_vres, (struct vrange){a, size, 0});
+    pthread_mutex_unlock(&mu);
+    if (rc != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ptr = a;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT("cuMemAddressFree");
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_vres; i++) {
+        if (vres[i].ptr != ptr || vres[i].size != size)
+            continue;
+        rc = CUDA_SUCCESS;
+        for (size_t j = 0; j < n_vmaps; j++)
+            if (vmaps[j].ptr >= ptr && vmaps[j].ptr - ptr < size)
+                rc = CUDA_ERROR_INVALID_VALUE; /* still mapped */
+        if (rc == CUDA_SUCCESS)
+            vres[i] = vres[--n_vres];
+        break;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* Maps a whole handle (offset 0, as the driver requires) into a reserved range. */
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    CHECK_INIT("cuMemMap");
+    if (offset != 0 || flags != 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = vmm_handle(handle);
+    int inside = 0;
+    for (size_t i = 0; i < n_vres; i++)
+        if (ptr >= vres[i].ptr && size <= vres[i].size && ptr - vres[i].ptr <= vres[i].size - size)
+            inside = 1;
+    for (size_t j = 0; j < n_vmaps; j++)
+        if (ptr < vmaps[j].ptr + vmaps[j].size && vmaps[j].ptr < ptr + size)
+            inside = 0; /* overlaps a mapping */
+    if (a != NULL && !a->released && size <= a->size && inside) {
+        if (vrange_push(&vmaps, &n_vmaps, (struct vrange){ptr, size, handle}) == 0) {
+            a->maps++;
+            rc = CUDA_SUCCESS;
+        } else {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* Unmaps every mapping inside the range; a released handle whose last mapping
+ * goes frees its memory. */
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT("cuMemUnmap");
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (size_t j = n_vmaps; j-- > 0;) {
+        struct vrange m = vmaps[j];
+        if (m.ptr < ptr || m.ptr - ptr >= size || m.size > size - (m.ptr - ptr))
+            continue;
+        vmaps[j] = vmaps[--n_vmaps];
+        rc = CUDA_SUCCESS;
+        struct alloc *a = vmm_handle(m.handle);
+        if (a != NULL && a->maps > 0) {
+            a->maps--;
+            vmm_free_if_unused(a);
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }
 
 static uint64_t elem_bytes(CUarray_format f)
@@ -920,6 +1415,60 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
+static CUgraphNode add_node(CUgraph g, int type, uint64_t bytes, int dev)
+{
+    struct CUgraphNode_st *n = calloc(1, sizeof *n);
+    struct CUgraphNode_st **v = realloc(g->nodes, (g->n_nodes + 1) * sizeof *v);
+    if (n == NULL || v == NULL) {
+        free(n);
+        if (v != NULL)
+            g->nodes = v;
+        return NULL;
+    }
+    *n = (struct CUgraphNode_st){type, bytes, dev};
+    g->nodes = v;
+    g->nodes[g->n_nodes++] = n;
+    return n;
+}
+
+EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count)
+{
+    CHECK_INIT("cuGraphGetNodes");
+    if (g == NULL || count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (nodes != NULL) {
+        size_t k = *count < g->n_nodes ? *count : g->n_nodes;
+        for (size_t i = 0; i < k; i++)
+            nodes[i] = g->nodes[i];
+        *count = k;
+    } else {
+        *count = g->n_nodes;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type)
+{
+    CHECK_INIT("cuGraphNodeGetType");
+    if (node == NULL || type == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = node->type;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    CHECK_INIT("cuGraphMemAllocNodeGetParams");
+    if (node == NULL || params == NULL || node->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(params, 0, sizeof *params);
+    params->poolProps.allocType = 1;
+    params->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params->poolProps.location.id = node->dev;
+    params->bytesize = node->bytes;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
                                         size_t n, const CUDA_KERNEL_NODE_PARAMS *params)
 {
@@ -927,9 +1476,12 @@ EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgr
     CHECK_INIT("cuGraphAddKernelNode_v2");
     if (g == NULL || params == NULL || params->func == NULL)
         return CUDA_ERROR_INVALID_VALUE;
+    CUgraphNode n_ = add_node(g, CU_GRAPH_NODE_TYPE_KERNEL, 0, 0);
+    if (n_ == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     g->dur_ns += params->func->dur_ns;
     if (node)
-        *node = (CUgraphNode)(uintptr_t)(g->dur_ns | 1);
+        *node = n_;
     return CUDA_SUCCESS;
 }
 
@@ -939,32 +1491,189 @@ EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraph
     return cuGraphAddKernelNode_v2(node, g, deps, n, params);
 }
 
+/* A memory allocation node: its memory is virtual until an exec of the graph is uploaded
+ * or launched; then the device's graph pool backs it with physical memory. */
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                       size_t n, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    (void)deps, (void)n;
+    CHECK_INIT("cuGraphAddMemAllocNode");
+    if (g == NULL || params == NULL || params->bytesize == 0 ||
+        params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_dev(params->poolProps.location.id) ||
+        (g->mem_bytes && g->mem_dev != params->poolProps.location.id))
+        return CUDA_ERROR_INVALID_VALUE; /* the double keeps one device per graph */
+    CUgraphNode n_ = add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, params->bytesize,
+                              params->poolProps.location.id);
+    if (n_ == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    g->mem_bytes += params->bytesize;
+    g->mem_dev = params->poolProps.location.id;
+    params->dptr = new_address(params->bytesize);
+    if (node)
+        *node = n_;
+    return CUDA_SUCCESS;
+}
+
+/* Physical memory for an exec's allocations: what the graph pool has free is reused,
+ * the rest taken from the device; it stays in the pool until cuDeviceGraphMemTrim. */
+static CUresult graph_back(struct CUgraphExec_st *x)
+{
+    if (x->backed || x->mem_bytes == 0)
+        return CUDA_SUCCESS;
+    int d = x->mem_dev;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t idle = graph_reserved[d] - graph_used[d];
+    uint64_t more = x->mem_bytes > idle ? x->mem_bytes - idle : 0;
+    CUresult rc = more ? take_memory(d, more) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        graph_reserved[d] += more;
+        graph_used[d] += x->mem_bytes;
+        x->backed = 1;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
+}
+
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
 {
-    (void)flags;
     CHECK_INIT("cuGraphInstantiateWithFlags");
     if (e == NULL || g == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *x = calloc(1, sizeof *x);
     x->dur_ns = g->dur_ns;
+    x->mem_bytes = g->mem_bytes;
+    x->mem_dev = g->mem_dev;
+    CUresult rc = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) ? graph_back(x) : CUDA_SUCCESS;
+    if (rc != CUDA_SUCCESS) {
+        free(x);
+        return rc;
+    }
     *e = x;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuGraphInstantiateWithFlags(e, g, params->flags);
+    params->result_out = rc == CUDA_SUCCESS ? 0 : 1;
+    return rc;
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return cuGraphInstantiateWithParams(e, g, params);
+}
+
+/* The pre-12.0 forms, still exported: no flags, an error node and log buffer. */
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+                                      size_t logsize)
+{
+    if (err)
+        *err = NULL;
+    if (log && logsize)
+        log[0] = '\0';
+    return cuGraphInstantiateWithFlags(e, g, 0);
+}
+
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log,
+                                   size_t logsize)
+{
+    return cuGraphInstantiate_v2(e, g, err, log, logsize);
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+    (void)s;
+    CHECK_INIT("cuGraphUpload");
+    return e ? graph_back(e) : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s)
+{
+    (void)s;
+    CHECK_INIT("cuGraphUpload_ptsz");
+    return e ? graph_back(e) : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult graph_launch(CUgraphExec e, CUstream s)
+{
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = graph_back(e);
+    return rc == CUDA_SUCCESS ? launch(NULL, s, e->dur_ns) : rc;
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 {
     CHECK_INIT("cuGraphLaunch");
-    return e ? launch(NULL, s, e->dur_ns) : CUDA_ERROR_INVALID_VALUE;
+    return graph_launch(e, s);
 }
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
 {
     CHECK_INIT("cuGraphLaunch_ptsz");
-    return e ? launch(NULL, s, e->dur_ns) : CUDA_ERROR_INVALID_VALUE;
+    return graph_launch(e, s);
 }
 
-EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
+/* The exec's memory goes back to the graph pool, which keeps it reserved. */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (e->backed) {
+        pthread_mutex_lock(&pool_mu);
+        graph_used[e->mem_dev] -= e->mem_bytes;
+        pthread_mutex_unlock(&pool_mu);
+    }
+    free(e);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+    if (g == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < g->n_nodes; i++)
+        free(g->nodes[i]);
+    free(g->nodes);
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGraphMemTrim");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&pool_mu);
+    if (graph_reserved[dev] > graph_used[dev]) {
+        give_memory(dev, graph_reserved[dev] - graph_used[dev]);
+        graph_reserved[dev] = graph_used[dev];
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+    CHECK_INIT("cuDeviceGetGraphMemAttribute");
+    if (!valid_dev(dev) || value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&pool_mu);
+    if (attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+        *(cuuint64_t *)value = graph_reserved[dev];
+    else if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+        *(cuuint64_t *)value = graph_used[dev];
+    else
+        rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
+}
 
 /* ---- streams and events ---- */
 
@@ -984,6 +1693,38 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
+{
+    (void)mode;
+    CHECK_INIT("cuStreamBeginCapture_v2");
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture != NULL)
+        return CUDA_ERROR_INVALID_VALUE; /* the double captures created streams only */
+    s->capture = calloc(1, sizeof *s->capture);
+    return s->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph)
+{
+    CHECK_INIT("cuStreamEndCapture");
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture == NULL ||
+        graph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *graph = s->capture;
+    s->capture = NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+    CHECK_INIT("cuStreamIsCapturing");
+    if (status == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    int capturing = s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD &&
+                    s->capture != NULL;
+    *status = capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
     CHECK_INIT("cuStreamDestroy_v2");
@@ -999,6 +1740,7 @@ static CUresult stream_sync(CUstream s)
     if (st == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     sleep_until(__atomic_load_n(&st->tail, __ATOMIC_ACQUIRE));
+    pools_synchronised();
     return CUDA_SUCCESS;
 }
 
@@ -1082,6 +1824,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
         return CUDA_ERROR_INVALID_HANDLE;
     if (e->recorded)
         sleep_until(e->ts);
+    pools_synchronised();
     return CUDA_SUCCESS;
 }
 
@@ -1248,7 +1991,9 @@ static const struct proc procs[] = {
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
     P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
     P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     P("cuMemAlloc", 3020, cuMemAlloc_v2),
@@ -1265,6 +2010,13 @@ static const struct proc procs[] = {
     PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
     P("cuMemCreate", 10020, cuMemCreate),
     P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    P("cuMemAddressFree", 10020, cuMemAddressFree),
+    P("cuMemMap", 10020, cuMemMap),
+    P("cuMemUnmap", 10020, cuMemUnmap),
+    P("cuCtxSetLimit", 3010, cuCtxSetLimit),
+    P("cuCtxGetLimit", 3010, cuCtxGetLimit),
+    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
     P("cuArrayCreate", 3020, cuArrayCreate_v2),
     P("cuArray3DCreate", 3020, cuArray3DCreate_v2),
     P("cuArrayDestroy", 2000, cuArrayDestroy),
@@ -1287,10 +2039,34 @@ static const struct proc procs[] = {
     P("cuGraphLaunch", 10000, cuGraphLaunch),
     PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
     P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    P("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    P("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),
+    P("cuGraphInstantiate", 10000, cuGraphInstantiate),
+    P("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
+    P("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams_ptsz),
+    P("cuGraphUpload", 11010, cuGraphUpload),
+    PT("cuGraphUpload", 11010, cuGraphUpload_ptsz),
+    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
+    P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
     P("cuGraphDestroy", 10000, cuGraphDestroy),
     P("cuStreamCreate", 2000, cuStreamCreate),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
     PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
     P("cuEventCreate", 2000, cuEventCreate),
     P("cuEventDestroy", 4000, cuEventDestroy_v2),

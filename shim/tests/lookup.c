@@ -36,7 +36,7 @@ static void query_for(const char *sym, char *base, int *version, cuuint64_t *fla
         *flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
     } else if (n > 3 && sym[n - 3] == '_' && sym[n - 2] == 'v') {
         base[n - 3] = '\0';
-        if (strcmp(sym, "cuCtxCreate_v2") == 0)
+        if (strcmp(sym, "cuCtxCreate_v2") == 0 || strcmp(sym, "cuGraphInstantiate_v2") == 0)
             *version = 11000;
         else if (strcmp(sym, "cuCtxCreate_v3") == 0)
             *version = 11040;
@@ -44,6 +44,13 @@ static void query_for(const char *sym, char *base, int *version, cuuint64_t *fla
             *version = 12050;
     } else if (strcmp(sym, "cuGetProcAddress") == 0) {
         *version = 11030;
+    } else if (strcmp(sym, "cuDevicePrimaryCtxRelease") == 0 ||
+               strcmp(sym, "cuDevicePrimaryCtxReset") == 0) {
+        *version = 10000; /* superseded by _v2 in 11.0 */
+    } else if (strcmp(sym, "cuGraphInstantiate") == 0) {
+        *version = 10000; /* then _v2 (11.0), then cuGraphInstantiateWithFlags (12.0) */
+    } else if (strcmp(sym, "cuCtxSetLimit") == 0) {
+        *version = 3010;
     }
 }
 

@@ -3,6 +3,7 @@
  * step ("<step> <CUresult> [values]"), so pytest can drive single processes,
  * several processes sharing a region, fork and SIGKILL.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -79,6 +80,37 @@ static CUcontext current_ctx(void)
     return c;
 }
 
+/* The pre-11.0 cuDevicePrimaryCtxRelease/Reset, found the way this run finds functions:
+ * linked, dlsym, or cuGetProcAddress with a cudaVersion below 11000. */
+extern CUresult cuDevicePrimaryCtxRelease(CUdevice);
+extern CUresult cuDevicePrimaryCtxReset(CUdevice);
+static CUresult (*primary_v1(const char *name))(CUdevice)
+{
+    const char *m = harness_lookup();
+    if (strcmp(m, "direct") == 0)
+        return name[20] == 'l' ? cuDevicePrimaryCtxRelease : cuDevicePrimaryCtxReset;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (strcmp(m, "dlsym") == 0)
+        return (CUresult(*)(CUdevice))dlsym(h, name);
+    typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult *);
+    gpa_fn gpa = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
+    void *f = NULL;
+    CUdriverProcAddressQueryResult st;
+    gpa(name, &f, 10000, strcmp(m, "procaddr_ptds") == 0 ? 2 : 0, &st);
+    return (CUresult(*)(CUdevice))f;
+}
+
+/* The pool "pool" steps allocate from: the last "mkpool", else device 0's current pool. */
+static CUmemoryPool made_pool;
+static CUmemoryPool pool_in_use(void)
+{
+    CUmemoryPool p = made_pool;
+    if (p == NULL && A.cuDeviceGetMemPool(&p, 0) != CUDA_SUCCESS)
+        p = NULL;
+    return p;
+}
+
 int main(int argc, char **argv)
 {
     harness_resolve();
@@ -100,7 +132,7 @@ int main(int argc, char **argv)
             else if (c[0] == 'a')
                 rc = A.cuMemAllocAsync(&p, n, NULL);
             else
-                rc = A.cuMemAllocFromPoolAsync(&p, n, NULL, NULL);
+                rc = A.cuMemAllocFromPoolAsync(&p, n, pool_in_use(), NULL);
             printf("%s %d %d\n", c, rc, rc == CUDA_SUCCESS ? keep(p) : -1);
         } else if (strcmp(c, "where") == 0) {
             /* where a managed allocation lives: preferred location, accessed-by list */
@@ -191,6 +223,24 @@ int main(int argc, char **argv)
             printf("primary_release %d\n", A.cuDevicePrimaryCtxRelease(atoi(ARG())));
         } else if (strcmp(c, "primary_reset") == 0) {
             printf("primary_reset %d\n", A.cuDevicePrimaryCtxReset(atoi(ARG())));
+        } else if (strcmp(c, "primary_release_v1") == 0 || strcmp(c, "primary_reset_v1") == 0) {
+            const char *name = c[8] == 'r' && c[10] == 'l' ? "cuDevicePrimaryCtxRelease"
+                                                            : "cuDevicePrimaryCtxReset";
+            printf("%s %d\n", c, primary_v1(name)(atoi(ARG())));
+        } else if (strcmp(c, "vreserve") == 0) {
+            CUdeviceptr va = 0;
+            rc = A.cuMemAddressReserve(&va, size_arg(ARG()), 0, 0, 0);
+            printf("vreserve %d %d\n", rc, rc == CUDA_SUCCESS ? keep(va) : -1);
+        } else if (strcmp(c, "map") == 0) {
+            /* map <va id> <handle id> <size> */
+            int va = atoi(ARG()), h = atoi(ARG());
+            printf("map %d\n", A.cuMemMap(ids[va], size_arg(ARG()), 0, ids[h], 0));
+        } else if (strcmp(c, "unmap") == 0) {
+            int va = atoi(ARG());
+            printf("unmap %d\n", A.cuMemUnmap(ids[va], size_arg(ARG())));
+        } else if (strcmp(c, "setlimit") == 0) {
+            int limit = atoi(ARG());
+            printf("setlimit %d\n", A.cuCtxSetLimit(limit, size_arg(ARG())));
         } else if (strcmp(c, "threads") == 0) {
             int n = atoi(ARG()), iters = atoi(ARG());
             uint64_t sz = size_arg(ARG());
@@ -228,6 +278,95 @@ int main(int argc, char **argv)
             int st = 0;
             waitpid(pid, &st, 0);
             printf("fork %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 99);
+        } else if (strcmp(c, "mkpool") == 0) {
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = 1;
+            props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            props.location.id = atoi(ARG());
+            CUmemoryPool p = NULL;
+            rc = A.cuMemPoolCreate(&p, &props);
+            if (rc == CUDA_SUCCESS)
+                made_pool = p;
+            printf("mkpool %d\n", rc);
+        } else if (strcmp(c, "rmpool") == 0) {
+            printf("rmpool %d\n", A.cuMemPoolDestroy(made_pool));
+        } else if (strcmp(c, "threshold") == 0) {
+            cuuint64_t v = size_arg(ARG());
+            printf("threshold %d\n",
+                   A.cuMemPoolSetAttribute(pool_in_use(), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+        } else if (strcmp(c, "trim") == 0) {
+            printf("trim %d\n", A.cuMemPoolTrimTo(pool_in_use(), size_arg(ARG())));
+        } else if (strcmp(c, "sync") == 0) {
+            printf("sync %d\n", A.cuCtxSynchronize());
+        } else if (strcmp(c, "graph") == 0) {
+            /* graph <dev> <bytes>: a graph with one memory allocation node */
+            CUgraph g = NULL;
+            CUDA_MEM_ALLOC_NODE_PARAMS np;
+            memset(&np, 0, sizeof np);
+            np.poolProps.allocType = 1;
+            np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            np.poolProps.location.id = atoi(ARG());
+            np.bytesize = size_arg(ARG());
+            CUgraphNode node;
+            rc = A.cuGraphCreate(&g, 0);
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuGraphAddMemAllocNode(&node, g, NULL, 0, &np);
+            printf("graph %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
+        } else if (strcmp(c, "instantiate") == 0) {
+            /* instantiate <graph id> <flags> */
+            CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];
+            CUgraphExec e = NULL;
+            rc = A.cuGraphInstantiateWithFlags(&e, g, (unsigned long long)atoi(ARG()));
+            printf("instantiate %d %d\n", rc,
+                   rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)e) : -1);
+        } else if (strcmp(c, "instantiatep") == 0) {
+            /* instantiatep <graph id> <flags>: cuGraphInstantiateWithParams */
+            CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];
+            CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+            memset(&ip, 0, sizeof ip);
+            ip.flags = (cuuint64_t)atoi(ARG());
+            CUgraphExec e = NULL;
+            rc = A.cuGraphInstantiateWithParams(&e, g, &ip);
+            printf("instantiate %d %d\n", rc,
+                   rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)e) : -1);
+        } else if (strcmp(c, "instantiate2") == 0) {
+            /* instantiate2 <graph id>: the pre-12.0 cuGraphInstantiate_v2, linked */
+            extern CUresult cuGraphInstantiate_v2(CUgraphExec *, CUgraph, CUgraphNode *, char *,
+                                                  size_t);
+            CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];
+            CUgraphExec e = NULL;
+            char log[64];
+            rc = cuGraphInstantiate_v2(&e, g, NULL, log, sizeof log);
+            printf("instantiate %d %d\n", rc,
+                   rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)e) : -1);
+        } else if (strcmp(c, "stream") == 0) {
+            CUstream st = NULL;
+            rc = A.cuStreamCreate(&st, 0);
+            printf("stream %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)st) : -1);
+        } else if (strcmp(c, "capture") == 0) {
+            printf("capture %d\n", A.cuStreamBeginCapture((CUstream)(uintptr_t)ids[atoi(ARG())], 0));
+        } else if (strcmp(c, "endcapture") == 0) {
+            CUgraph g = NULL;
+            rc = A.cuStreamEndCapture((CUstream)(uintptr_t)ids[atoi(ARG())], &g);
+            printf("endcapture %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
+        } else if (strcmp(c, "asyncon") == 0) {
+            /* asyncon <stream id> <bytes>: cuMemAllocAsync on that stream */
+            CUstream st = (CUstream)(uintptr_t)ids[atoi(ARG())];
+            CUdeviceptr p = 0;
+            rc = A.cuMemAllocAsync(&p, size_arg(ARG()), st);
+            printf("asyncon %d %d\n", rc, rc == CUDA_SUCCESS ? keep(p) : -1);
+        } else if (strcmp(c, "glaunch") == 0) {
+            printf("glaunch %d\n", A.cuGraphLaunch((CUgraphExec)(uintptr_t)ids[atoi(ARG())], NULL));
+        } else if (strcmp(c, "gupload") == 0) {
+            printf("gupload %d\n", A.cuGraphUpload((CUgraphExec)(uintptr_t)ids[atoi(ARG())], NULL));
+        } else if (strcmp(c, "gexecdestroy") == 0) {
+            printf("gexecdestroy %d\n",
+                   A.cuGraphExecDestroy((CUgraphExec)(uintptr_t)ids[atoi(ARG())]));
+        } else if (strcmp(c, "gdestroy") == 0) {
+            printf("gdestroy %d\n", A.cuGraphDestroy((CUgraph)(uintptr_t)ids[atoi(ARG())]));
+        } else if (strcmp(c, "gtrim") == 0) {
+            printf("gtrim %d\n", A.cuDeviceGraphMemTrim(atoi(ARG())));
         } else if (strcmp(c, "wait") == 0) {
             char line[64];
             printf("waiting\n");

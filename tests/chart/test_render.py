@@ -63,6 +63,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             }
         }
     },
+    "slice-audit-kill": {"values": {"agent": {"sliceAudit": {"kill": True}}}},
     "node-defaults": {"values": {"webhook": {"memoryScaling": 2.5, "disableCoreLimit": True}}},
     "other-release": {"name": "gpu", "namespace": "gpu-platform"},
 }
@@ -242,10 +243,12 @@ def test_agent_gets_host_access_it_needs_and_no_more(rendered: dict[str, Rendere
         "device-plugins": "/var/lib/kubelet/device-plugins",
         "pod-resources": "/var/lib/kubelet/pod-resources",
         "fracgpu-host": "/var/lib/fracgpu",
+        "host-proc": "/proc",  # the slice audit maps NVML's host PIDs to pods
     }
     container = _container(daemonset, "agent")
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["pod-resources"]["readOnly"] is True
+    assert mounts["host-proc"]["readOnly"] is True
     security = container["securityContext"]
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
@@ -253,6 +256,23 @@ def test_agent_gets_host_access_it_needs_and_no_more(rendered: dict[str, Rendere
     assert security["readOnlyRootFilesystem"] is True
     privileged = rendered["privileged-agent"].one("DaemonSet")
     assert _container(privileged, "agent")["securityContext"]["privileged"] is True
+
+
+def test_the_slice_audit_kills_only_from_the_hosts_pid_namespace(
+    rendered: dict[str, Rendered],
+) -> None:
+    daemonset = rendered["slice-audit-kill"].one("DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert "host-proc" not in {v["name"] for v in pod["volumes"]}
+    container = _container(daemonset, "agent")
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    settings = parse_settings([], _env(container, {"spec.nodeName": "gpu-1"}))
+    assert settings.slice_audit_kill and str(settings.slice_audit_proc_dir) == "/proc"
+    default = parse_settings(
+        [], _env(_container(rendered["default"].one("DaemonSet"), "agent"), {"spec.nodeName": "n"})
+    )
+    assert not default.slice_audit_kill and str(default.slice_audit_proc_dir) == "/host/proc"
 
 
 def test_webhook_settings_are_accepted_by_the_webhook(rendered: dict[str, Rendered]) -> None:

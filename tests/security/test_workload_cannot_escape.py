@@ -141,3 +141,67 @@ def test_unsetting_ld_preload_does_not_escape_the_shim(node: Sandbox, tmp_path: 
     assert [s[1] for s in steps(free.stdout) if s[0] == "alloc"] == ["0", "0"]
     assert int(step(free.stdout, "info")[3]) == node.device_memory
     assert node.device_memory > GiB + 200 * MiB
+
+
+# ---- the dynamic loader's other doors (shim/src/dl_hooks.c, shim/tests/escape.c) ----
+
+DOORS_AROUND_THE_LINKER = [
+    "deepbind",  # a library opened RTLD_DEEPBIND binds cuMemAlloc_v2 to libcuda itself
+    "deepbind_dlsym",  # ... and its own dlsym reference to glibc's
+    "dlmopen_new",  # a private namespace gets its own libcuda and no shim
+    "dlmopen_libc",  # glibc's dlmopen found with dlsym on libc's handle
+    "dlmopen_dlvsym",  # ... or with dlvsym and glibc's version name
+]
+
+
+def _escape(node: Sandbox, way: str, *args: str) -> subprocess.CompletedProcess[str]:
+    out = node.run("escape", way, *args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+@pytest.mark.parametrize("way", DOORS_AROUND_THE_LINKER)
+def test_no_loader_door_reaches_the_driver_past_the_slice(node: Sandbox, way: str) -> None:
+    out = _escape(node, way)
+    if step(out.stdout, "open")[1] == "refused":
+        # dlmopen: refused, and dlerror() says why
+        assert "dlmopen into a namespace other than LM_ID_BASE is refused" in out.stdout
+        assert way.startswith("dlmopen_")
+        return
+    assert step(out.stdout, "ctx")[1] == "0"
+    # 900 MiB fits the 1 GiB slice, 200 MiB more does not
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM], out.stdout
+    # the same door without the shim really does reach the whole device
+    free = node.run("escape", way, preload=None)
+    assert [s[1] for s in steps(free.stdout) if s[0] == "alloc"] == ["0", "0"], free.stdout
+
+
+@pytest.mark.parametrize(
+    "way", ["path:libcuda.so.1", "path:libcuda.so", "noload", "origin", "dlmopen_base"]
+)
+def test_the_driver_by_any_name_or_flag_is_the_shims(node: Sandbox, way: str) -> None:
+    # By full path, through the libcuda.so symlink, with RTLD_NOLOAD, from a library
+    # found through the program's RUNPATH (dlopen keeps the caller's search path), and
+    # dlmopen into the base namespace: all held to the slice.
+    name, _, lib = way.partition(":")
+    out = _escape(node, name, *([str(BUILD / "doubles" / lib)] if lib else []))
+    assert step(out.stdout, "open")[1] == "ok", out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM], out.stdout
+
+
+def test_a_whole_gpu_container_keeps_deepbind_and_dlmopen(node: Sandbox) -> None:
+    node.limits_path.write_bytes(shim_abi.encode_limits(shim_abi.Limits(devices=(), whole=True)))
+    for way in ("deepbind", "dlmopen_new"):
+        out = _escape(node, way)
+        assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", "0"], out.stdout
+
+
+def test_an_audit_library_fails_closed(node: Sandbox) -> None:
+    # An rtld-audit library (LD_AUDIT) can rebind any symbol and load the driver in a
+    # namespace of its own: the container's CUDA calls fail instead of going unsliced.
+    audit = str(BUILD / "tests" / "libaudit_mod.so")
+    out = node.run("mem_ops", "ctx", "0", "alloc", "200Mi", extra={"LD_AUDIT": audit})
+    assert step(out.stdout, "ctx")[1] == "800", out.stdout
+    assert "LD_AUDIT" in out.stderr
+    plain = node.run("mem_ops", "ctx", "0", "alloc", "200Mi")
+    assert step(plain.stdout, "alloc")[1] == "0"

@@ -236,3 +236,203 @@ def test_threads_racing_to_fill_never_pass_the_slice(node: Sandbox) -> None:
     got, count = step(out.stdout, "tfill")[1:]
     assert int(count) == GiB // (10 * MiB)
     assert int(got) == int(count) * 10 * MiB
+
+
+@pytest.mark.parametrize("lookup", ["direct", "dlsym", "procaddr"])
+@pytest.mark.parametrize("op", ["primary_release_v1", "primary_reset_v1"])
+def test_pre_11_primary_context_entry_points_give_the_memory_back(
+    node: Sandbox, lookup: str, op: str
+) -> None:
+    # cuDevicePrimaryCtxRelease/Reset (superseded by _v2 in CUDA 11.0, still exported,
+    # and what cuGetProcAddress returns for a cudaVersion below 11000) free the
+    # context and everything in it: the slice must see that, or the container is
+    # refused memory it no longer holds.
+    out = node.run(
+        "mem_ops", "ctx", "0", "alloc", "512Mi", op, "0", "ctx", "0", "alloc", "1000Mi", "info",
+        lookup=lookup,
+    )  # fmt: skip
+    assert step(out.stdout, op)[1] == "0", out.stdout + out.stderr
+    assert step(out.stdout, "alloc", 1)[1] == "0", out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 1000 * MiB)
+
+
+@pytest.mark.parametrize("lookup", ["direct", "procaddr"])
+def test_a_released_handle_counts_until_its_last_mapping_goes(node: Sandbox, lookup: str) -> None:
+    # Releasing a handle right after mapping it is how the VMM API is used; the driver
+    # keeps the memory until it is unmapped, and so must the slice.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "create", "0", "600Mi",  # id 0
+        "vreserve", "1Gi",  # id 1
+        "map", "1", "0", "600Mi",
+        "release", "0",
+        "alloc", "600Mi",  # still mapped: does not fit
+        "unmap", "1", "600Mi",
+        "alloc", "600Mi",  # now it does
+        "release", "0",  # a second release is the driver's error, not a second free
+        "info",
+        lookup=lookup,
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] in ("map", "unmap")] == ["0", "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "release"] == ["0", "1"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 600 * MiB)
+
+
+def test_context_limits_count_against_the_slice(node: Sandbox) -> None:
+    # cuCtxSetLimit makes the driver allocate outside cuMemAlloc: the malloc heap and
+    # printf FIFO as set, the stack for every resident thread (the double: 16
+    # multiprocessors x 2048 threads). Beyond the defaults it counts; lowering gives back.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "setlimit", "2", "900Mi",  # malloc heap: 892 MiB more than the default 8 MiB
+        "alloc", "200Mi",
+        "setlimit", "2", "8Mi",
+        "alloc", "200Mi",
+        "setlimit", "1", "2Gi",  # printf FIFO past the slice
+        "setlimit", "0", "4096",  # 3072 bytes more per thread x 32768 threads = 96 MiB
+        "info",
+        "setlimit", "0", "65536",  # 2 GiB of stack
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "setlimit"] == ["0", "0", OOM, "0", OOM]
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 200 * MiB - 96 * MiB)
+
+
+def test_destroying_a_context_gives_its_limits_back(node: Sandbox) -> None:
+    out = node.run(
+        "mem_ops", "ctx", "0", "ctxcreate", "0", "setlimit", "2", "520Mi", "ctxdestroy", "0",
+        "ctx", "0", "alloc", "1000Mi",
+    )  # fmt: skip
+    assert step(out.stdout, "setlimit")[1] == "0", out.stdout
+    assert step(out.stdout, "alloc")[1] == "0", out.stdout
+
+
+@pytest.mark.parametrize("own_pool", [False, True])
+def test_memory_a_pool_keeps_after_a_free_stays_counted(node: Sandbox, own_pool: bool) -> None:
+    # With a raised release threshold the pool keeps freed memory on the GPU: it stays in
+    # the slice until the pool gives it back (trim), however the pool came to be.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        *(["mkpool", "0"] if own_pool else []),
+        "threshold", "4Gi",
+        "pool", "700Mi",  # id 0
+        "freeasync", "0",
+        "sync",
+        "alloc", "700Mi",  # the pool still holds 700 MiB: past the slice
+        "pool", "700Mi",  # the pool's own free memory is reused: fits
+        "freeasync", "1",
+        "trim", "0",
+        "alloc", "700Mi",  # given back: fits
+        "info",
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "pool"] == ["0", "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 700 * MiB)
+
+
+def test_pool_memory_is_given_back_when_the_pool_releases_it(node: Sandbox) -> None:
+    # Default threshold: the pool releases at the next synchronisation, not at the free.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "async", "700Mi", "freeasync", "0",
+        "alloc", "700Mi",  # not yet released: past the slice
+        "sync",
+        "alloc", "700Mi",
+        "mkpool", "0", "threshold", "4Gi", "pool", "200Mi", "freeasync", "2",
+        "alloc", "200Mi",  # the created pool holds 200 MiB
+        "rmpool",
+        "alloc", "200Mi",  # destroying it gave them back
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0", OOM, "0"], out.stdout
+
+
+@pytest.mark.parametrize("lookup", ["direct", "procaddr"])
+def test_graph_memory_nodes_count_when_backed_until_trimmed(node: Sandbox, lookup: str) -> None:
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "graph", "0", "700Mi",  # id 0
+        "instantiate", "0", "0",  # id 1: no memory yet
+        "alloc", "400Mi",  # id 2
+        "glaunch", "1",  # backing 700 MiB would pass the slice
+        "free", "2",
+        "glaunch", "1",
+        "glaunch", "1",  # backed once
+        "alloc", "400Mi",
+        "gexecdestroy", "1",
+        "alloc", "400Mi",  # the graph pool keeps the memory
+        "gtrim", "0",
+        "alloc", "400Mi",  # trimmed: given back
+        "instantiate", "0", "2",  # upload at instantiation: backed now, past the slice
+        "info",
+        lookup=lookup,
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "glaunch"] == [OOM, "0", "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM, OOM, "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "instantiate"] == ["0", OOM], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 400 * MiB)
+
+
+def test_a_pool_counts_on_its_own_device_not_the_callers(node: Sandbox) -> None:
+    # A pool made on device 1 and used from device 0's context: its memory is device 1's.
+    node.device_count = 2
+    node.write_fake_config()
+    node.write_limits(devices=2)
+    out = node.run(
+        "mem_ops", "ctx", "0", "mkpool", "1", "pool", "1Gi", "pool", "1",
+        "alloc", "1Gi",  # device 0's slice is untouched
+    )  # fmt: skip
+    assert [x[1] for x in steps(out.stdout) if x[0] == "pool"] == ["0", OOM], out.stdout
+    assert step(out.stdout, "alloc")[1] == "0", out.stdout
+
+
+@pytest.mark.parametrize("instantiate", ["instantiatep", "instantiate2"])
+def test_graph_memory_counts_whichever_way_the_exec_is_made(
+    node: Sandbox, instantiate: str
+) -> None:
+    # cuGraphInstantiateWithParams and the pre-12.0 cuGraphInstantiate_v2 make execs too;
+    # the shim reads the graph's allocation nodes from the driver at instantiation.
+    flags = ["0"] if instantiate == "instantiatep" else []
+    upload = ["instantiatep", "0", "2"] if instantiate == "instantiatep" else []
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "graph", "0", "700Mi",  # id 0
+        "alloc", "400Mi",  # id 1
+        instantiate, "0", *flags,  # id 2
+        "glaunch", "2",  # backing 700 MiB would pass the slice
+        *upload,
+        "free", "1",
+        "glaunch", "2",
+        "alloc", "400Mi",
+    )  # fmt: skip
+    launches = [s[1] for s in steps(out.stdout) if s[0] == "glaunch"]
+    assert launches == [OOM, "0"], out.stdout
+    made = [s[1] for s in steps(out.stdout) if s[0] == "instantiate"]
+    assert made == (["0", OOM] if upload else ["0"]), out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM], out.stdout
+
+
+def test_a_captured_async_allocation_counts_with_its_graph_not_twice(node: Sandbox) -> None:
+    # Under stream capture cuMemAllocAsync only adds an allocation node: no memory now.
+    # The graph's memory counts when its exec is backed, once.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "stream",  # id 0
+        "capture", "0",
+        "asyncon", "0", "700Mi",  # id 1: a node, no memory
+        "endcapture", "0",  # id 2: the graph
+        "alloc", "400Mi",  # id 3: fits, nothing else is held
+        "instantiate", "2", "0",  # id 4
+        "glaunch", "4",  # 700 MiB more would pass the slice
+        "free", "3",
+        "glaunch", "4",
+        "info",
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] in ("capture", "asyncon", "endcapture")] == [
+        "0",
+        "0",
+        "0",
+    ], out.stdout
+    assert step(out.stdout, "alloc")[1] == "0", out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "glaunch"] == [OOM, "0"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 700 * MiB)

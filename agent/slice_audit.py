@@ -1,0 +1,239 @@
+"""Memory taken past a slice where the shim cannot see it, caught from NVML's side.
+
+The shim covers every way a process can reach the CUDA driver through the dynamic
+loader. What it cannot cover in-process - a statically linked or privately loaded copy
+of the driver, raw ioctls on /dev/nvidia*, code that finds driver functions without the
+loader - still shows in the driver's own per-process accounting
+(nvmlDeviceGetComputeRunningProcesses). This module sums that accounting per pod and
+GPU, using each PID's cgroup (which names its pod's UID) and compares it with the sum of
+the slices the pod's containers were given on that GPU (their limits files). A pod over
+its slices by more than a per-process tolerance (driver context memory the slice does
+not count) is reported: a log line, the metrics below, and - only when the setting asks
+for it - SIGKILL for that pod's processes on that GPU.
+
+Reading another container's PIDs needs the host's /proc (the agent's pod with hostPID,
+or the host's /proc mounted read-only and named by ``proc_dir``); without it PIDs do
+not resolve and nothing is reported (the check is then blind, never wrong).
+"""
+
+import logging
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.containers import LiveContainer
+
+log = logging.getLogger(__name__)
+
+# Kubelet's cgroup names carry the pod UID ("pod<uid>", dashes or, with the systemd
+# driver, underscores).
+_POD_UID = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+_CGROUP_FILE_CAP = 64 * 1024
+# Per process on a GPU: the driver's context memory, which the slice does not count. A
+# context takes a few hundred MiB; more than the cap would hide a real bypass.
+DEFAULT_TOLERANCE_BYTES = 512 << 20
+MAX_TOLERANCE_BYTES = 4 << 30
+
+
+class ProcessSource(Protocol):
+    def compute_processes(self, uuid: str) -> list[tuple[int, int]]: ...
+
+
+@dataclass(frozen=True)
+class SliceAuditSettings:
+    """How the check runs; validated here, once."""
+
+    proc_dir: Path = Path("/proc")
+    tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
+    kill: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tolerance_bytes <= MAX_TOLERANCE_BYTES:
+            raise ValueError(
+                f"slice audit tolerance {self.tolerance_bytes} is not allowed: "
+                f"use 0 to {MAX_TOLERANCE_BYTES} bytes"
+            )
+
+
+@dataclass(frozen=True)
+class Overrun:
+    namespace: str
+    pod: str
+    pod_uid: str
+    gpu: str
+    used_bytes: int
+    slice_bytes: int
+    pids: tuple[int, ...]
+
+
+def pod_uid_of(proc_dir: Path, pid: int) -> str | None:
+    """The pod UID in a process's cgroup path, or None (not a pod's, gone, unreadable)."""
+    try:
+        fd = os.open(proc_dir / str(pid) / "cgroup", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, _CGROUP_FILE_CAP)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    match = _POD_UID.search(data.decode("utf-8", "replace"))
+    return match.group(1).replace("_", "-") if match else None
+
+
+def find_overruns(
+    usage: Iterable[tuple[str, int, int]],
+    pod_of: Callable[[int], str | None],
+    containers: Iterable[LiveContainer],
+    tolerance_bytes: int,
+) -> list[Overrun]:
+    """usage: (gpu uuid, pid, used bytes) from NVML. Pods over their slices on a GPU."""
+    slices: dict[tuple[str, str], int] = {}
+    names: dict[str, tuple[str, str]] = {}
+    for c in containers:
+        if c.limits is None or c.limits.whole or not c.limits.pod_uid:
+            continue
+        names[c.limits.pod_uid] = (c.namespace, c.pod)
+        for device in c.limits.devices:
+            key = (c.limits.pod_uid, device.uuid.lower())
+            slices[key] = slices.get(key, 0) + device.memory_limit_bytes
+    used: dict[tuple[str, str], tuple[int, list[int]]] = {}
+    for gpu, pid, nbytes in usage:
+        uid = pod_of(pid)
+        if uid is None or uid not in names:
+            continue  # not a sliced fracgpu pod: whole GPUs and host processes are not ours
+        total, pids = used.get((uid, gpu.lower()), (0, []))
+        used[(uid, gpu.lower())] = (total + max(nbytes, 0), [*pids, pid])
+    out = []
+    for (uid, gpu), (total, pids) in sorted(used.items()):
+        allowed = slices.get((uid, gpu), 0)  # a GPU not in its limits: nothing allowed
+        if total > allowed + tolerance_bytes * len(pids):
+            namespace, pod = names[uid]
+            out.append(Overrun(namespace, pod, uid, gpu, total, allowed, tuple(sorted(pids))))
+    return out
+
+
+@dataclass(eq=False)
+class SliceAudit:
+    """Run ``run_once`` periodically; register the instance as a Prometheus collector."""
+
+    source: ProcessSource
+    containers: Callable[[], list[LiveContainer]]
+    settings: SliceAuditSettings = field(default_factory=SliceAuditSettings)
+    killer: Callable[[int, int], None] = os.kill
+    _current: list[Overrun] = field(default_factory=list)
+    _detections: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    _kills: int = 0
+    # run_once (the audit loop's thread) and collect (a scrape's thread) meet here.
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run_once(self) -> list[Overrun]:
+        live = self.containers()
+        gpus = sorted(
+            {
+                d.uuid
+                for c in live
+                if c.limits is not None and not c.limits.whole
+                for d in c.limits.devices
+            }
+        )
+        usage: list[tuple[str, int, int]] = []
+        for gpu in gpus:
+            try:
+                usage += [(gpu, pid, used) for pid, used in self.source.compute_processes(gpu)]
+            except Exception as error:  # one GPU failing must not blind the others
+                log.warning(
+                    "per-process GPU memory unavailable", extra={"gpu": gpu, "error": str(error)}
+                )
+        found = find_overruns(
+            usage,
+            lambda pid: pod_uid_of(self.settings.proc_dir, pid),
+            live,
+            self.settings.tolerance_bytes,
+        )
+        for o in found:
+            key = (o.namespace, o.pod, o.gpu)
+            with self._lock:
+                self._detections[key] = self._detections.get(key, 0) + 1
+            log.error(
+                "GPU memory past the slice outside the shim (a private driver copy or raw "
+                "ioctls): pod %s/%s uses %d bytes on %s, its slices allow %d",
+                o.namespace, o.pod, o.used_bytes, o.gpu, o.slice_bytes,
+                extra={"namespace": o.namespace, "pod": o.pod, "gpu": o.gpu, "pids": list(o.pids),
+                       "killed": self.settings.kill},
+            )  # fmt: skip
+            if self.settings.kill:
+                for pid in o.pids:
+                    try:
+                        self.killer(pid, signal.SIGKILL)
+                        with self._lock:
+                            self._kills += 1
+                    except OSError as error:
+                        log.warning("cannot kill", extra={"pid": pid, "error": str(error)})
+        with self._lock:
+            self._current = found
+        return found
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            current = list(self._current)
+            detected = sorted(self._detections.items())
+            killed = self._kills
+        over = GaugeMetricFamily(
+            "fracgpu_pod_memory_over_slice_bytes",
+            "GPU memory a pod holds past its slices by the driver's per-process accounting",
+            labels=["namespace", "pod", "gpu"],
+        )
+        for o in current:
+            over.add_metric([o.namespace, o.pod, o.gpu], o.used_bytes - o.slice_bytes)
+        detections = CounterMetricFamily(
+            "fracgpu_slice_bypass_detections",
+            "Checks that found a pod past its slices outside the shim",
+            labels=["namespace", "pod", "gpu"],
+        )
+        for (namespace, pod, gpu), n in detected:
+            detections.add_metric([namespace, pod, gpu], n)
+        kills = CounterMetricFamily(
+            "fracgpu_slice_bypass_kills", "Processes killed for holding memory past a slice"
+        )
+        kills.add_metric([], killed)
+        yield over
+        yield detections
+        yield kills
+
+
+class SliceAuditLoop:
+    """Runs a SliceAudit every ``interval_seconds`` on its own thread until stopped."""
+
+    def __init__(self, audit: SliceAudit, interval_seconds: float) -> None:
+        self._audit = audit
+        self._interval = interval_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="slice-audit", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._audit.run_once()
+            except Exception as error:  # kubelet or NVML away for a while: try again later
+                log.warning("slice audit skipped", extra={"error": str(error)})
+            self._stop.wait(self._interval)
