@@ -27,6 +27,13 @@ DEFAULT_SERVICE_ACCOUNTS: Final = (
     "system:serviceaccount:fracgpu-system:fracgpu-agent",
 )
 
+# The agent's defaults (docs/agent.md): device plugin and pod-resources sockets, its state.
+DEFAULT_PROTECTED_HOST_PATHS: Final = (
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/pod-resources",
+    "/var/lib/fracgpu",
+)
+
 
 class SettingsError(ValueError):
     """A flag or environment variable with a value that cannot be used."""
@@ -62,6 +69,8 @@ class Settings:
     advertise_url: str = ""
     takeover_grace_seconds: float = 30.0
     write_behind_seconds: float = 0.2
+    # Host directories no pod of a managed namespace may mount (webhook.shimguard).
+    protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
 
     @property
     def cluster_mode(self) -> bool:
@@ -118,6 +127,14 @@ def _https_url(text: str) -> str:
     if text and (not text.startswith("https://") or len(text) <= len("https://")):
         raise ValueError("use an https:// URL such as https://10.0.0.7:8443, or leave it empty")
     return text.rstrip("/")
+
+
+def _host_paths(text: str) -> tuple[str, ...]:
+    paths = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in paths if not p.startswith("/") or p.strip("/") == ""]
+    if bad:
+        raise ValueError(f"{bad[0]!r}: use absolute host directories below /, comma-separated")
+    return paths
 
 
 def _optional_path(text: str) -> Path | None:
@@ -344,6 +361,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "writing them to GPUNodes and GPUQuotas",
         _positive_float,
     ),
+    Option(
+        "protected_host_paths",
+        ",".join(DEFAULT_PROTECTED_HOST_PATHS),
+        "host directories no pod of a managed namespace may mount with hostPath (nor a "
+        "directory above them): the agent's and the device plugins' (match the agent's flags)",
+        _host_paths,
+    ),
     *(
         Option(
             f"resource_{f.name}",
@@ -446,6 +470,7 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         advertise_url=values["advertise_url"],
         takeover_grace_seconds=values["takeover_grace_seconds"],
         write_behind_seconds=values["write_behind_seconds"],
+        protected_host_paths=values["protected_host_paths"],
     )
 
 
