@@ -286,9 +286,10 @@ class Admission:
         namespace = _namespace(request)
         if not await self._state.namespace_managed(namespace):
             return responses.allowed()
-        if request.username in self._settings.service_accounts:
-            return responses.allowed()
         pod = request.obj
+        if request.username in self._settings.service_accounts:
+            await self._confirm_trusted(request, pod)
+            return responses.allowed()
         try:
             if request.operation == "UPDATE":
                 return await self._validate_update(namespace, request.old_obj, pod)
@@ -326,9 +327,26 @@ class Admission:
                     "see (fracgpu's MutatingWebhookConfiguration needs reinvocationPolicy: "
                     "IfNeeded when other webhooks inject containers)"
                 )
+            if request.operation == "CREATE" and not request.dry_run:
+                # Past every mutating webhook: the reservation stays while the pod is stored.
+                await self._state.confirm(assignment.reservation_id, podlib.pod_name(pod))
             return responses.allowed()
         except FracgpuError as error:
             return responses.invalid(str(error))
+
+    async def _confirm_trusted(self, request: AdmissionRequest, pod: Mapping[str, Any]) -> None:
+        """A pod fracgpu's own accounts create skips validation, but a reservation made for
+        it must still be confirmed (else it would be given back as refused)."""
+        if request.operation != "CREATE" or request.dry_run:
+            return
+        try:
+            raw = podlib.annotations(pod)
+        except FracgpuError:
+            return
+        if names.ANNOTATION_ASSIGNMENT in raw:
+            assignment = validate.read_assignment(raw)
+            if not isinstance(assignment, str):
+                await self._state.confirm(assignment.reservation_id, podlib.pod_name(pod))
 
     async def _ephemeral(
         self,

@@ -71,6 +71,8 @@ class Settings:
     write_behind_seconds: float = 0.2
     # Host directories no pod of a managed namespace may mount (webhook.shimguard).
     protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
+    # How long a reservation waits for a sign that its pod passed the rest of admission.
+    admission_window_seconds: float = 30.0
 
     @property
     def cluster_mode(self) -> bool:
@@ -368,6 +370,14 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "directory above them): the agent's and the device plugins' (match the agent's flags)",
         _host_paths,
     ),
+    Option(
+        "admission_window_seconds",
+        "30",
+        "a reservation that fracgpu's validating webhook has not seen this long after mutation, "
+        "or whose pod is not stored this long after validation, is given back (a later "
+        "admission step refused the pod); 30 = the longest webhook timeout",
+        _positive_float,
+    ),
     *(
         Option(
             f"resource_{f.name}",
@@ -471,6 +481,7 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         takeover_grace_seconds=values["takeover_grace_seconds"],
         write_behind_seconds=values["write_behind_seconds"],
         protected_host_paths=values["protected_host_paths"],
+        admission_window_seconds=values["admission_window_seconds"],
     )
 
 
