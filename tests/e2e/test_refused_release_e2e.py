@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .fixtures import NodeFactory
 from .harness import ControlPlane
-from .harness.resources import create_resource_quota
+from .harness.resources import create_gpuquota, create_resource_quota
 from .webhook_harness import Webhooks, running_webhooks
 
 pytestmark = pytest.mark.e2e
@@ -82,7 +82,8 @@ def seconds_until_the_gpu_is_free(
     last = ""
     while time.monotonic() - started < 30:
         try:
-            create(client, namespace, gpu_pod("probe", selector), dry_run=True)
+            probe = gpu_pod("probe", selector, resources={"requests": {"memory": "512Mi"}})
+            create(client, namespace, probe, dry_run=True)
             return time.monotonic() - started
         except ApiException as error:
             last = error.body or ""
@@ -142,3 +143,40 @@ def test_pod_refused_by_the_api_servers_validation_frees_its_gpu(
     assert refused.value.status == 422
     took = seconds_until_the_gpu_is_free(kube_client, namespace, selector)
     assert took < TTL_S / 10, f"the GPU came back after {took:.1f} s"
+
+
+def test_a_tenant_cannot_grant_itself_high_priority(
+    webhooks: Webhooks,
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    """Cluster mode: the grant lives in a GPUQuota, which the tenant (built-in edit role)
+    cannot write; a high-priority pod is denied until an administrator grants it."""
+    selector = one_gpu_node(nodes)
+    tenant = control_plane.api_client("tenant")
+    grant = {"grants": {"priority": "high"}}
+    with pytest.raises(ApiException) as forbidden:
+        create_gpuquota(tenant, namespace, {}, name="mine", **grant)
+    assert forbidden.value.status == 403
+    share = gpu_pod("high", selector)
+    share["metadata"]["annotations"] = {"nvidia.com/priority": "0"}
+    share["spec"]["containers"][0]["resources"]["limits"] = {
+        "tencent.com/vcuda-core": "30",
+        "tencent.com/vcuda-memory": "4",
+    }
+    with pytest.raises(ApiException) as denied:
+        create(tenant, namespace, share)
+    assert "spec.grants.priority" in (denied.value.body or "")
+    create_gpuquota(kube_client, namespace, {}, name="granted", **grant)  # the administrator
+    deadline = time.monotonic() + 10
+    while True:  # the leader's GPUQuota cache catches up
+        try:
+            created = create(tenant, namespace, share)
+            break
+        except ApiException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.25)
+    assert created.metadata.annotations["fracgpu.io/assignment"]
