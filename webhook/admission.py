@@ -6,7 +6,12 @@ placed, quota-checked, reserved (unless dry-run) and rewritten. A pod that alrea
 a verified assignment (reinvocation) is rewritten with that assignment, never placed again.
 
 Validation (CREATE, UPDATE): dialect rules, tampering, and on CREATE that every GPU pod
-carries exactly what fracgpu wrote for a reservation it holds.
+carries exactly what fracgpu wrote for a reservation it holds; a CREATE that passes confirms
+that reservation (unconfirmed ones are given back: a later admission step refused the pod).
+
+Both refuse the doors a pod spec could open around its slice (``webhook.shimguard``,
+``webhook.grants``): hostPath to protected host directories, mounts over the shim's paths,
+privileged GPU pods and high priority beyond what the namespace was granted.
 """
 
 import dataclasses

@@ -84,7 +84,9 @@ def seconds_until_the_gpu_is_free(
         try:
             probe = gpu_pod("probe", selector, resources={"requests": {"memory": "512Mi"}})
             create(client, namespace, probe, dry_run=True)
-            return time.monotonic() - started
+            took = time.monotonic() - started
+            print(f"the refused pod's GPU was free again after {took:.1f} s (TTL {TTL_S} s)")
+            return took
         except ApiException as error:
             last = error.body or ""
         time.sleep(0.25)
