@@ -396,12 +396,15 @@ class Admission:
         door = self._host_path_door(pod)
         if door is not None:
             return door
-        mounts = shimguard.mount_findings(pod, {name for name, _ in priorities})
+        mounts, privileged = shimguard.container_findings(
+            pod, lambda name: any(name == gpu for gpu, _ in priorities)
+        )
         if mounts:
             return shimguard.mount_denial(mounts)
-        privileged = shimguard.privileged_findings(pod)
+        # Read in place (not copied): the tamper check before this read every value.
+        raw = podlib.mapping_at(podlib.metadata(pod), "annotations", ".metadata")
         asks = grants.high_priority_asks(
-            podlib.annotations(pod), priorities, self._settings.dialects.names.hami_priority
+            raw, priorities, self._settings.dialects.names.hami_priority
         )
         if not privileged and not asks:
             return None  # most pods: no GPUQuota to read

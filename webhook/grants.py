@@ -36,16 +36,16 @@ def high_priority_asks(
 ) -> list[str]:
     """Where a pod asks for high compute priority: its annotations, and its containers'
     own priority (``containers``: name and priority, HAMi's limit read into the request)."""
-    found = [
-        f"annotation {key}={value}"
-        for key, value in _HIGH_ANNOTATIONS
-        if annotations.get(key) == value
-    ]
-    found.extend(
-        f'container "{name}" {priority_resource}=0'
-        for name, priority in containers
-        if priority is Priority.HIGH
-    )
+    found = []
+    if annotations:
+        found = [
+            f"annotation {key}={value}"
+            for key, value in _HIGH_ANNOTATIONS
+            if annotations.get(key) == value
+        ]
+    for name, priority in containers:
+        if priority is Priority.HIGH:
+            found.append(f'container "{name}" {priority_resource}=0')
     return found
 
 

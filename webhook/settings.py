@@ -7,6 +7,7 @@ them all and a test keeps the two in step.
 
 import argparse
 import dataclasses
+import posixpath
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,11 +133,12 @@ def _https_url(text: str) -> str:
 
 
 def _host_paths(text: str) -> tuple[str, ...]:
+    """Absolute directories below /, normalised once here ("/var//lib/" -> "/var/lib")."""
     paths = tuple(p.strip() for p in text.split(",") if p.strip())
-    bad = [p for p in paths if not p.startswith("/") or p.strip("/") == ""]
+    bad = [p for p in paths if not p.startswith("/") or posixpath.normpath(p) == "/"]
     if bad:
         raise ValueError(f"{bad[0]!r}: use absolute host directories below /, comma-separated")
-    return paths
+    return tuple(posixpath.normpath("/" + p.lstrip("/")) for p in paths)
 
 
 def _optional_path(text: str) -> Path | None:

@@ -17,7 +17,7 @@ a trailing ``/``), as the pod spec cannot contain anything else that changes the
 """
 
 import posixpath
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from fracgpu import names
@@ -54,33 +54,58 @@ def _within(path: str, root: str) -> bool:
     return root in (path, "/") or path.startswith(root + "/")
 
 
-def mount_findings(pod: Mapping[str, Any], gpu_containers: Collection[str]) -> list[str]:
-    """Mounts of the GPU containers that cover or alias one of the shim's paths."""
-    found = []
-    for field, index, container in podlib.containers(pod, podlib.ALL_FIELDS):
-        if container["name"] not in gpu_containers:
+def container_findings(
+    pod: Mapping[str, Any], is_gpu: Callable[[object], bool]
+) -> tuple[list[str], list[str]]:
+    """(mounts of GPU containers that cover or alias one of the shim's paths, privileges of
+    any container: ``privileged``, dangerous capabilities, and the pod's ``hostPID``). One
+    pass; containers that mount nothing and set no securityContext (most) cost a lookup."""
+    mounts: list[str] = []
+    pod_spec = podlib.spec(pod)
+    privileges = [".spec.hostPID=true"] if pod_spec.get("hostPID") is True else []
+    for field in podlib.ALL_FIELDS:
+        items = pod_spec.get(field)
+        if not items:
             continue
-        where = f".spec.{field}[{index}]"
-        for member, key in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
-            for i, entry in enumerate(_objects(container, member, where)):
-                raw = entry.get(key)
-                if not isinstance(raw, str):
-                    continue  # the API server requires it; nothing to mount without one
-                path = normalise(raw)
-                if (
-                    path == "/"
-                    or posixpath.basename(path) in _SHIM_FILE_NAMES
-                    or any(_within(path, owned) for owned in _CONTAINER_OWNED)
-                ):
-                    found.append(f"{where}.{member}[{i}].{key}={raw}")
+        if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
+            raise podlib.PodShapeError(f".spec.{field}", "must be a list of objects")
+        for index, container in enumerate(items):
+            if container.get("securityContext"):
+                privileges.extend(_container_privileges(container, f".spec.{field}[{index}]"))
+            if ("volumeMounts" in container or "volumeDevices" in container) and is_gpu(
+                container.get("name")
+            ):
+                mounts.extend(_shim_mounts(container, f".spec.{field}[{index}]"))
+    return mounts, privileges
+
+
+def _shim_mounts(container: Mapping[str, Any], where: str) -> list[str]:
+    found = []
+    for member, key in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
+        for i, entry in enumerate(_objects(container, member, where)):
+            raw = entry.get(key)
+            if not isinstance(raw, str):
+                continue  # the API server requires it; nothing to mount without one
+            path = normalise(raw)
+            if (
+                path == "/"
+                or posixpath.basename(path) in _SHIM_FILE_NAMES
+                or any(_within(path, owned) for owned in _CONTAINER_OWNED)
+            ):
+                found.append(f"{where}.{member}[{i}].{key}={raw}")
     return found
 
 
-def host_path_findings(pod: Mapping[str, Any], protected: Iterable[str]) -> list[str]:
-    """hostPath volumes at, inside or above a protected host directory."""
-    roots = [normalise(p) for p in protected]
+def host_path_findings(pod: Mapping[str, Any], roots: Iterable[str]) -> list[str]:
+    """hostPath volumes at, inside or above a protected host directory (``roots``:
+    normalised, as the settings hold them)."""
+    pod_spec = podlib.spec(pod)
+    if not pod_spec.get("volumes"):
+        return []
     found = []
-    for i, volume in enumerate(_objects(podlib.spec(pod), "volumes", ".spec")):
+    for i, volume in enumerate(_objects(pod_spec, "volumes", ".spec")):
+        if "hostPath" not in volume:
+            continue
         host = volume.get("hostPath")
         raw = host.get("path") if isinstance(host, Mapping) else None
         if not isinstance(raw, str):
@@ -89,15 +114,6 @@ def host_path_findings(pod: Mapping[str, Any], protected: Iterable[str]) -> list
         hit = next((r for r in roots if _within(path, r) or _within(r, path)), None)
         if hit is not None:
             found.append(f".spec.volumes[{i}].hostPath.path={raw} (reaches {hit})")
-    return found
-
-
-def privileged_findings(pod: Mapping[str, Any]) -> list[str]:
-    """Pod and container fields that let a container undo its mounts or reach other GPUs."""
-    pod_spec = podlib.spec(pod)
-    found = [".spec.hostPID=true"] if pod_spec.get("hostPID") is True else []
-    for field, index, container in podlib.containers(pod, podlib.ALL_FIELDS):
-        found.extend(_container_privileges(container, f".spec.{field}[{index}]"))
     return found
 
 
