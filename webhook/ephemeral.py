@@ -35,12 +35,12 @@ def is_ephemeral_update(request: AdmissionRequest) -> bool:
 def mutate(request: AdmissionRequest) -> responses.Verdict:
     """``void`` on every ephemeral container the update adds; the patch is a diff."""
     assert request.obj is not None
-    added = added_containers(request.obj, request.old_obj)
+    added = _added(request.obj, request.old_obj)
     findings = _tampering(added)
     if findings:
         return responses.denied(validate.tamper_message(findings, "this debug container"))
     mutated = copy.deepcopy(request.obj)
-    for container in added_containers(mutated, request.old_obj):
+    for container in _added(mutated, request.old_obj):
         set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
     return responses.patched(jsonpatch.make_patch(request.obj, mutated).patch)
 
@@ -48,7 +48,7 @@ def mutate(request: AdmissionRequest) -> responses.Verdict:
 def validate_update(request: AdmissionRequest) -> responses.Verdict:
     """An added ephemeral container carries fracgpu's ``void`` and no other reserved variable."""
     assert request.obj is not None
-    added = added_containers(request.obj, request.old_obj)
+    added = _added(request.obj, request.old_obj)
     findings = _tampering(added)
     if findings:
         return responses.denied(validate.tamper_message(findings, "this debug container"))
@@ -76,7 +76,7 @@ def _tampering(added: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def added_containers(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def _added(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """The ephemeral containers of ``obj`` that ``old`` does not have, by name."""
     before = {c["name"] for c in _ephemeral(old)} if old is not None else set()
     return [c for c in _ephemeral(obj) if c["name"] not in before]
@@ -92,3 +92,8 @@ def _ephemeral(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise podlib.PodShapeError(f"{where}[{index}]", "must be an object with a name")
     return items
+
+
+def added_containers(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The ephemeral containers an update adds (admission checks their privileges)."""
+    return _added(obj, old)
