@@ -101,22 +101,23 @@ def one_gpu_node(nodes: NodeFactory) -> dict[str, str]:
     return selector
 
 
+@pytest.mark.parametrize("generated", [False, True], ids=["name", "generateName"])
 def test_pod_refused_by_resource_quota_after_validation_frees_its_gpu(
     webhooks: Webhooks,
     kube_client: kubernetes.client.ApiClient,
     nodes: NodeFactory,
     namespace: str,
+    generated: bool,
 ) -> None:
     selector = one_gpu_node(nodes)
     create_resource_quota(kube_client, namespace, {"requests.memory": "1Gi"})
     time.sleep(1.0)
+    too_big = gpu_pod("too-big", selector, resources={"requests": {"memory": "2Gi"}})
+    if generated:  # validation sees the name the API server generated; mutation does not
+        too_big["metadata"] = {"generateName": "too-big-"}
     # fracgpu reserves the GPU and validates the pod; ResourceQuota, last, refuses it
     with pytest.raises(ApiException) as refused:
-        create(
-            kube_client,
-            namespace,
-            gpu_pod("too-big", selector, resources={"requests": {"memory": "2Gi"}}),
-        )
+        create(kube_client, namespace, too_big)
     assert refused.value.status == 403
     assert "exceeded quota" in (refused.value.body or "")
     took = seconds_until_the_gpu_is_free(kube_client, namespace, selector)
