@@ -31,22 +31,31 @@ def granted(quotas: Iterable[Quota]) -> Grants:
 
 def high_priority_asks(
     annotations: Mapping[str, str],
-    containers: Iterable[tuple[str, Priority | None]],
+    containers: Sequence[tuple[str, Priority | None]],
     priority_resource: str,
 ) -> list[str]:
-    """Where a pod asks for high compute priority: its annotations, and its containers'
-    own priority (``containers``: name and priority, HAMi's limit read into the request)."""
+    """Where a pod asks for high compute priority, read as the agent reads it: a GPU
+    container's own priority (HAMi's limit, ``containers``: name and priority) wins, else the
+    pod's annotation, fracgpu's before HAMi's. No containers given (an update): the pod's
+    annotation alone."""
     found = []
-    if annotations:
-        found = [
-            f"annotation {key}={value}"
-            for key, value in _HIGH_ANNOTATIONS
-            if annotations.get(key) == value
-        ]
+    pod_level = _pod_annotation(annotations) if annotations else None
+    if pod_level is not None and (
+        not containers or any(priority is None for _, priority in containers)
+    ):
+        found.append(f"annotation {pod_level}")
     for name, priority in containers:
         if priority is Priority.HIGH:
             found.append(f'container "{name}" {priority_resource}=0')
     return found
+
+
+def _pod_annotation(annotations: Mapping[str, str]) -> str | None:
+    """``key=value`` of the priority annotation the agent applies, when it says high."""
+    for key, high in _HIGH_ANNOTATIONS:
+        if key in annotations:
+            return f"{key}={high}" if annotations[key] == high else None
+    return None
 
 
 def priority_changed(old: Mapping[str, str], new: Mapping[str, str]) -> bool:

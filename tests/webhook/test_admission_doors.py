@@ -61,7 +61,8 @@ async def test_high_priority_needs_a_grant_and_the_denial_names_it(
     # granted by an administrator's GPUQuota: admitted; low priority needs no grant
     granted = await hook.admit(gpu_pod({**SHARE, **extra_limits}, namespace="trusted", **meta))
     assert granted.allowed, granted.message
-    low = {"fracgpu.io/priority": "low", "nvidia.com/priority": "1"}
+    # fracgpu's annotation wins over HAMi's, as in the agent: this pod runs at low priority
+    low = {"fracgpu.io/priority": "low", "nvidia.com/priority": "0"}
     assert (await hook.admit(gpu_pod(SHARE, namespace=namespace, annotations=low))).allowed
 
 
