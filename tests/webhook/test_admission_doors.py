@@ -334,3 +334,38 @@ async def _debug_privileged(hook: Webhook, namespace: str) -> None:
         assert (
             '.spec.ephemeralContainers["debugger"].securityContext.privileged=true' in reply.message
         )
+
+
+async def test_privileged_debug_container_in_the_1_20_object_shape_needs_a_grant(
+    hook: Webhook,
+) -> None:
+    """Kubernetes 1.20-1.21 send an EphemeralContainers object, which does not say whether
+    the pod holds GPUs: a privileged debug container is checked as if it did."""
+    debug = {
+        "name": "debugger",
+        "image": "busybox",
+        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+    }
+    for namespace in ("team", "trusted"):
+        meta = {"name": "web", "namespace": namespace}
+        old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": meta}
+        new = {**old, "ephemeralContainers": [debug]}
+        review = build_review(new, "UPDATE", old=old, sub_resource="ephemeralcontainers")
+        review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+        reply = await hook.client.review("/validate", review)
+        assert reply.allowed is (namespace == "trusted"), reply.message
+        if namespace == "team":
+            assert "capabilities.add=SYS_ADMIN" in reply.message
+    # a debug container without privileges needs no grant
+    plain = {"name": "web", "namespace": "team"}
+    old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": plain}
+    calm = {**debug, "securityContext": {}}
+    review = build_review(
+        {**old, "ephemeralContainers": [calm]},
+        "UPDATE",
+        old=old,
+        sub_resource="ephemeralcontainers",
+    )
+    review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+    assert (await hook.client.review("/validate", review)).allowed
