@@ -18,6 +18,7 @@ from fracgpu.model import (
     ContainerAssignment,
     GPUAllocation,
     GPUDevice,
+    Grants,
     Priority,
     Quota,
     Reservation,
@@ -278,6 +279,11 @@ def encode_quota_spec(quota: Quota) -> dict[str, Any]:
         spec["models"] = {m: encode_limits(v) for m, v in sorted(quota.hard_by_model.items())}
     if quota.pools:
         spec["pools"] = list(quota.pools)
+    if quota.grants != Grants():
+        spec["grants"] = {
+            "priority": quota.grants.priority.value,
+            "privilegedContainers": quota.grants.privileged,
+        }
     return spec
 
 
@@ -297,7 +303,10 @@ def decode_quota(raw: object) -> Quota:
     )
     where = f"GPUQuota {meta['namespace']}/{meta['name']}"
     spec = _object(
-        f"{where} spec", obj["spec"], required=set(), optional={"hard", "models", "pools"}
+        f"{where} spec",
+        obj["spec"],
+        required=set(),
+        optional={"hard", "models", "pools", "grants"},
     )
     status_raw = obj.get("status") or {}
     status = _object(
@@ -312,10 +321,20 @@ def decode_quota(raw: object) -> Quota:
         hard=decode_limits(f"{where} spec.hard", spec.get("hard") or {}),
         hard_by_model=_model_map(where, spec, "models", decode_limits),
         pools=tuple(pools),
+        grants=decode_grants(f"{where} spec.grants", spec.get("grants") or {}),
         used=decode_amounts(f"{where} status.used", status.get("used") or {}),
         used_by_model=_model_map(where, status, "usedByModel", decode_amounts),
         resource_version=str(meta.get("resourceVersion", "")),
     )
+
+
+def decode_grants(what: str, raw: object) -> Grants:
+    obj = _object(what, raw, required=set(), optional={"priority", "privilegedContainers"})
+    priority = _field(what, obj, "priority", str, default=Priority.LOW.value)
+    if priority not in {p.value for p in Priority}:
+        raise CodecError(f"{what}.priority", f"{priority!r} is not allowed: use high or low")
+    privileged = _field(what, obj, "privilegedContainers", bool, default=False)
+    return Grants(Priority(priority), privileged)
 
 
 def _model_map(where: str, obj: Mapping[str, Any], key: str, decode: Any) -> dict[str, Any]:

@@ -204,6 +204,18 @@ def _frozen_mapping(value: Mapping[str, _V]) -> Mapping[str, _V]:
 
 
 @dataclass(frozen=True)
+class Grants:
+    """Rights an administrator grants a namespace in a GPUQuota's spec; default: none.
+
+    ``priority``: the highest compute priority the namespace's pods may ask for (LOW, the
+    default, grants nothing above the default). ``privileged``: GPU pods may run privileged
+    containers (or add capabilities that undo the shim's mounts)."""
+
+    priority: Priority = Priority.LOW
+    privileged: bool = False
+
+
+@dataclass(frozen=True)
 class Quota:
     """A namespace's GPUQuota: hard limits (whole namespace, per model, allowed pools) and use."""
 
@@ -215,6 +227,8 @@ class Quota:
     used: ResourceAmounts = ResourceAmounts()
     used_by_model: Mapping[str, ResourceAmounts] = field(default_factory=dict)
     resource_version: str = ""
+    # What an administrator granted the namespace (spec.grants); tenants cannot write it.
+    grants: Grants = Grants()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hard_by_model", _frozen_mapping(self.hard_by_model))

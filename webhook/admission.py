@@ -6,7 +6,12 @@ placed, quota-checked, reserved (unless dry-run) and rewritten. A pod that alrea
 a verified assignment (reinvocation) is rewritten with that assignment, never placed again.
 
 Validation (CREATE, UPDATE): dialect rules, tampering, and on CREATE that every GPU pod
-carries exactly what fracgpu wrote for a reservation it holds.
+carries exactly what fracgpu wrote for a reservation it holds; a CREATE that passes confirms
+that reservation (unconfirmed ones are given back: a later admission step refused the pod).
+
+Both refuse the doors a pod spec could open around its slice (``webhook.shimguard``,
+``webhook.grants``): hostPath to protected host directories, mounts over the shim's paths,
+privileged GPU pods and high priority beyond what the namespace was granted.
 """
 
 import dataclasses
@@ -18,9 +23,9 @@ from typing import Any, Final
 from fracgpu import names
 from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
-from fracgpu.model import Assignment, ContainerRequest, Dialect, Reservation
+from fracgpu.model import Assignment, ContainerRequest, Dialect, Priority, Reservation
 from fracgpu.placement import ClusterView, NoFit, NoFitReason, PodDemand
-from webhook import assignments, ephemeral, responses, validate
+from webhook import assignments, ephemeral, grants, responses, shimguard, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
 from webhook.demand import PodAsk, gpu_container_names, read_ask
@@ -143,6 +148,11 @@ class Admission:
                 )
                 if findings:
                     return responses.denied(validate.tamper_message(findings, "this pod"))
+                door = await self._open_door(
+                    pod, namespace, [(r.container, r.priority) for r in ask.requests]
+                )
+                if door is not None:
+                    return responses.denied(door)
             return await self._place(pod, namespace, ask, request)
         except FracgpuError as error:
             return responses.invalid(str(error))
@@ -152,6 +162,9 @@ class Admission:
             findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
             if findings:
                 return responses.denied(validate.tamper_message(findings, "this pod"))
+            door = self._host_path_door(pod)
+            if door is not None:
+                return responses.denied(door)
         return responses.patched(patch_for(pod, None, self._settings.dialects))
 
     async def _reapply(
@@ -319,7 +332,10 @@ class Admission:
         if ephemeral.is_ephemeral_update(request):
             if request.username in self._settings.service_accounts:
                 return responses.allowed()
-            return await self._ephemeral(request, ephemeral.validate_update)
+            verdict = await self._ephemeral(request, ephemeral.validate_update)
+            if not verdict.allowed:
+                return verdict
+            return await self._debug_privileges(request)
         if (
             request.operation not in ("CREATE", "UPDATE")
             or not request.is_pod
@@ -330,12 +346,13 @@ class Admission:
         namespace = _namespace(request)
         if not await self._state.namespace_managed(namespace):
             return responses.allowed()
-        if request.username in self._settings.service_accounts:
-            return responses.allowed()
         pod = request.obj
+        if request.username in self._settings.service_accounts:
+            await self._confirm_trusted(request, pod)
+            return responses.allowed()
         try:
             if request.operation == "UPDATE":
-                return self._validate_update(request.old_obj, pod)
+                return await self._validate_update(namespace, request.old_obj, pod)
             gpu_containers = gpu_container_names(pod, self._settings.dialects)
             if not gpu_containers or names.ANNOTATION_ASSIGNMENT not in podlib.annotations(pod):
                 ask = read_ask(pod, self._settings.dialects, self._settings.policy)
@@ -349,12 +366,18 @@ class Admission:
                 findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
                 if findings:
                     return responses.denied(validate.tamper_message(findings, "this pod"))
-                return responses.allowed()
+                door = self._host_path_door(pod)
+                return responses.allowed() if door is None else responses.denied(door)
             assignment = await self._verified_assignment(
                 pod, namespace, gpu_containers, False, request.dry_run
             )
             if isinstance(assignment, str):
                 return responses.denied(assignment)
+            door = await self._open_door(
+                pod, namespace, [(c.container, c.priority) for c in assignment.containers]
+            )
+            if door is not None:
+                return responses.denied(door)
             drift = validate.drift_findings(pod, assignment, self._settings.dialects)
             if drift:
                 return responses.denied(
@@ -364,9 +387,26 @@ class Admission:
                     "see (fracgpu's MutatingWebhookConfiguration needs reinvocationPolicy: "
                     "IfNeeded when other webhooks inject containers)"
                 )
+            if request.operation == "CREATE" and not request.dry_run:
+                # Past every mutating webhook: the reservation stays while the pod is stored.
+                await self._state.confirm(assignment.reservation_id, podlib.pod_name(pod))
             return responses.allowed()
         except FracgpuError as error:
             return responses.invalid(str(error))
+
+    async def _confirm_trusted(self, request: AdmissionRequest, pod: Mapping[str, Any]) -> None:
+        """A pod fracgpu's own accounts create skips validation, but a reservation made for
+        it must still be confirmed (else it would be given back as refused)."""
+        if request.operation != "CREATE" or request.dry_run:
+            return
+        try:
+            raw = podlib.annotations(pod)
+        except FracgpuError:
+            return
+        if names.ANNOTATION_ASSIGNMENT in raw:
+            assignment = validate.read_assignment(raw)
+            if not isinstance(assignment, str):
+                await self._state.confirm(assignment.reservation_id, podlib.pod_name(pod))
 
     async def _ephemeral(
         self,
@@ -381,15 +421,77 @@ class Admission:
         except FracgpuError as error:
             return responses.invalid(str(error))
 
-    def _validate_update(
-        self, old: Mapping[str, Any] | None, new: Mapping[str, Any]
+    async def _validate_update(
+        self, namespace: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]
     ) -> responses.Verdict:
         if old is None:
             return responses.invalid("an UPDATE review must carry oldObject")
         findings = validate.update_findings(old, new)
         if findings:
             return responses.denied(validate.tamper_message(findings, "this update"))
+        before, after = podlib.annotations(old), podlib.annotations(new)
+        if grants.priority_changed(before, after):
+            # The agent reads the pod's priority when a container (re)starts.
+            asks = grants.high_priority_asks(after, (), self._settings.dialects.names.hami_priority)
+            denial = grants.priority_denial(namespace, await self._state.quotas(namespace), asks)
+            if denial is not None:
+                return responses.denied(denial)
         return responses.allowed()
+
+    # -- doors a pod spec could open around the slice ------------------------------------------
+    async def _open_door(
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        priorities: Sequence[tuple[str, Priority | None]],
+    ) -> str | None:
+        """Why a GPU pod is denied for reaching around its slice, or None: hostPath to
+        protected host directories, mounts over the shim's paths, privileges or a priority
+        above what the namespace was granted."""
+        door = self._host_path_door(pod)
+        if door is not None:
+            return door
+        mounts, privileged = shimguard.container_findings(
+            pod, lambda name: any(name == gpu for gpu, _ in priorities)
+        )
+        if mounts:
+            return shimguard.mount_denial(mounts)
+        # Read in place (not copied): the tamper check before this read every value.
+        raw = podlib.mapping_at(podlib.metadata(pod), "annotations", ".metadata")
+        asks = grants.high_priority_asks(
+            raw, priorities, self._settings.dialects.names.hami_priority
+        )
+        if not privileged and not asks:
+            return None  # most pods: no GPUQuota to read
+        quotas = await self._state.quotas(namespace)
+        return grants.privileged_denial(namespace, quotas, privileged) or grants.priority_denial(
+            namespace, quotas, asks
+        )
+
+    async def _debug_privileges(self, request: AdmissionRequest) -> responses.Verdict:
+        """Privileged debug containers added to a GPU pod need the namespace's grant. An
+        EphemeralContainers object (Kubernetes 1.20, 1.21) does not say whether the pod holds
+        GPUs: it is checked as if it did."""
+        assert request.obj is not None
+        namespace = _namespace(request)
+        if not await self._state.namespace_managed(namespace):
+            return responses.allowed()
+        try:
+            if request.is_pod and not gpu_container_names(request.obj, self._settings.dialects):
+                return responses.allowed()
+            added = ephemeral.added_containers(request.obj, request.old_obj)
+            findings = shimguard.container_privileges(added, podlib.EPHEMERAL_CONTAINERS)
+        except FracgpuError as error:
+            return responses.invalid(str(error))
+        if not findings:
+            return responses.allowed()
+        denial = grants.privileged_denial(namespace, await self._state.quotas(namespace), findings)
+        return responses.allowed() if denial is None else responses.denied(denial)
+
+    def _host_path_door(self, pod: Mapping[str, Any]) -> str | None:
+        protected = self._settings.protected_host_paths
+        findings = shimguard.host_path_findings(pod, protected)
+        return shimguard.host_path_denial(findings, protected) if findings else None
 
     # -- shared --------------------------------------------------------------------------------
     async def _verified_assignment(

@@ -116,6 +116,7 @@ def _state(config: settings.Settings) -> EmbeddedState:
         config.split_count,
         config.reservation_ttl_seconds,
         config.memory_scaling,
+        admission_window_s=config.admission_window_seconds,
     )
 
 
@@ -218,6 +219,7 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
             reservation_ttl_s=config.reservation_ttl_seconds,
             settle_s=config.settle_seconds,
             write_behind_s=config.write_behind_seconds,
+            admission_window_s=config.admission_window_seconds,
         ),
         lease=LeaseSettings(
             config.lease_namespace,

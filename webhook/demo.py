@@ -75,6 +75,7 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
             config.split_count,
             config.reservation_ttl_seconds,
             memory_scaling=config.memory_scaling,
+            admission_window_s=config.admission_window_seconds,
         )
         reloader = CertificateReloader(TLSFiles(cert, key), config.tls_reload_seconds)
         running = await server.start(config, state, reloader)

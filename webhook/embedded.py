@@ -12,7 +12,9 @@ File format (see examples/cluster.yaml)::
 
 Quota use is counted from the listed pods (as the recount controller does), not read from
 the file. Reservations made by admission stay until released: there is no pod watch here,
-so an admitted pod is assumed to exist.
+so a pod fracgpu's validating webhook confirmed is assumed to exist. One that validation
+never confirmed within the admission window (``admission_window_s``) was refused by a later
+admission step before validation, and is given back at the next admission.
 """
 
 import asyncio
@@ -143,6 +145,7 @@ class EmbeddedState:
         clock: Callable[[], float] = time.time,
         *,
         memory_scaling: float = 1.0,
+        admission_window_s: float | None = None,
     ) -> None:
         self._view = ClusterView(
             cluster.nodes, default_split_count=split_count, default_memory_scaling=memory_scaling
@@ -157,6 +160,10 @@ class EmbeddedState:
         self._node_labels = cluster.node_labels
         self._node_taints = {node: t for node, t in cluster.node_taints.items() if t}
         self._reservations: dict[str, Claim] = {}
+        # Reservation ID -> when it was made, until validation confirms it (None: never given
+        # back, for tools that only mutate).
+        self._window = admission_window_s
+        self._unconfirmed: dict[str, float] = {}
         quotas = [replace(q, used=ResourceAmounts(), used_by_model={}) for q in cluster.quotas]
         for pod in cluster.pods:
             self._take(pod.node, pod.allocations, pod.cpu_milli, pod.memory_mib)
@@ -170,19 +177,28 @@ class EmbeddedState:
 
     @classmethod
     def from_file(
-        cls, path: Path, split_count: int, reservation_ttl_seconds: int, memory_scaling: float = 1.0
+        cls,
+        path: Path,
+        split_count: int,
+        reservation_ttl_seconds: int,
+        memory_scaling: float = 1.0,
+        *,
+        admission_window_s: float | None = None,
     ) -> "EmbeddedState":
         return cls(
             load_cluster_file(path),
             split_count,
             reservation_ttl_seconds,
             memory_scaling=memory_scaling,
+            admission_window_s=admission_window_s,
         )
 
     def ready(self) -> bool:
         return True
 
     async def view(self) -> ClusterView:
+        if self._unconfirmed:
+            self._release_refused()
         return self._view
 
     async def node_labels(self) -> Mapping[str, Mapping[str, str]]:
@@ -196,6 +212,8 @@ class EmbeddedState:
         return labels.get(names.NAMESPACE_LABEL_OPT_OUT, "").lower() != "true"
 
     async def quotas(self, namespace: str) -> tuple[Quota, ...]:
+        if self._unconfirmed:
+            self._release_refused()
         return tuple(q for q in self._quotas if q.namespace == namespace)
 
     def all_quotas(self) -> tuple[Quota, ...]:
@@ -254,15 +272,38 @@ class EmbeddedState:
                 memory_mib=claim.memory_mib,
                 models=claim.models,
             )
+            if self._window is not None:
+                self._unconfirmed[held.id] = self._clock()
 
     async def release(self, reservation_id: str) -> None:
         async with self._lock:
-            claim = self._reservations.pop(reservation_id, None)
-            if claim is None:
-                return
-            held = claim.reservation
-            self._view.release(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
-            self._charge(held.namespace, held.allocations, sign=-1)
+            self._release(reservation_id)
+
+    async def confirm(self, reservation_id: str, pod: str) -> None:
+        del pod  # no pod watch to look it up in: a confirmed pod is assumed to be stored
+        self._unconfirmed.pop(reservation_id, None)
+
+    def unconfirmed(self) -> int:
+        """Reservations waiting for validation (metrics, tests)."""
+        return len(self._unconfirmed)
+
+    def _release_refused(self) -> None:
+        """Give back reservations that validation did not confirm within the window. Sync:
+        nothing else runs between the check and the release (asyncio)."""
+        assert self._window is not None
+        due = self._clock() - self._window
+        for reservation_id, since in list(self._unconfirmed.items()):
+            if since <= due:
+                self._release(reservation_id)
+
+    def _release(self, reservation_id: str) -> None:
+        self._unconfirmed.pop(reservation_id, None)
+        claim = self._reservations.pop(reservation_id, None)
+        if claim is None:
+            return
+        held = claim.reservation
+        self._view.release(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
+        self._charge(held.namespace, held.allocations, sign=-1)
 
     # -- internals ---------------------------------------------------------------------------
     def _take(

@@ -102,3 +102,8 @@ def _ephemeral(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise podlib.PodShapeError(f"{where}[{index}]", "must be an object with a name")
     return items
+
+
+def added_containers(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The ephemeral containers an update adds (admission checks their privileges)."""
+    return _added(obj, old)

@@ -1,7 +1,10 @@
 """GPUQuota arithmetic, pure: what a pod's allocations count, whether they fit, and charging.
 
-A pod counts cores (100 per whole GPU), memory MiB, and whole GPUs (allocations that hold a
-GPU's full compute). Per-model limits match GPU models the way users write them: the key is
+A pod counts cores (100 per whole GPU), memory MiB, and GPUs: allocations that hold a
+GPU's full compute, and best-effort allocations (0 cores), which reserve no compute but are
+paced by nothing, so may use all of it: they count as a GPU, never as nothing.
+
+Per-model limits match GPU models the way users write them: the key is
 a case-insensitive substring of the model ("A100" counts "NVIDIA A100-SXM4-80GB").
 """
 
@@ -12,7 +15,11 @@ from typing import Final
 from fracgpu.model import GPUAllocation, Quota, ResourceAmounts, ResourceLimits
 from fracgpu.names import CORES_PER_GPU
 
-_DIMENSIONS: Final = (("cores", "cores"), ("memory_mib", "MiB memory"), ("gpus", "whole GPUs"))
+_DIMENSIONS: Final = (
+    ("cores", "cores"),
+    ("memory_mib", "MiB memory"),
+    ("gpus", "GPUs (whole or best effort)"),
+)
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class QuotaExceeded:
 def amounts(allocations: Iterable[GPUAllocation]) -> ResourceAmounts:
     total = ResourceAmounts()
     for alloc in allocations:
-        whole = 1 if alloc.cores >= CORES_PER_GPU else 0
+        whole = 1 if alloc.cores >= CORES_PER_GPU or alloc.cores == 0 else 0
         total = total + ResourceAmounts(alloc.cores, alloc.memory_mib, whole)
     return total
 

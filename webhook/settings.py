@@ -7,6 +7,7 @@ them all and a test keeps the two in step.
 
 import argparse
 import dataclasses
+import posixpath
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,13 @@ ENV_PREFIX: Final = "FRACGPU_"
 DEFAULT_SERVICE_ACCOUNTS: Final = (
     "system:serviceaccount:fracgpu-system:fracgpu-webhook",
     "system:serviceaccount:fracgpu-system:fracgpu-agent",
+)
+
+# The agent's defaults (docs/agent.md): device plugin and pod-resources sockets, its state.
+DEFAULT_PROTECTED_HOST_PATHS: Final = (
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/pod-resources",
+    "/var/lib/fracgpu",
 )
 
 
@@ -66,6 +74,10 @@ class Settings:
     advertise_url: str = ""
     takeover_grace_seconds: float = 30.0
     write_behind_seconds: float = 0.2
+    # Host directories no pod of a managed namespace may mount (webhook.shimguard).
+    protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
+    # How long a reservation waits for a sign that its pod passed the rest of admission.
+    admission_window_seconds: float = 30.0
 
     @property
     def cluster_mode(self) -> bool:
@@ -122,6 +134,15 @@ def _https_url(text: str) -> str:
     if text and (not text.startswith("https://") or len(text) <= len("https://")):
         raise ValueError("use an https:// URL such as https://10.0.0.7:8443, or leave it empty")
     return text.rstrip("/")
+
+
+def _host_paths(text: str) -> tuple[str, ...]:
+    """Absolute directories below /, normalised once here ("/var//lib/" -> "/var/lib")."""
+    paths = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in paths if not p.startswith("/") or posixpath.normpath(p) == "/"]
+    if bad:
+        raise ValueError(f"{bad[0]!r}: use absolute host directories below /, comma-separated")
+    return tuple(posixpath.normpath("/" + p.lstrip("/")) for p in paths)
 
 
 def _optional_path(text: str) -> Path | None:
@@ -365,6 +386,21 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "writing them to GPUNodes and GPUQuotas",
         _positive_float,
     ),
+    Option(
+        "protected_host_paths",
+        ",".join(DEFAULT_PROTECTED_HOST_PATHS),
+        "host directories no pod of a managed namespace may mount with hostPath (nor a "
+        "directory above them): the agent's and the device plugins' (match the agent's flags)",
+        _host_paths,
+    ),
+    Option(
+        "admission_window_seconds",
+        "30",
+        "a reservation that fracgpu's validating webhook has not seen this long after mutation, "
+        "or whose pod is not stored this long after validation, is given back (a later "
+        "admission step refused the pod); 30 = the longest webhook timeout",
+        _positive_float,
+    ),
     *(
         Option(
             f"resource_{f.name}",
@@ -480,6 +516,8 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         advertise_url=values["advertise_url"],
         takeover_grace_seconds=values["takeover_grace_seconds"],
         write_behind_seconds=values["write_behind_seconds"],
+        protected_host_paths=values["protected_host_paths"],
+        admission_window_seconds=values["admission_window_seconds"],
     )
 
 

@@ -99,6 +99,15 @@ class ClusterState(Protocol):
         """Give a reservation back (unknown IDs are ignored)."""
         ...
 
+    async def confirm(self, reservation_id: str, pod: str) -> None:
+        """fracgpu's validating webhook verified this reservation's pod (``pod``: its final
+        name; validation runs after every mutating webhook and after the API server named a
+        generateName pod). A reservation unconfirmed one admission window after it was made,
+        or confirmed but whose pod is not stored one window after that, is given back: a
+        later admission step refused the pod (a later mutating webhook, the API server's own
+        validation, another validating webhook, ResourceQuota)."""
+        ...
+
 
 @runtime_checkable
 class NodeLabels(Protocol):

@@ -116,6 +116,7 @@ def _rest_resource(path: Path, argument: str) -> tuple[str, str]:
         ("gpuquota(", ("fracgpu.io", "gpuquotas")),
         ("PODS", ("", "pods")),
         ("paths.pod(", ("", "pods")),
+        ("paths.pods_in(", ("", "pods")),
         ("NAMESPACES", ("", "namespaces")),
         ("NODES", ("", "nodes")),
         ("/leases", ("coordination.k8s.io", "leases")),

@@ -22,6 +22,8 @@ from fracgpu.model import (
     ContainerAssignment,
     GPUAllocation,
     GPUDevice,
+    Grants,
+    Priority,
     Quota,
     Reservation,
     ResourceAmounts,
@@ -82,6 +84,7 @@ quotas = st.builds(
     amounts,
     st.dictionaries(names, amounts, max_size=3),
     st.just(""),
+    grants=st.builds(Grants, st.sampled_from(Priority), st.booleans()),
 )
 
 

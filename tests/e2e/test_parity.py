@@ -148,6 +148,9 @@ def test_tkestack_core_limit_annotation_and_hami_priority_limit_are_carried_not_
         "image": "cuda:12",
         "resources": {"limits": {**share, names.RESOURCE_HAMI_PRIORITY: "1"}},
     }
+    # high priority is granted by an administrator (issue 19), then the webhook sees it
+    create_gpuquota(kube_client, namespace, {}, name="grants", grants={"priority": "high"})
+    time.sleep(1.0)
     hami = _create(
         kube_client,
         namespace,

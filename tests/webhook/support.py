@@ -55,6 +55,10 @@ CLUSTER: Final[dict[str, Any]] = {
             "metadata": {"namespace": "models", "name": "per-model"},
             "spec": {"models": {"A100": {"cores": 20}}},
         },
+        {
+            "metadata": {"namespace": "granted", "name": "grants"},
+            "spec": {"grants": {"priority": "high"}},
+        },
     ],
 }
 

@@ -197,7 +197,8 @@ async def test_resources_no_node_offers_are_removed_from_the_container(webhook: 
             "nvidia.com/gpumem": "2048",
             "nvidia.com/gpucores": "20",
             names.RESOURCE_HAMI_PRIORITY: "0",
-        }
+        },
+        namespace="granted",  # high priority needs an administrator's grant
     )
     admitted = await webhook.admit(pod)
     assert admitted.allowed, admitted.message
@@ -219,7 +220,11 @@ async def test_two_containers_of_one_pod_keep_their_own_priorities(webhook: Webh
         "image": "cuda",
         "resources": {"limits": {**share, names.RESOURCE_HAMI_PRIORITY: "1"}},
     }
-    pod = gpu_pod({**share, names.RESOURCE_HAMI_PRIORITY: "0"}, extra_containers=[second])
+    pod = gpu_pod(
+        {**share, names.RESOURCE_HAMI_PRIORITY: "0"},
+        extra_containers=[second],
+        namespace="granted",  # high priority needs an administrator's grant
+    )
     admitted = await webhook.admit(pod)
     assert admitted.allowed, admitted.message
     priorities = {c["name"]: c["priority"] for c in assignment_of(admitted.pod)["containers"]}

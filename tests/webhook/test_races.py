@@ -80,6 +80,9 @@ class RacingState:
     async def release(self, reservation_id: str) -> None:
         await self.inner.release(reservation_id)
 
+    async def confirm(self, reservation_id: str, pod: str) -> None:
+        await self.inner.confirm(reservation_id, pod)
+
 
 WHOLE = {"tencent.com/vcuda-core": "100"}
 

@@ -206,7 +206,7 @@ QUOTA = [
         gpu_pod({CORE: "200"}, namespace="wholes"),
         False,
         "GPUQuota wholes/whole-gpus is exceeded: "
-        "this pod asks 2 whole GPUs, 0 are in use and 1 are allowed",
+        "this pod asks 2 GPUs (whole or best effort), 0 are in use and 1 are allowed",
     ),
     Case(
         "quota-model",
@@ -334,7 +334,7 @@ TAMPER = [
             SHARE,
             annotations={
                 "fracgpu.io/policy": "spread",
-                "fracgpu.io/priority": "high",
+                "fracgpu.io/priority": "low",
                 "fracgpu.io/avoid-gpu-models": "T4",
             },
         ),

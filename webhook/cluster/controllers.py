@@ -1,5 +1,6 @@
 """Controllers that keep shared state true; one replica runs them (see leader.py).
 
+- give back the reservations of pods that a later admission step refused (state.py);
 - prune reservations: drop those whose pod has been live for ``settle_s`` (the pod now
   accounts for the slice), whose pod was deleted or finished, or that expired without a pod;
 - recount GPUQuota use from live pods plus open reservations (like ResourceQuota's
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RoundReport:
     reservations_pruned: int = 0
+    refused_released: int = 0  # reservations of pods a later admission step refused
     quotas_corrected: int = 0
     nodes_summarised: int = 0
     conflicts: int = 0
@@ -75,6 +77,7 @@ class Controllers:
 
     async def reconcile_once(self) -> RoundReport:
         report = RoundReport()
+        report.refused_released = await self._state.release_refused()
         await self._prune_reservations(report)
         await self._recount_quotas(report)
         await self._summarise_nodes(report)

@@ -26,5 +26,9 @@ def gpuquota_status(namespace: str, name: str) -> str:
     return f"{gpuquota(namespace, name)}/status"
 
 
+def pods_in(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
 def pod(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{name}"

@@ -12,6 +12,16 @@ successor's takeover grace (see leader.py).
 A reservation stays until its pod has been visible for ``settle_s`` (longer than any
 replica's watch lag); views count each slice once (a live pod's reservation ID is not
 counted again).
+
+A pod that a later admission step refuses never appears, and its reservation is given back
+within seconds instead of after ``reservation_ttl_s``: fracgpu's validating webhook runs
+after every mutating webhook and *confirms* the reservation on the leader (a follower
+forwards the review). Unconfirmed ``admission_window_s`` after it was made, the pod was
+refused before validation (a later mutating webhook, the API server's own validation):
+released; a validation arriving later finds no reservation and denies, so nothing is handed
+out twice. Confirmed but not in the pod cache ``admission_window_s`` later (after the other
+validating webhooks, whose timeout is at most 30 s, and ResourceQuota): the leader reads the
+pod from the API server, and releases the reservation if it is not there.
 """
 
 import asyncio
@@ -24,6 +34,7 @@ from typing import NamedTuple
 
 import aiohttp
 
+from fracgpu import names
 from fracgpu.codec import decode_quota
 from fracgpu.errors import FracgpuError
 from fracgpu.model import GPUAllocation, Quota, Reservation
@@ -62,6 +73,8 @@ class KubeStateSettings:
     # failed write round.
     write_behind_s: float = 0.2
     write_retry_s: float = 1.0
+    # How long a reservation waits for its confirmation, and a confirmed one for its pod.
+    admission_window_s: float = 30.0
     watch: WatchSettings = field(default_factory=WatchSettings)
 
 
@@ -146,6 +159,10 @@ class KubeState:
         self._inflight: dict[str, _Held] = {}
         # Quota key -> charges not yet in that GPUQuota's status.used: counted by quotas().
         self._unwritten_charges: dict[str, list[Claim]] = {}
+        # Reservation ID -> when this leader made it, until validation confirms it; then
+        # -> (when confirmed, namespace, pod name) until its pod appears (the window runs).
+        self._unconfirmed: dict[str, float] = {}
+        self._confirmed: dict[str, tuple[float, str, str]] = {}
         # What the write-behind loop writes next.
         self._node_writes: set[str] = set()
         self._quota_writes: set[str] = set()
@@ -281,11 +298,14 @@ class KubeState:
         for quota in quotas:
             self._unwritten_charges.setdefault(_quota_key(quota), []).append(claim)
         self._charged[held.id] = (claim, self._clock())
+        self._unconfirmed[held.id] = self._clock()
         self._forget_old()
         self._queue(self._node_writes, held.node)
 
     async def release(self, reservation_id: str) -> None:
         """Give a reservation back: unwritten parts are dropped, written ones written back."""
+        self._unconfirmed.pop(reservation_id, None)
+        self._confirmed.pop(reservation_id, None)
         charged = self._charged.pop(reservation_id, None)
         unwritten = self._inflight.pop(reservation_id, None)
         if unwritten is not None:
@@ -299,6 +319,61 @@ class KubeState:
             for quota in await self.quotas(claim.reservation.namespace):
                 if _quota_key(quota) not in still_unwritten:
                     await self._charge_quota(quota, claim, -1)
+
+    async def confirm(self, reservation_id: str, pod: str) -> None:
+        if reservation_id in self._live_reservations:
+            return  # stored already
+        if not self._leadership.leading():
+            await self.check_placing()  # only the leader holds the window: forward
+        if self._unconfirmed.pop(reservation_id, None) is not None:
+            namespace = self._namespace_of(reservation_id)
+            self._confirmed[reservation_id] = (self._clock(), namespace, pod)
+
+    def _namespace_of(self, reservation_id: str) -> str:
+        charged = self._charged.get(reservation_id)
+        return charged[0].reservation.namespace if charged is not None else ""
+
+    def awaiting_admission(self) -> tuple[int, int]:
+        """(unconfirmed, confirmed) reservations whose pods have not appeared yet."""
+        return len(self._unconfirmed), len(self._confirmed)
+
+    async def release_refused(self) -> int:
+        """Give back the reservations whose pods a later admission step refused (see the
+        module's docstring); the leader's controllers call this every round. Returns how
+        many were released."""
+        now = self._clock()
+        due = now - self._settings.admission_window_s
+        refused = [rid for rid, since in self._unconfirmed.items() if since <= due]
+        for rid, (since, namespace, pod) in list(self._confirmed.items()):
+            if since > due:
+                continue
+            del self._confirmed[rid]
+            if not await self._pod_stored(namespace, pod, rid):
+                refused.append(rid)
+        for rid in refused:
+            self._unconfirmed.pop(rid, None)
+            log.info("reservation %s released: its pod was refused after fracgpu admitted it", rid)
+            await self.release(rid)
+        return len(refused)
+
+    async def _pod_stored(self, namespace: str, pod: str, reservation_id: str) -> bool:
+        """Whether the API server holds the pod with this reservation: a list without a
+        resourceVersion is read from storage (the pod cache may lag), and needs only the
+        list permission the pod watch has. Errors count as stored: the TTL still ends it."""
+        if not namespace or not pod or pod.endswith("*"):
+            return True  # no name to read: leave it to the TTL
+        try:
+            found = await self._api.list(
+                paths.pods_in(namespace), fieldSelector=f"metadata.name={pod}"
+            )
+        except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+            log.warning("cannot read pod %s/%s: %s", namespace, pod, error)
+            return True
+        return any(
+            (item.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_RESERVATION_ID)
+            == reservation_id
+            for item in found.get("items") or ()
+        )
 
     # -- reservations ---------------------------------------------------------------------------
     def node_lock(self, node: str) -> asyncio.Lock:
@@ -587,6 +662,8 @@ class KubeState:
         if new is not None and not new.terminal and new.node:
             self._pods_by_node.setdefault(new.node, set()).add(key)
             if new.reservation_id:
+                self._unconfirmed.pop(new.reservation_id, None)
+                self._confirmed.pop(new.reservation_id, None)
                 self._live_reservations[new.reservation_id] = key
                 self._live_since.setdefault(new.reservation_id, self._clock())
                 # The pod holds the slice now: its claim need never be written.

@@ -1,0 +1,371 @@
+"""Issue 19, admission side: doors a pod spec could open around its slice, through /mutate
+then /validate of a real HTTPS webhook. Each attack is denied with a message naming the
+field or the grant; the same pod without the attack, or with the grant, is admitted."""
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.webhook.conftest import StartWebhook
+from tests.webhook.support import CLUSTER, Webhook, cluster_state, gpu_pod, plain_pod
+from webhook.client import build_review
+
+CORE, MEM = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
+SHARE = {CORE: "50", MEM: "4"}
+HAMI_BEST_EFFORT = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"}
+
+
+def granted_cluster() -> dict[str, Any]:
+    """The test cluster plus a namespace whose GPUQuota grants high priority and privileges,
+    and one whose GPUQuota grants nothing."""
+    cluster = copy.deepcopy(CLUSTER)
+    cluster["quotas"] = [
+        *cluster["quotas"],
+        {
+            "metadata": {"namespace": "trusted", "name": "grants"},
+            "spec": {"grants": {"priority": "high", "privilegedContainers": True}},
+        },
+        {"metadata": {"namespace": "plain", "name": "limits"}, "spec": {"hard": {"cores": 400}}},
+    ]
+    return cluster
+
+
+@pytest.fixture
+async def hook(start: StartWebhook) -> Webhook:
+    return await start(cluster_state(granted_cluster()))
+
+
+# -- priority is granted, never self-assigned ------------------------------------------------
+HIGH_PRIORITY = [
+    pytest.param({"annotations": {"fracgpu.io/priority": "high"}}, {}, id="fracgpu-annotation"),
+    pytest.param({"annotations": {"nvidia.com/priority": "0"}}, {}, id="hami-annotation"),
+    pytest.param({}, {"nvidia.com/priority": "0"}, id="hami-container-limit"),
+]
+
+
+@pytest.mark.parametrize(("meta", "extra_limits"), HIGH_PRIORITY)
+@pytest.mark.parametrize("namespace", ["team", "plain"])
+async def test_high_priority_needs_a_grant_and_the_denial_names_it(
+    hook: Webhook, meta: dict[str, Any], extra_limits: dict[str, str], namespace: str
+) -> None:
+    pod = gpu_pod({**SHARE, **extra_limits}, namespace=namespace, **meta)
+    result = await hook.admit(pod)
+    assert not result.allowed
+    assert "asks for high compute priority" in result.message
+    assert f"namespace {namespace} has no grant" in result.message
+    assert "spec.grants.priority" in result.message
+    view = await hook.state.view()
+    free = [view.gpu_free(n.name, d.uuid)[0] for n in view.nodes() for d in n.devices]
+    assert free == [100, 100, 100]  # nothing reserved
+    # granted by an administrator's GPUQuota: admitted; low priority needs no grant
+    granted = await hook.admit(gpu_pod({**SHARE, **extra_limits}, namespace="trusted", **meta))
+    assert granted.allowed, granted.message
+    # fracgpu's annotation wins over HAMi's, as in the agent: this pod runs at low priority
+    low = {"fracgpu.io/priority": "low", "nvidia.com/priority": "0"}
+    assert (await hook.admit(gpu_pod(SHARE, namespace=namespace, annotations=low))).allowed
+
+
+async def test_priority_added_by_a_later_webhook_is_denied_at_validation(hook: Webhook) -> None:
+    result = await hook.admit(gpu_pod(SHARE))
+    assert result.allowed
+    pod = copy.deepcopy(result.pod)
+    pod["metadata"]["annotations"]["fracgpu.io/priority"] = "high"
+    reply = await hook.client.review("/validate", build_review(pod))
+    assert not reply.allowed
+    assert "spec.grants.priority" in reply.message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("fracgpu.io/priority", "high"), ("nvidia.com/priority", "0")]
+)
+async def test_raising_priority_by_update_is_denied(hook: Webhook, key: str, value: str) -> None:
+    placed = (await hook.admit(gpu_pod(SHARE))).pod
+    raised = copy.deepcopy(placed)
+    raised["metadata"]["annotations"][key] = value
+    reply = await hook.client.review("/validate", build_review(raised, "UPDATE", old=placed))
+    assert not reply.allowed
+    assert "spec.grants.priority" in reply.message
+    # Changing anything else, or lowering it, stays allowed.
+    other = copy.deepcopy(placed)
+    other["metadata"]["annotations"]["note"] = "x"
+    assert (
+        await hook.client.review("/validate", build_review(other, "UPDATE", old=placed))
+    ).allowed
+
+
+# -- best-effort pods count against quota --------------------------------------------------------
+async def test_best_effort_pods_count_as_gpus_in_quota(hook: Webhook) -> None:
+    # namespace "wholes" may hold 1 GPU; best effort used to count as none, without bound
+    first = await hook.admit(gpu_pod(HAMI_BEST_EFFORT, name="a", namespace="wholes"))
+    assert first.allowed, first.message
+    second = await hook.admit(gpu_pod(HAMI_BEST_EFFORT, name="b", namespace="wholes"))
+    assert not second.allowed
+    assert "GPUQuota wholes/whole-gpus is exceeded: this pod asks 1 GPUs" in second.message
+
+
+async def test_best_effort_pods_count_memory_and_get_a_memory_slice(hook: Webhook) -> None:
+    # "limited" allows 0 GPUs: a best-effort pod, paced by nothing, may not run there
+    denied = await hook.admit(gpu_pod(HAMI_BEST_EFFORT, namespace="limited"))
+    assert not denied.allowed
+    assert "GPUQuota limited/small is exceeded" in denied.message
+    placed = await hook.admit(gpu_pod(HAMI_BEST_EFFORT, namespace="team"))
+    resources = placed.pod["spec"]["containers"][0]["resources"]["limits"]
+    assert resources == {MEM: "4"}  # a 1 GiB memory slice, no compute reserved
+
+
+# -- mounts over the shim's paths -----------------------------------------------------------------
+SHIM_MOUNTS = [
+    "/etc/ld.so.preload",
+    "/etc//ld.so.preload/",
+    "/etc/./ld.so.preload",
+    "/tmp/../etc/ld.so.preload",
+    "/opt/x/ld.so.preload",
+    "/usr/local/fracgpu",
+    "/usr/local/fracgpu/lib",
+    "/usr/local/fracgpu/lib/libfracgpu.so",
+    "/etc/fracgpu",
+    "/etc/fracgpu/limits",
+    "/var/run/fracgpu",
+    "/var/run/fracgpu/region",
+    "/run/fracgpu",
+    "/var/run/fracgpu-node",
+    "/run/fracgpu-node/GPU-x",
+    "/",
+]
+
+
+def with_mount(pod: dict[str, Any], path: str, **extra: Any) -> dict[str, Any]:
+    pod["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path, **extra}]
+    return pod
+
+
+ORDINARY_MOUNTS = ["/var/run", "/etc", "/usr/local", "/run", "/data", "/var/run/fracgpu2"]
+
+
+@pytest.mark.parametrize(
+    ("path", "ordinary"), list(zip(SHIM_MOUNTS, ORDINARY_MOUNTS * 3, strict=False))
+)
+async def test_mount_over_the_shim_in_a_gpu_container_is_denied(
+    hook: Webhook, path: str, ordinary: str
+) -> None:
+    result = await hook.admit(with_mount(gpu_pod(SHARE), path, subPath="x"))
+    assert not result.allowed
+    assert "mounts over fracgpu's shim" in result.message
+    assert f".spec.containers[0].volumeMounts[0].mountPath={path}" in result.message
+    # a mount beside or above the shim's paths is left alone (the runtime mounts parents
+    # first, so the shim's mounts land on top)
+    beside = await hook.admit(with_mount(gpu_pod(SHARE), ordinary, subPath="x"))
+    assert beside.allowed, beside.message
+
+
+async def test_projected_volume_and_block_device_over_the_shim_are_denied(hook: Webhook) -> None:
+    pod = gpu_pod(SHARE)
+    pod["spec"]["volumes"] = [{"name": "p", "projected": {"sources": []}}]
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "setup",
+            "image": "cuda",
+            "resources": {"limits": SHARE},
+            "volumeMounts": [{"name": "p", "mountPath": "/etc/fracgpu"}],
+        }
+    ]
+    pod["spec"]["containers"][0]["volumeDevices"] = [
+        {"name": "p", "devicePath": "/etc/ld.so.preload"}
+    ]
+    result = await hook.admit(pod)
+    assert not result.allowed
+    assert ".spec.initContainers[0].volumeMounts[0].mountPath=/etc/fracgpu" in result.message
+    assert ".spec.containers[0].volumeDevices[0].devicePath=/etc/ld.so.preload" in result.message
+
+
+async def test_only_gpu_containers_are_held_to_the_shims_paths(hook: Webhook) -> None:
+    pod = gpu_pod(SHARE, extra_containers=[{"name": "side", "image": "busybox"}])
+    pod["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    for index in (1, 0):  # a container without GPU has no shim to hide: admitted
+        pod["spec"]["containers"][index]["volumeMounts"] = [
+            {"name": "v", "mountPath": "/etc/fracgpu"}
+        ]
+        result = await hook.admit(pod)
+        assert result.allowed is (index == 1), result.message
+
+
+# -- hostPath to the agent's and device plugins' directories ------------------------------------
+HOST_PATHS = [
+    "/",
+    "/var",
+    "/var/lib",
+    "//var/lib/",
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/device-plugins/kubelet.sock",
+    "/var/lib/kubelet/pod-resources",
+    "/var/lib/fracgpu",
+    "/var/lib/fracgpu/containers/x",
+    "/var/lib/fracgpu/node",
+    "/var/log/../lib/fracgpu",
+]
+
+
+def with_host_path(pod: dict[str, Any], path: str) -> dict[str, Any]:
+    pod["spec"]["volumes"] = [{"name": "host", "hostPath": {"path": path}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "host", "mountPath": "/host", "subPath": "kubelet/device-plugins"}
+    ]
+    return pod
+
+
+OTHER_HOST_PATHS = ["/var/log", "/var/lib/kubelet/pods", "/opt/data", "/var/lib/fracgpu2"]
+
+
+@pytest.mark.parametrize(
+    ("path", "other"), list(zip(HOST_PATHS, OTHER_HOST_PATHS * 3, strict=False))
+)
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu-pod", "plain-pod"])
+async def test_host_path_reaching_protected_directories_is_denied(
+    hook: Webhook, path: str, other: str, gpu: bool
+) -> None:
+    pod = gpu_pod(SHARE) if gpu else plain_pod()
+    result = await hook.admit(with_host_path(pod, path))
+    assert not result.allowed
+    assert f".spec.volumes[0].hostPath.path={path}" in result.message
+    assert "fracgpu.io/ignore=true" in result.message
+    pod = gpu_pod(SHARE) if gpu else plain_pod()
+    assert (await hook.admit(with_host_path(pod, other))).allowed
+
+
+async def test_protected_host_paths_are_a_setting(start: StartWebhook) -> None:
+    hook = await start(cluster_state(granted_cluster()), protected_host_paths="/srv/agent")
+    assert not (await hook.admit(with_host_path(plain_pod(), "/srv"))).allowed
+    assert (await hook.admit(with_host_path(plain_pod(), "/var/lib/fracgpu"))).allowed
+
+
+# -- privileged GPU pods ---------------------------------------------------------------------
+def privileged(
+    pod: dict[str, Any], context: dict[str, Any], field: str = "containers"
+) -> dict[str, Any]:
+    if field == "containers":
+        pod["spec"]["containers"][0]["securityContext"] = context
+    else:
+        pod["spec"][field] = [{"name": "init", "image": "busybox", "securityContext": context}]
+    return pod
+
+
+PRIVILEGES = [
+    pytest.param(
+        {"privileged": True},
+        "containers",
+        ".spec.containers[0].securityContext.privileged=true",
+        id="privileged",
+    ),
+    pytest.param(
+        {"privileged": True},
+        "initContainers",
+        ".spec.initContainers[0].securityContext.privileged=true",
+        id="init-privileged",
+    ),
+    pytest.param(
+        {"capabilities": {"add": ["SYS_ADMIN"]}},
+        "containers",
+        "capabilities.add=SYS_ADMIN",
+        id="sys-admin",
+    ),
+    pytest.param(
+        {"capabilities": {"add": ["cap_sys_ptrace"]}},
+        "containers",
+        "capabilities.add=cap_sys_ptrace",
+        id="ptrace",
+    ),
+    pytest.param(
+        {"capabilities": {"add": ["ALL"]}}, "initContainers", "capabilities.add=ALL", id="all"
+    ),
+]
+
+
+@pytest.mark.parametrize(("context", "field", "named"), PRIVILEGES)
+async def test_privileged_gpu_pods_need_a_grant(
+    hook: Webhook, context: dict[str, Any], field: str, named: str
+) -> None:
+    result = await hook.admit(privileged(gpu_pod(SHARE), context, field))
+    assert not result.allowed
+    assert named in result.message
+    assert "spec.grants.privilegedContainers" in result.message
+    granted = await hook.admit(privileged(gpu_pod(SHARE, namespace="trusted"), context, field))
+    assert granted.allowed, granted.message
+    # other capabilities need no grant, nor does a pod without GPUs (Pod Security's business)
+    other = {"capabilities": {"add": ["NET_ADMIN"]}}
+    assert (await hook.admit(privileged(gpu_pod(SHARE), other, field))).allowed
+    assert (await hook.admit(privileged(plain_pod(), context, field))).allowed
+
+
+async def test_host_pid_gpu_pod_needs_a_grant(hook: Webhook) -> None:
+    pod = gpu_pod(SHARE)
+    pod["spec"]["hostPID"] = True
+    result = await hook.admit(pod)
+    assert not result.allowed
+    assert ".spec.hostPID=true" in result.message
+
+
+async def test_privileged_debug_container_on_a_gpu_pod_needs_a_grant(hook: Webhook) -> None:
+    for namespace in ("team", "trusted"):
+        await _debug_privileged(hook, namespace)
+
+
+async def _debug_privileged(hook: Webhook, namespace: str) -> None:
+    placed = (await hook.admit(gpu_pod(SHARE, namespace=namespace))).pod
+    debug = copy.deepcopy(placed)
+    debug["spec"]["ephemeralContainers"] = [
+        {
+            "name": "debugger",
+            "image": "busybox",
+            "securityContext": {"privileged": True},
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+        }
+    ]
+    reply = await hook.client.review(
+        "/validate",
+        build_review(debug, "UPDATE", old=placed, sub_resource="ephemeralcontainers"),
+    )
+    if namespace == "trusted":
+        assert reply.allowed, reply.message
+    else:
+        assert not reply.allowed
+        assert (
+            '.spec.ephemeralContainers["debugger"].securityContext.privileged=true' in reply.message
+        )
+
+
+async def test_privileged_debug_container_in_the_1_20_object_shape_needs_a_grant(
+    hook: Webhook,
+) -> None:
+    """Kubernetes 1.20-1.21 send an EphemeralContainers object, which does not say whether
+    the pod holds GPUs: a privileged debug container is checked as if it did."""
+    debug = {
+        "name": "debugger",
+        "image": "busybox",
+        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+    }
+    for namespace in ("team", "trusted"):
+        meta = {"name": "web", "namespace": namespace}
+        old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": meta}
+        new = {**old, "ephemeralContainers": [debug]}
+        review = build_review(new, "UPDATE", old=old, sub_resource="ephemeralcontainers")
+        review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+        reply = await hook.client.review("/validate", review)
+        assert reply.allowed is (namespace == "trusted"), reply.message
+        if namespace == "team":
+            assert "capabilities.add=SYS_ADMIN" in reply.message
+    # a debug container without privileges needs no grant
+    plain = {"name": "web", "namespace": "team"}
+    old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": plain}
+    calm = {**debug, "securityContext": {}}
+    review = build_review(
+        {**old, "ephemeralContainers": [calm]},
+        "UPDATE",
+        old=old,
+        sub_resource="ephemeralcontainers",
+    )
+    review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+    assert (await hook.client.review("/validate", review)).allowed

@@ -1,0 +1,178 @@
+"""Pod spec fields that would take a container out of the shim's reach, pure.
+
+- Mounts over the shim's paths in a GPU container (the preload file, the library, the
+  limits file, the region and node directories, their ``/run`` aliases) and mounts named
+  like the shim's files (``ld.so.preload``, ``libfracgpu.so``), which an image's symlinks
+  could point at the real ones. ``subPath`` does not matter: the mount point does.
+- hostPath volumes at, inside or above a protected host directory (the device plugins',
+  kubelet's pod-resources, the agent's): mounting ``/`` or ``/var/lib`` reaches them too.
+  Every pod of a managed namespace, GPU or not: a writable view of the agent's directory
+  lets any container rewrite its neighbours' limits.
+- Privileged GPU pods (``privileged``, ``hostPID``, or SYS_ADMIN / SYS_PTRACE / SYS_MODULE /
+  ALL capabilities in any container, debug containers included): they can unmount the shim
+  or reach every GPU. Allowed only where an administrator granted it (``webhook.grants``).
+
+Paths are compared after normalising them as the runtime would (``//``, ``.``, ``..``,
+a trailing ``/``), as the pod spec cannot contain anything else that changes them.
+"""
+
+import posixpath
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from fracgpu import names
+from webhook import pod as podlib
+
+# What the device plugin mounts into a GPU container, and the directories that are fracgpu's.
+_CONTAINER_OWNED: Final = (
+    names.CONTAINER_PRELOAD_PATH,
+    posixpath.dirname(names.CONTAINER_LIMITS_PATH),
+    posixpath.dirname(posixpath.dirname(names.CONTAINER_LIBRARY_PATH)),
+    names.CONTAINER_REGION_DIR,
+    names.CONTAINER_NODE_DIR,
+    # /var/run is a link to /run in nearly every image.
+    names.CONTAINER_REGION_DIR.replace("/var/run/", "/run/", 1),
+    names.CONTAINER_NODE_DIR.replace("/var/run/", "/run/", 1),
+)
+_SHIM_FILE_NAMES: Final = frozenset(
+    {
+        posixpath.basename(names.CONTAINER_PRELOAD_PATH),
+        posixpath.basename(names.CONTAINER_LIBRARY_PATH),
+    }
+)
+PRIVILEGED_CAPABILITIES: Final = frozenset({"SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "ALL"})
+MAX_FINDINGS: Final = 8
+
+
+def normalise(path: str) -> str:
+    """An absolute, normalised path ("/a//b/./c/../" -> "/a/b")."""
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def _within(path: str, root: str) -> bool:
+    """``path`` is ``root`` or below it (both normalised)."""
+    return root in (path, "/") or path.startswith(root + "/")
+
+
+def container_findings(
+    pod: Mapping[str, Any], is_gpu: Callable[[object], bool]
+) -> tuple[list[str], list[str]]:
+    """(mounts of GPU containers that cover or alias one of the shim's paths, privileges of
+    any container: ``privileged``, dangerous capabilities, and the pod's ``hostPID``). One
+    pass; containers that mount nothing and set no securityContext (most) cost a lookup."""
+    mounts: list[str] = []
+    pod_spec = podlib.spec(pod)
+    privileges = [".spec.hostPID=true"] if pod_spec.get("hostPID") is True else []
+    for field in podlib.ALL_FIELDS:
+        items = pod_spec.get(field)
+        if not items:
+            continue
+        if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
+            raise podlib.PodShapeError(f".spec.{field}", "must be a list of objects")
+        for index, container in enumerate(items):
+            if container.get("securityContext"):
+                privileges.extend(_container_privileges(container, f".spec.{field}[{index}]"))
+            if ("volumeMounts" in container or "volumeDevices" in container) and is_gpu(
+                container.get("name")
+            ):
+                mounts.extend(_shim_mounts(container, f".spec.{field}[{index}]"))
+    return mounts, privileges
+
+
+def _shim_mounts(container: Mapping[str, Any], where: str) -> list[str]:
+    found = []
+    for member, key in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
+        for i, entry in enumerate(_objects(container, member, where)):
+            raw = entry.get(key)
+            if not isinstance(raw, str):
+                continue  # the API server requires it; nothing to mount without one
+            path = normalise(raw)
+            if (
+                path == "/"
+                or posixpath.basename(path) in _SHIM_FILE_NAMES
+                or any(_within(path, owned) for owned in _CONTAINER_OWNED)
+            ):
+                found.append(f"{where}.{member}[{i}].{key}={raw}")
+    return found
+
+
+def host_path_findings(pod: Mapping[str, Any], roots: Iterable[str]) -> list[str]:
+    """hostPath volumes at, inside or above a protected host directory (``roots``:
+    normalised, as the settings hold them)."""
+    pod_spec = podlib.spec(pod)
+    if not pod_spec.get("volumes"):
+        return []
+    found = []
+    for i, volume in enumerate(_objects(pod_spec, "volumes", ".spec")):
+        if "hostPath" not in volume:
+            continue
+        host = volume.get("hostPath")
+        raw = host.get("path") if isinstance(host, Mapping) else None
+        if not isinstance(raw, str):
+            continue
+        path = normalise(raw)
+        hit = next((r for r in roots if _within(path, r) or _within(r, path)), None)
+        if hit is not None:
+            found.append(f".spec.volumes[{i}].hostPath.path={raw} (reaches {hit})")
+    return found
+
+
+def container_privileges(containers: Iterable[Mapping[str, Any]], field: str) -> list[str]:
+    """``privileged_findings`` for some containers of a list, named by their names (debug
+    containers being added)."""
+    found = []
+    for container in containers:
+        found.extend(_container_privileges(container, f'.spec.{field}["{container["name"]}"]'))
+    return found
+
+
+def _container_privileges(container: Mapping[str, Any], where: str) -> list[str]:
+    context = podlib.mapping_at(container, "securityContext", where)
+    if not context:
+        return []
+    found = []
+    if context.get("privileged") is True:
+        found.append(f"{where}.securityContext.privileged=true")
+    capabilities = podlib.mapping_at(context, "capabilities", f"{where}.securityContext")
+    added = capabilities.get("add") or []
+    if not isinstance(added, list):
+        raise podlib.PodShapeError(
+            f"{where}.securityContext.capabilities.add", "must be a list of capability names"
+        )
+    for name in added:
+        if isinstance(name, str) and name.upper().removeprefix("CAP_") in PRIVILEGED_CAPABILITIES:
+            found.append(f"{where}.securityContext.capabilities.add={name}")
+    return found
+
+
+def mount_denial(findings: list[str]) -> str:
+    return (
+        f"this pod mounts over fracgpu's shim in a GPU container: {_shown(findings)}. The "
+        f"device plugin mounts the shim there ({', '.join(_CONTAINER_OWNED[:5])}), and files "
+        f"named {' or '.join(sorted(_SHIM_FILE_NAMES))} are reserved for it: mount the volume "
+        "at another path"
+    )
+
+
+def host_path_denial(findings: list[str], protected: Iterable[str]) -> str:
+    return (
+        f"this pod mounts host directories that hold GPU containers' limits or the device "
+        f"plugins' sockets: {_shown(findings)}. hostPath volumes may not be at, inside or above "
+        f"{', '.join(protected)}: mount a narrower host path, or run the pod in a namespace "
+        f"fracgpu does not manage (label {names.NAMESPACE_LABEL_OPT_OUT}=true)"
+    )
+
+
+def _shown(findings: list[str]) -> str:
+    shown = findings[:MAX_FINDINGS]
+    more = f" and {len(findings) - len(shown)} more" if len(findings) > len(shown) else ""
+    return ", ".join(shown) + more
+
+
+def _objects(obj: Mapping[str, Any], key: str, where: str) -> list[Mapping[str, Any]]:
+    items = obj.get(key)
+    if items is None:
+        return []
+    if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
+        raise podlib.PodShapeError(f"{where}.{key}", "must be a list of objects")
+    return items
