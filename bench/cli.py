@@ -22,6 +22,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.admission.cost",
         "one admission in process: CPU time and (under valgrind) instructions per admission",
     ),
+    "placement-constraints": (
+        "bench.placement.constraints",
+        "decision latency per pod shape: nodeSelector, affinity, tolerations, model, multi-GPU",
+    ),
     "placement-synth": (
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",

@@ -235,11 +235,13 @@ class Admission:
                 allowed = everyone - excluded
         if allowed is None or view.covers_all_nodes(allowed):
             return demand, ""  # every GPU node is allowed: nothing to narrow
-        uuids = [d.uuid for n in view.nodes() if n.name in allowed for d in n.devices]
-        wanted = demand.constraints.include_uuids
-        if wanted:
-            uuids = [u for u in uuids if u in wanted]
-        if not uuids:
+        wanted = frozenset(demand.constraints.include_uuids)
+        usable = (
+            any(d.uuid in wanted for n in view.nodes() if n.name in allowed for d in n.devices)
+            if wanted
+            else not allowed.isdisjoint(n.name for n in view.nodes())
+        )
+        if not usable:
             return (
                 f"none of the {len(view.nodes())} GPU nodes matches this pod's nodeSelector, "
                 "required node affinity and tolerations"
@@ -247,7 +249,8 @@ class Admission:
                 + ": fix the selector, add a toleration for the GPU nodes' taints, "
                 "or label GPU nodes to match"
             )
-        constraints = dataclasses.replace(demand.constraints, include_uuids=tuple(uuids))
+        # Placement turns the node set into a mask once per distinct set (not per GPU per pod).
+        constraints = dataclasses.replace(demand.constraints, nodes=frozenset(allowed))
         shown = sorted(allowed)[:MAX_NODES_NAMED]
         note = (
             " (its nodeSelector, required node affinity and tolerations allow only "

@@ -25,6 +25,8 @@ from fracgpu.placement.workload import Shape
 
 # Float noise below this (in units x frequency) is not a difference between candidates.
 TIE_TOLERANCE = 1e-7
+# Breaking into an untouched node costs this many GPUs times the frequency of multi-GPU shapes.
+WHOLE_NODE_PENALTY = 4.0
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -34,8 +36,11 @@ _FLOOR_NUDGE = 1e-9
 class FragmentationIndex:
     """Per-node usable capacity for each typical shape, for scoring candidate placements."""
 
-    def __init__(self, *, stranding: bool = True) -> None:
+    def __init__(
+        self, *, stranding: bool = True, whole_node_penalty: float = WHOLE_NODE_PENALTY
+    ) -> None:
         self.stranding = stranding
+        self.whole_node_penalty = whole_node_penalty
         self.shapes: tuple[Shape, ...] = ()
         self.weights: FloatArray = np.zeros(0)
         self._topology = -1
@@ -179,15 +184,25 @@ class FragmentationIndex:
             self.usable[rows], self.pods[rows], state.n_cpu_free[rows], state.n_mem_free[rows]
         )
 
-    def representatives(self, state: ClusterState, cands: Candidates) -> IntArray | None:
+    def representatives(
+        self, state: ClusterState, cands: Candidates, *, same_gpus_per_class: bool = False
+    ) -> IntArray | None:
         """The first candidate of each (node class, GPU class) pair, in candidate order: the
         others score and tie exactly like the first of theirs, so choosing among these picks
-        the same winner. None when the index is not current."""
+        the same winner. None when the index is not current.
+
+        Multi-GPU candidates (one per node) are grouped by node class alone, when
+        ``same_gpus_per_class``: nodes in one state then take the same GPUs, which holds
+        unless the pod names GPUs by UUID."""
         classes = self.current_classes(state)
         if classes is None:
             return None
         if cands.pair_cand is not None:
-            return None  # multi-GPU candidates: one class per combination, not worth it
+            if not same_gpus_per_class:
+                return None
+            first_of_class: IntArray = np.unique(classes.node_ids[cands.rows], return_index=True)[1]
+            first_of_class.sort()
+            return first_of_class
         key = classes.node_ids[cands.rows] * classes.slot_span + classes.slot_ids[cands.slots]
         n, size = len(key), classes.node_span * classes.slot_span
         if size <= 4 * n + 1024:  # few classes: a lowest-index table beats sorting
@@ -300,6 +315,7 @@ class FragmentationIndex:
             state.n_mem_free[rows] - memory_mib,
         )
         lost: FloatArray = (self.effective_now[rows] - after) @ self.weights
+        lost = self._opening_cost(lost, state, rows)
         return lost if expand is None else lost[expand.reshape(-1)]
 
     def node_loss_cpu_only(
@@ -316,6 +332,23 @@ class FragmentationIndex:
             state.n_mem_free[rows] - memory_mib,
         )
         result: FloatArray = (self.effective_now[rows] - after) @ self.weights
+        return self._opening_cost(result, state, rows)
+
+    def _opening_cost(self, lost: FloatArray, state: ClusterState, rows: IntArray) -> FloatArray:
+        """``lost`` plus the cost of breaking into a node whose GPUs are all untouched:
+        ``whole_node_penalty`` GPUs times the frequency of the multi-GPU shapes. The expected
+        loss above counts what the typical shapes lose now; an untouched node is also what
+        a multi-GPU pod will need when it comes, the more often the more such pods arrive
+        (0 when none do: nothing changes for one-GPU workloads). Whether a node is untouched
+        depends only on its GPUs' state, so nodes of one class still score alike."""
+        if self.whole_node_penalty <= 0 or not len(self.weights):
+            return lost
+        wide = float(self.weights[self.s_gpus > 1].sum())
+        if wide <= 0:
+            return lost
+        capacity = state.n_unit_capacity[rows]
+        untouched = (state.n_free_units[rows] == capacity) & (capacity > 0)
+        result: FloatArray = lost + self.whole_node_penalty * wide * state.gpu_units * untouched
         return result
 
 
