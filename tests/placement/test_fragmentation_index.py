@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fracgpu.model import GPUAllocation
-from fracgpu.placement.fragmentation import FragmentationIndex
+from fracgpu.placement.candidates import CandidateFinder
+from fracgpu.placement.fragmentation import WHOLE_NODE_PENALTY, FragmentationIndex
 from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
 from tests.placement.helpers import node, share
@@ -60,3 +61,24 @@ def test_lazy_recount_equals_a_fresh_index(
     fresh.rebuild(state)
     for name in ("usable_now", "pods_now", "usable", "pods", "effective_now"):
         assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
+
+
+def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
+    """A one-GPU share scored on every GPU: candidates on untouched nodes lose
+    WHOLE_NODE_PENALTY x (frequency of multi-GPU shapes) GPUs more than without the
+    penalty; those on a node already in use lose the same."""
+    state, index = counted(8)
+    state.apply("n1", [GPUAllocation("n1-gpu0", 10, 0)], 0, 0, sign=1)  # n1 is in use
+    plain = FragmentationIndex(whole_node_penalty=0.0)
+    plain.shapes, plain.weights = index.shapes, index.weights
+    plain.rebuild(state)
+    index.rebuild(state)
+    finder = CandidateFinder(state)
+    demand = share(10, 1024)
+    cands = finder.find(demand)
+    extra = index.loss(state, cands, 0, 0) - plain.loss(state, cands, 0, 0)
+    wide = float(index.weights[index.s_gpus > 1].sum())
+    assert wide > 0
+    used = np.array([state.node_names[r] == "n1" for r in cands.rows])
+    assert np.allclose(extra[used], 0.0)
+    assert np.allclose(extra[~used], WHOLE_NODE_PENALTY * wide * state.gpu_units)
