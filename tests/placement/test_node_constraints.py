@@ -91,3 +91,15 @@ def test_whole_gpu_recheck_on_a_free_gpu() -> None:
     view = ClusterView([node("a", 1)])
     assert view.capacity_problem("a", [GPUAllocation("a-gpu0", 100, 16384)]) == ""
     assert "a-gpu0" in view.capacity_problem("a", [GPUAllocation("a-gpu0", 100, 16384)] * 2)
+
+
+def test_many_distinct_constraints_keep_the_mask_cache_bounded() -> None:
+    """A tenant sending pods with ever-new selectors (or UUID lists) costs one mask each and
+    cannot grow placement's memory: the oldest masks are dropped past the bound."""
+    view = ClusterView([node(f"n{i}", 1) for i in range(20)])
+    finder = view._finder
+    for i in range(candidates_module.MAX_CACHED_MASKS + 50):
+        chosen = frozenset(f"n{j}" for j in range(20) if (i >> (j % 9)) & 1) or None
+        uuid = Constraints(nodes=chosen, include_uuids=(f"n{i % 20}-gpu0", f"x{i}"))
+        view.place(share(10, constraints=uuid))
+    assert len(finder._masks) <= candidates_module.MAX_CACHED_MASKS
