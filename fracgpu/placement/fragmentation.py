@@ -83,7 +83,9 @@ class FragmentationIndex:
     def set_workload(self, typical: Sequence[tuple[Shape, float]], state: ClusterState) -> None:
         shapes = tuple(s for s, _ in typical)
         weights = np.array([w for _, w in typical], dtype=np.float64)
-        if shapes != self.shapes or self._topology != state.topology_version:
+        if self._topology == state.topology_version and self.shapes and shapes != self.shapes:
+            self._reshape(shapes, state)
+        elif shapes != self.shapes or self._topology != state.topology_version:
             self.shapes = shapes
             self.rebuild(state)
         elif np.array_equal(weights, self.weights):
@@ -95,12 +97,66 @@ class FragmentationIndex:
         if self._topology != state.topology_version:
             self.rebuild(state)
 
+    def _reshape(self, shapes: tuple[Shape, ...], state: ClusterState) -> None:
+        """New typical shapes on unchanged nodes: the columns of shapes kept are moved, only
+        the new shapes' columns are counted (the typical set changes at its margin, one or two
+        shapes at a time, and a full recount is most of a rebuild's cost)."""
+        self._refresh(state)
+        was = {shape: i for i, shape in enumerate(self.shapes)}
+        old = (self.usable_now, self.pods_now, self.usable, self.pods)
+        added = tuple(shape for shape in shapes if shape not in was)
+        part = FragmentationIndex(stranding=self.stranding)
+        part.shapes = added
+        if added:
+            part._count(state)
+        classes, classes_topology = self._classes, self._classes_topology
+        self._empty_state()
+        self.shapes = shapes
+        self._shape_columns(state)
+        new_column = {shape: j for j, shape in enumerate(added)}
+        merged = [np.empty((a.shape[0], len(shapes)), a.dtype) for a in old]
+        for j, shape in enumerate(shapes):
+            source = (
+                (old, was[shape])
+                if shape in was
+                else (
+                    (part.usable_now, part.pods_now, part.usable, part.pods),
+                    new_column[shape],
+                )
+            )
+            for target, array in zip(merged, source[0], strict=True):
+                target[:, j] = array[:, source[1]]
+        self.usable_now, self.pods_now, self.usable, self.pods = merged
+        self.effective_now = self._effective(
+            self.usable, self.pods, state.n_cpu_free, state.n_mem_free
+        )
+        self._classes, self._classes_topology = classes, classes_topology
+        self.version += 1
+
     def rebuild(self, state: ClusterState) -> None:
         self._empty_state()
         self.version += 1
         self._topology = state.topology_version
         if not self.shapes:
             return
+        self._count(state)
+        if self._classes_topology != state.topology_version:
+            self._classes.rebuild(state)
+            self._classes_topology = state.topology_version
+
+    def _count(self, state: ClusterState) -> None:
+        """Every GPU's and node's usable capacity for ``shapes``, from scratch."""
+        self._shape_columns(state)
+        self.usable_now, self.pods_now = self.usable_for(
+            np.arange(len(state.g_free)), state.g_free, state.g_mem_free, state.g_cont
+        )
+        self.usable, self.pods = _per_node(state, self.usable_now, self.pods_now)
+        self.effective_now = self._effective(
+            self.usable, self.pods, state.n_cpu_free, state.n_mem_free
+        )
+
+    def _shape_columns(self, state: ClusterState) -> None:
+        """What each shape needs, and per GPU slot whether and how it could ever take one."""
         u = state.gpu_units
         exclusive = np.array([s.units >= u for s in self.shapes])
         self.s_units = np.array([u if s.units >= u else max(s.units, 1) for s in self.shapes])
@@ -132,16 +188,6 @@ class FragmentationIndex:
         splits = np.unique(state.g_split[state.g_live])
         self._uniform_limit = np.where(exclusive, 1, splits[0]) if len(splits) == 1 else None
         self._needs_memory = bool((self.need_mem > 0).any())
-        self.usable_now, self.pods_now = self.usable_for(
-            np.arange(len(state.g_free)), state.g_free, state.g_mem_free, state.g_cont
-        )
-        self.usable, self.pods = _per_node(state, self.usable_now, self.pods_now)
-        self.effective_now = self._effective(
-            self.usable, self.pods, state.n_cpu_free, state.n_mem_free
-        )
-        if self._classes_topology != state.topology_version:
-            self._classes.rebuild(state)
-            self._classes_topology = state.topology_version
 
     # -- incremental -----------------------------------------------------------------------------
     def update_node(

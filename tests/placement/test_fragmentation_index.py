@@ -82,3 +82,24 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     used = np.array([state.node_names[r] == "n1" for r in cands.rows])
     assert np.allclose(extra[used], 0.0)
     assert np.allclose(extra[~used], WHOLE_NODE_PENALTY * wide * state.gpu_units)
+
+
+def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
+    """When the typical shapes change (one leaves, one comes, the order changes) the kept
+    shapes' columns are moved and only the new one is counted: the result is what a rebuild
+    from scratch gives, and later changes are still counted."""
+    state, index = counted(9)
+    state.apply("n1", [GPUAllocation("n1-gpu0", 40, 512)], 2000, 0, sign=1)
+    index.update_node(state, state.row("n1"))  # left stale on purpose
+    version = index.version
+    shapes = [shape_of(d) for d in (share(100, 0, gpus=2), share(30, 0), SHAPES[0])]
+    typical = [(s, 1 / 3) for s in shapes if s is not None]
+    index.set_workload(typical, state)
+    assert index.version > version
+    state.apply("n2", [GPUAllocation("n2-gpu1", 100, 0)], 0, 0, sign=1)
+    index.update_node(state, state.row("n2"))
+    index._refresh(state)
+    fresh = FragmentationIndex()
+    fresh.set_workload(typical, state)
+    for name in ("usable_now", "pods_now", "usable", "pods", "effective_now", "elig", "s_cpu"):
+        assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
