@@ -126,7 +126,10 @@ class FragmentationIndex:
             )
             for target, array in zip(merged, source[0], strict=True):
                 target[:, j] = array[:, source[1]]
-        self.usable_now, self.pods_now, self.usable, self.pods = merged
+        self.usable_now = merged[0].astype(np.bool_, copy=False)
+        self.pods_now = merged[1].astype(np.float64, copy=False)
+        self.usable = merged[2].astype(np.float64, copy=False)
+        self.pods = merged[3].astype(np.float64, copy=False)
         self.effective_now = self._effective(
             self.usable, self.pods, state.n_cpu_free, state.n_mem_free
         )
