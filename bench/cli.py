@@ -28,6 +28,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.admission.stall",
         "p99 of ordinary pods while pods as large as kube-apiserver stores arrive, vs without",
     ),
+    "placement-constraints": (
+        "bench.placement.constraints",
+        "decision latency per pod shape: nodeSelector, affinity, tolerations, model, multi-GPU",
+    ),
     "placement-synth": (
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",

@@ -279,12 +279,14 @@ class Admission:
                 allowed = everyone - excluded
         if allowed is None or view.covers_all_nodes(allowed):
             return demand, ""  # every GPU node is allowed: nothing to narrow
-        uuids = [d.uuid for n in view.nodes() if n.name in allowed for d in n.devices]
-        wanted = demand.constraints.include_uuids
-        if wanted:
-            uuids = [u for u in uuids if u in wanted]
+        wanted = frozenset(demand.constraints.include_uuids)
+        usable = (
+            any(d.uuid in wanted for n in view.nodes() if n.name in allowed for d in n.devices)
+            if wanted
+            else not allowed.isdisjoint(n.name for n in view.nodes())
+        )
         taints = await self._taint_note(pod, allowed)
-        if not uuids:
+        if not usable:
             return (
                 f"none of the {len(view.nodes())} GPU nodes matches this pod's nodeSelector, "
                 "required node affinity and tolerations"
@@ -292,9 +294,8 @@ class Admission:
                 + f"{taints}: fix the selector, add a toleration for the GPU nodes' taints, "
                 "or label GPU nodes to match"
             )
-        constraints = dataclasses.replace(
-            demand.constraints, include_uuids=tuple(uuids), uuids_named=bool(wanted)
-        )
+        # Placement turns the node set into a mask once per distinct set (not per GPU per pod).
+        constraints = dataclasses.replace(demand.constraints, nodes=frozenset(allowed))
         shown = sorted(allowed)[:MAX_NODES_NAMED]
         note = (
             " (its nodeSelector, required node affinity and tolerations allow only "

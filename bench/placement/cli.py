@@ -8,15 +8,21 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from bench.placement.replay import SeedResult, capacity_milli, replay
-from bench.placement.report import ratios, summarize, table
+from bench.placement.report import published, ratios, summarize, table
 from bench.placement.trace import TraceError, TraceNode, TracePod, read_nodes, read_pods
 from fracgpu.placement import Policy
 
-DEFAULT_POLICIES = (Policy.FRAGMENTATION, Policy.BEST_FIT, Policy.BINPACK, Policy.SPREAD)
+DEFAULT_POLICIES = (
+    Policy.FRAGMENTATION,
+    Policy.FGD,
+    Policy.BEST_FIT,
+    Policy.BINPACK,
+    Policy.SPREAD,
+)
 _DATA = Path("shared") / "data" / "openb"
 DEFAULT_NODES = _DATA / "openb_node_list_gpu_node.csv"
 DEFAULT_PODS = _DATA / "openb_pod_list_default.csv"
@@ -93,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="replays run in parallel (latency is only comparable with --jobs 1)",
     )
+    parser.add_argument(
+        "--no-pod-memory",
+        action="store_true",
+        help="replay with every pod's host memory request set to 0 (compare with the published "
+        "figures: the paper's simulator seems not to bind on host memory)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     return parser
 
@@ -135,10 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TraceError as e:
         print(f"fracgpu-bench placement: {e}", file=sys.stderr)
         return 2
+    if args.no_pod_memory:
+        pods = [replace(p, memory_mib=0) for p in pods]
     gpus = capacity_milli(nodes) // 1000
     print(
         f"trace: {nodes_path.name} ({len(nodes)} nodes, {gpus} GPUs), {pods_path.name} "
-        f"({len(pods)} pods); seeds {','.join(map(str, args.seeds))}; tune {args.tune}; "
+        f"({len(pods)} pods{', memory 0' if args.no_pod_memory else ''}); "
+        f"seeds {','.join(map(str, args.seeds))}; tune {args.tune}; "
         f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
         flush=True,
     )
@@ -150,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(summaries))
     for line in ratios(summaries):
         print(line)
+    if pods_path.name == DEFAULT_PODS.name and nodes_path.name == DEFAULT_NODES.name:
+        for line in published(summaries):
+            print(line)
     print(f"total wall time {time.perf_counter() - started:.1f} s")
     if args.json is not None:
         payload = [

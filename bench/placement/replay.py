@@ -23,7 +23,7 @@ from bench.placement.trace import (
     to_demand,
     to_inventory,
 )
-from fracgpu.placement import ClusterView, Placement, Policy
+from fracgpu.placement import ClusterView, NoFitReason, Placement, Policy
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class SeedResult:
     placed: int
     alloc_by_x: dict[int, float]  # bin x -> mean allocation % of the events in it
     first_failure_arrived: float | None  # arrived % when the first pod failed
+    # arrived % when the first whole-node pod (as many GPUs as the largest node) was refused
+    # for lack of room now (pods that no node could ever hold are not counted)
+    first_big_failure_arrived: float | None
     latencies_ns: npt.NDArray[np.int64]  # wall clock per place() call
     cpu_ns: npt.NDArray[np.int64]  # this thread's CPU time per call (immune to other load)
     wall_s: float
@@ -84,12 +87,14 @@ def replay(
     )
     demands = [to_demand(p) for p in pods]
     order = arrival_order(pods, seed, tune, capacity)
+    whole_node = max(n.gpus for n in nodes)
     latencies = np.zeros(len(order), np.int64)
     cpu = np.zeros(len(order), np.int64)
     sums: dict[int, float] = {}
     counts: dict[int, int] = {}
     arrived = used = placed = 0
     first_failure: float | None = None
+    first_big_failure: float | None = None
     for k, index in enumerate(order):
         pod, demand = pods[index], demands[index]
         arrived += pod.gpu_request
@@ -104,8 +109,12 @@ def replay(
             view.allocate(result.node, allocations, demand.cpu_milli, demand.memory_mib)
             used += pod.gpu_request
             placed += 1
-        elif first_failure is None:
-            first_failure = 100 * arrived / capacity
+        else:
+            if first_failure is None:
+                first_failure = 100 * arrived / capacity
+            big = pod.num_gpu >= whole_node and result.reason is NoFitReason.NOT_NOW
+            if first_big_failure is None and big:
+                first_big_failure = 100 * arrived / capacity
         x = bin_x(arrived, capacity)
         sums[x] = sums.get(x, 0.0) + 100 * used / capacity
         counts[x] = counts.get(x, 0) + 1
@@ -116,6 +125,7 @@ def replay(
         placed=placed,
         alloc_by_x={x: sums[x] / counts[x] for x in sums},
         first_failure_arrived=first_failure,
+        first_big_failure_arrived=first_big_failure,
         latencies_ns=latencies,
         cpu_ns=cpu,
         wall_s=time.perf_counter() - started,

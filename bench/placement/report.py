@@ -10,6 +10,9 @@ from bench.placement.replay import SeedResult
 from fracgpu.placement import Policy
 
 REPORTED_X = (100, 130)
+# The FGD paper's simulator on the default openb trace (shared/data/openb/README.md): GPU
+# allocation % at x = 100, mean over 10 seeds. Printed beside our own runs of the same policy.
+PUBLISHED_AT_100 = {Policy.FGD: 95.23, Policy.BEST_FIT: 92.86}
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class PolicySummary:
     seeds: int
     alloc: dict[int, Stat]  # x -> allocation % at x
     first_failure: Stat  # arrived % at the first failed pod (seeds without one count as nan)
+    first_big_failure: Stat  # arrived % at the first refused whole-node pod (same rule)
+    big_never_refused: int  # seeds in which no whole-node pod was refused for lack of room
     latency_p50_ms: float
     latency_p99_ms: float
     latency_max_ms: float
@@ -60,6 +65,13 @@ def summarize(policy: Policy, results: Sequence[SeedResult]) -> PolicySummary:
                 for r in results
             ]
         ),
+        first_big_failure=stat(
+            [
+                math.nan if r.first_big_failure_arrived is None else r.first_big_failure_arrived
+                for r in results
+            ]
+        ),
+        big_never_refused=sum(1 for r in results if r.first_big_failure_arrived is None),
         latency_p50_ms=float(np.percentile(latencies, 50)),
         latency_p99_ms=float(np.percentile(latencies, 99)),
         latency_max_ms=float(latencies.max()),
@@ -77,6 +89,7 @@ def table(summaries: Sequence[PolicySummary]) -> str:
         "alloc % x=100",
         "alloc % x=130",
         "arrived % at 1st failure",
+        "at 1st 8-GPU refusal",
         "p50 ms",
         "p99 ms",
         "max ms",
@@ -90,6 +103,7 @@ def table(summaries: Sequence[PolicySummary]) -> str:
             str(s.alloc[100]),
             str(s.alloc[130]),
             str(s.first_failure),
+            _big(s),
             f"{s.latency_p50_ms:.3f}",
             f"{s.latency_p99_ms:.3f}",
             f"{s.latency_max_ms:.1f}",
@@ -105,6 +119,30 @@ def table(summaries: Sequence[PolicySummary]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _big(s: PolicySummary) -> str:
+    """The first whole-node refusal; seeds that never refused one are counted beside it."""
+    if s.big_never_refused == 0:
+        return str(s.first_big_failure)
+    if s.big_never_refused == s.seeds:
+        return "never"
+    return f"{s.first_big_failure} ({s.big_never_refused} never)"
+
+
+def published(summaries: Sequence[PolicySummary]) -> list[str]:
+    """Our runs of the policies the FGD paper also ran, beside its published figure (only
+    meaningful on the default openb trace)."""
+    lines = []
+    for s in summaries:
+        ref = PUBLISHED_AT_100.get(s.policy)
+        if ref is not None:
+            got = s.alloc[100].mean
+            lines.append(
+                f"{s.policy.value}: {got:.2f} % at x=100 vs {ref:.2f} % published on the "
+                f"default openb trace ({got - ref:+.2f} points)"
+            )
+    return lines
 
 
 def ratios(summaries: Sequence[PolicySummary], baseline: Policy = Policy.BEST_FIT) -> list[str]:

@@ -1,7 +1,8 @@
 """Reading and writing traces in the openb CSV format, and mapping them to placement demands.
 
 Node list columns: sn, cpu_milli, memory_mib, gpu, model.
-Pod list columns: name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec (others ignored).
+Pod list columns: name, cpu_milli, memory_mib, num_gpu, gpu_milli, and optionally gpu_spec
+(absent or empty: any GPU model); other columns are ignored.
 """
 
 import csv
@@ -17,6 +18,8 @@ MILLI_PER_GPU = 1000
 CPU_ZERO_READS_AS = 100
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+# gpu_spec may be left out: a trace without model constraints.
+REQUIRED_POD_COLUMNS = POD_COLUMNS[:-1]
 
 
 class TraceError(ValueError):
@@ -98,7 +101,7 @@ def read_nodes(path: Path) -> list[TraceNode]:
 
 def read_pods(path: Path) -> list[TracePod]:
     pods: list[TracePod] = []
-    for line, row in _rows(path, POD_COLUMNS):
+    for line, row in _rows(path, REQUIRED_POD_COLUMNS):
         num_gpu = _int(f"{path}:{line}", row, "num_gpu", 0, 1024)
         gpu_milli = _int(f"{path}:{line}", row, "gpu_milli", 0, MILLI_PER_GPU)
         if num_gpu > 0 and gpu_milli == 0:

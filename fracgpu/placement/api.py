@@ -1,6 +1,6 @@
 """The placement vocabulary: what is asked (PodDemand) and what comes back (Placement | NoFit)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fracgpu.model import ContainerAssignment, ContainerRequest, GPUDevice
@@ -11,13 +11,15 @@ class Policy(StrEnum):
 
     BINPACK fills the fullest node and GPU first, SPREAD the emptiest; BEST_FIT picks the node
     with the least CPU + memory + GPU left (the baseline of the FGD paper); FRAGMENTATION picks
-    the GPU whose use loses the least capacity for the workload's typical pod shapes.
+    the GPU whose use loses the least capacity for the workload's typical pod shapes; FGD is the
+    FGD paper's own rule (Weng et al., ATC'23), kept to compare against.
     """
 
     BINPACK = "binpack"
     SPREAD = "spread"
     FRAGMENTATION = "fragmentation"
     BEST_FIT = "best-fit"
+    FGD = "fgd"
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,10 @@ class Constraints:
 
     Model names match case-insensitively as substrings ("A100" matches "NVIDIA A100-SXM4-80GB"),
     or as whole names when ``exact_models`` is set (trace replays: "V100M16" != "V100M16X").
+    ``nodes`` is the set of nodes the pod's own nodeSelector, required node affinity and
+    tolerations allow (None: any node). Placement turns each distinct ``Constraints`` into a
+    mask of eligible GPUs once (``CandidateFinder.allowed``), so a large node set or UUID list
+    costs set look-ups once, not per decision.
     """
 
     include_models: tuple[str, ...] = ()
@@ -34,16 +40,28 @@ class Constraints:
     exclude_uuids: tuple[str, ...] = ()
     pools: tuple[str, ...] = ()  # allowed node pools; empty = any
     exact_models: bool = False
-    # False when ``include_uuids`` only lists the GPUs of the nodes a pod's nodeSelector,
-    # affinity and tolerations allow (the pod named no GPU): messages then do not claim it did.
-    uuids_named: bool = True
+    nodes: frozenset[str] | None = None
+    # The UUID lists as sets, for look-ups (built once per Constraints, not per GPU).
+    _include: frozenset[str] = field(init=False, repr=False, compare=False, hash=False)
+    _exclude: frozenset[str] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_include", frozenset(self.include_uuids))
+        object.__setattr__(self, "_exclude", frozenset(self.exclude_uuids))
 
     def allows(self, device: GPUDevice) -> bool:
+        """The GPU's model and UUID are allowed (the node is checked by ``allows_node``)."""
         if not self.allows_model(device.model):
             return False
-        if self.include_uuids and device.uuid not in self.include_uuids:
+        return self.allows_uuid(device.uuid)
+
+    def allows_uuid(self, uuid: str) -> bool:
+        if self.include_uuids and uuid not in self._include:
             return False
-        return device.uuid not in self.exclude_uuids
+        return uuid not in self._exclude
+
+    def allows_node(self, node: str) -> bool:
+        return self.nodes is None or node in self.nodes
 
     def allows_model(self, model: str) -> bool:
         name = model.lower()

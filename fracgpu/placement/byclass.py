@@ -18,6 +18,7 @@ from fracgpu.model import ContainerAssignment, ContainerRequest, GPUAllocation
 from fracgpu.placement.api import Placement, PodDemand
 from fracgpu.placement.candidates import Candidates
 from fracgpu.placement.classes import NodeFeatures, SlotFeatures, StateClasses
+from fracgpu.placement.fit import gpu_room
 from fracgpu.placement.fragmentation import TIE_TOLERANCE, FragmentationIndex
 from fracgpu.placement.pairs import Pair
 from fracgpu.placement.scoring import PolicyKeys
@@ -115,7 +116,7 @@ def _single_gpu_request(demand: PodDemand) -> ContainerRequest | None:
         return None
     request = demand.containers[0]
     c = demand.constraints
-    if request.gpus != 1 or c.include_uuids or c.exclude_uuids or c.pools:
+    if request.gpus != 1 or c.include_uuids or c.exclude_uuids or c.pools or c.nodes is not None:
         return None
     return request
 
@@ -181,12 +182,17 @@ def _memory_taken(
     if not demand.constraints.allows_model(state.models[model]):
         return None
     need = request.memory.resolve(mem_total)
-    u = state.gpu_units
-    if request.cores >= u:
-        fits = containers == 0 and free >= u and mem_free >= mem_total and need <= mem_total
-    else:
-        fits = free >= max(request.cores, 1) and mem_free >= need and containers < split
-    return need if fits else None
+    room = gpu_room(
+        free,
+        mem_free,
+        containers,
+        mem_total,
+        split,
+        cores=request.cores,
+        memory=need,
+        units=state.gpu_units,
+    )
+    return need if room else None
 
 
 def _lexmin(options: list[tuple[int, tuple[int, Score]]]) -> tuple[int, tuple[int, Score]]:

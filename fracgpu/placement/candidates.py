@@ -13,6 +13,7 @@ import numpy as np
 
 from fracgpu.model import ContainerAssignment, ContainerRequest, GPUAllocation
 from fracgpu.placement.api import Constraints, PodDemand
+from fracgpu.placement.fit import gpu_room
 from fracgpu.placement.state import BoolArray, ClusterState, IntArray
 
 
@@ -34,18 +35,56 @@ class Candidates:
         return len(self.rows)
 
     def subset(self, chosen: IntArray) -> "Candidates":
-        """Single-GPU candidates ``chosen`` (indices), in that order."""
-        if self.pair_cand is not None:
-            raise ValueError("subset() takes single-GPU candidates (pair_cand is None)")
+        """Candidates ``chosen`` (ascending indices), in that order, with their pairs."""
+        if self.pair_cand is None:
+            return Candidates(
+                self.rows[chosen],
+                None,
+                self.slots[chosen],
+                self.take_units[chosen],
+                self.take_mem[chosen],
+                self.take_cont[chosen],
+                lambda i: self.assignment(int(chosen[i])),
+            )
+        position = np.full(len(self.rows), -1, np.int64)
+        position[chosen] = np.arange(len(chosen))
+        keep = position[self.pair_cand] >= 0  # pairs stay grouped by candidate, in order
         return Candidates(
             self.rows[chosen],
-            None,
-            self.slots[chosen],
-            self.take_units[chosen],
-            self.take_mem[chosen],
-            self.take_cont[chosen],
+            position[self.pair_cand[keep]],
+            self.slots[keep],
+            self.take_units[keep],
+            self.take_mem[keep],
+            self.take_cont[keep],
             lambda i: self.assignment(int(chosen[i])),
         )
+
+
+# Distinct constraints whose masks are kept (each is two bool arrays, ~7 kB at 6,000 GPUs).
+MAX_CACHED_MASKS = 256
+
+
+def eligibility(st: ClusterState, constraints: Constraints) -> tuple[BoolArray, BoolArray]:
+    """(GPU slots ``constraints`` allow and that can take work, node rows they allow): the one
+    place a pod's model, UUID, pool and node constraints become masks. Set look-ups over the
+    cluster's models, GPUs and nodes, once; nothing here loops over a pod's lists."""
+    n_rows = len(st.n_pool)
+    models = np.array([constraints.allows_model(m) for m in st.models] or [True])
+    gpus: BoolArray = st.g_live & models[st.g_model] if len(st.g_model) else st.g_live.copy()
+    if constraints.include_uuids or constraints.exclude_uuids:
+        allows_uuid = constraints.allows_uuid
+        gpus &= np.fromiter(
+            (allows_uuid(d.uuid) for d in st.devices), dtype=np.bool_, count=len(st.devices)
+        )
+    nodes = st.n_live.copy()
+    if constraints.pools:
+        allows_pool = constraints.allows_pool
+        nodes &= np.fromiter((allows_pool(p) for p in st.n_pool), dtype=np.bool_, count=n_rows)
+    if constraints.nodes is not None:
+        chosen = constraints.nodes
+        nodes &= np.fromiter((n in chosen for n in st.node_names), dtype=np.bool_, count=n_rows)
+    gpus &= nodes[st.g_node]
+    return gpus, nodes
 
 
 class CandidateFinder:
@@ -58,7 +97,10 @@ class CandidateFinder:
 
     # -- masks ---------------------------------------------------------------------------------
     def allowed(self, constraints: Constraints) -> tuple[BoolArray, BoolArray]:
-        """(GPU slots the constraints allow and that can take work, node rows in allowed pools)."""
+        """(GPU slots the constraints allow and that can take work, node rows they allow).
+
+        Computed once per distinct ``Constraints`` and kept until the nodes change: every
+        policy, the no-fit explanation and the per-class path read the same masks."""
         st = self._state
         if self._topology != st.topology_version:
             self._masks.clear()
@@ -66,19 +108,11 @@ class CandidateFinder:
         cached = self._masks.get(constraints)
         if cached is not None:
             return cached
-        models = np.array([constraints.allows_model(m) for m in st.models] or [True])
-        gpus = st.g_live & models[st.g_model] if len(st.g_model) else st.g_live.copy()
-        if constraints.include_uuids or constraints.exclude_uuids:
-            by_uuid = np.array([constraints.allows(d) for d in st.devices], dtype=np.bool_)
-            gpus &= by_uuid
-        pools = st.n_live & np.array(
-            [constraints.allows_pool(p) for p in st.n_pool], dtype=np.bool_
-        ).reshape(len(st.n_pool))
-        gpus &= pools[st.g_node]
-        if len(self._masks) > 256:  # constraints vary per pod: keep the cache bounded
-            self._masks.clear()
-        self._masks[constraints] = (gpus, pools)
-        return gpus, pools
+        masks = eligibility(st, constraints)
+        if len(self._masks) >= MAX_CACHED_MASKS:  # constraints vary per pod: keep it bounded
+            self._masks.pop(next(iter(self._masks)))  # the oldest entry
+        self._masks[constraints] = masks
+        return masks
 
     def node_room(self, demand: PodDemand, pools: BoolArray) -> BoolArray:
         st = self._state
@@ -115,22 +149,17 @@ class CandidateFinder:
     def fits_gpu(self, request: ContainerRequest, mask: BoolArray, need_mem: IntArray) -> BoolArray:
         """GPU slots that could take one GPU of this container now."""
         st = self._state
-        fits: BoolArray
-        if request.cores >= st.gpu_units:
-            fits = (
-                mask
-                & (st.g_cont == 0)
-                & (st.g_free >= st.gpu_units)
-                & (st.g_mem_free >= st.g_mem_total)
-                & (need_mem <= st.g_mem_total)
-            )
-        else:
-            fits = (
-                mask
-                & (st.g_free >= max(request.cores, 1))
-                & (st.g_mem_free >= need_mem)
-                & (st.g_cont < st.g_split)
-            )
+        room = gpu_room(
+            st.g_free,
+            st.g_mem_free,
+            st.g_cont,
+            st.g_mem_total,
+            st.g_split,
+            cores=request.cores,
+            memory=need_mem,
+            units=st.gpu_units,
+        )
+        fits: BoolArray = mask & room
         return fits
 
     def _single_gpu(self, request: ContainerRequest, mask: BoolArray) -> Candidates:
@@ -270,10 +299,10 @@ def fit_on_node(
     for i in order:
         request = demand.containers[i]
         need = needs[i][s.start : s.stop]
-        if request.cores >= u:
-            fit = ok & (cont == 0) & (free >= u) & (mem_free >= mem_total) & (need <= mem_total)
-        else:
-            fit = ok & (free >= max(request.cores, 1)) & (mem_free >= need) & (cont < split)
+        room = gpu_room(
+            free, mem_free, cont, mem_total, split, cores=request.cores, memory=need, units=u
+        )
+        fit = ok & room
         idx = np.flatnonzero(fit)
         if len(idx) < request.gpus:
             return None

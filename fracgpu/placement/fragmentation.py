@@ -25,6 +25,8 @@ from fracgpu.placement.workload import Shape
 
 # Float noise below this (in units x frequency) is not a difference between candidates.
 TIE_TOLERANCE = 1e-7
+# Breaking into an untouched node costs this many GPUs times the frequency of multi-GPU shapes.
+WHOLE_NODE_PENALTY = 4.0
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -34,8 +36,11 @@ _FLOOR_NUDGE = 1e-9
 class FragmentationIndex:
     """Per-node usable capacity for each typical shape, for scoring candidate placements."""
 
-    def __init__(self, *, stranding: bool = True) -> None:
+    def __init__(
+        self, *, stranding: bool = True, whole_node_penalty: float = WHOLE_NODE_PENALTY
+    ) -> None:
         self.stranding = stranding
+        self.whole_node_penalty = whole_node_penalty
         self.shapes: tuple[Shape, ...] = ()
         self.weights: FloatArray = np.zeros(0)
         self._topology = -1
@@ -78,7 +83,9 @@ class FragmentationIndex:
     def set_workload(self, typical: Sequence[tuple[Shape, float]], state: ClusterState) -> None:
         shapes = tuple(s for s, _ in typical)
         weights = np.array([w for _, w in typical], dtype=np.float64)
-        if shapes != self.shapes or self._topology != state.topology_version:
+        if self._topology == state.topology_version and self.shapes and shapes != self.shapes:
+            self._reshape(shapes, state)
+        elif shapes != self.shapes or self._topology != state.topology_version:
             self.shapes = shapes
             self.rebuild(state)
         elif np.array_equal(weights, self.weights):
@@ -90,12 +97,69 @@ class FragmentationIndex:
         if self._topology != state.topology_version:
             self.rebuild(state)
 
+    def _reshape(self, shapes: tuple[Shape, ...], state: ClusterState) -> None:
+        """New typical shapes on unchanged nodes: the columns of shapes kept are moved, only
+        the new shapes' columns are counted (the typical set changes at its margin, one or two
+        shapes at a time, and a full recount is most of a rebuild's cost)."""
+        self._refresh(state)
+        was = {shape: i for i, shape in enumerate(self.shapes)}
+        old = (self.usable_now, self.pods_now, self.usable, self.pods)
+        added = tuple(shape for shape in shapes if shape not in was)
+        part = FragmentationIndex(stranding=self.stranding)
+        part.shapes = added
+        if added:
+            part._count(state)
+        classes, classes_topology = self._classes, self._classes_topology
+        self._empty_state()
+        self.shapes = shapes
+        self._shape_columns(state)
+        new_column = {shape: j for j, shape in enumerate(added)}
+        merged = [np.empty((a.shape[0], len(shapes)), a.dtype) for a in old]
+        for j, shape in enumerate(shapes):
+            source = (
+                (old, was[shape])
+                if shape in was
+                else (
+                    (part.usable_now, part.pods_now, part.usable, part.pods),
+                    new_column[shape],
+                )
+            )
+            for target, array in zip(merged, source[0], strict=True):
+                target[:, j] = array[:, source[1]]
+        self.usable_now = merged[0].astype(np.bool_, copy=False)
+        self.pods_now = merged[1].astype(np.float64, copy=False)
+        self.usable = merged[2].astype(np.float64, copy=False)
+        self.pods = merged[3].astype(np.float64, copy=False)
+        self.effective_now = self._effective(
+            self.usable, self.pods, state.n_cpu_free, state.n_mem_free
+        )
+        self._classes, self._classes_topology = classes, classes_topology
+        self.version += 1
+
     def rebuild(self, state: ClusterState) -> None:
         self._empty_state()
         self.version += 1
         self._topology = state.topology_version
         if not self.shapes:
             return
+        self._count(state)
+        if self._classes_topology != state.topology_version:
+            self._classes.rebuild(state)
+            self._classes_topology = state.topology_version
+
+    def _count(self, state: ClusterState) -> None:
+        """Every GPU's and node's usable capacity for ``shapes``, from scratch."""
+        self._shape_columns(state)
+        self.usable_now, self.pods_now = self.usable_for(
+            np.arange(len(state.g_free)), state.g_free, state.g_mem_free, state.g_cont
+        )
+        self.usable, self.pods = _per_node(state, self.usable_now, self.pods_now)
+        self.effective_now = self._effective(
+            self.usable, self.pods, state.n_cpu_free, state.n_mem_free
+        )
+
+    def _shape_columns(self, state: ClusterState) -> None:
+        """What each shape needs, and per GPU slot whether and how it could ever take one."""
         u = state.gpu_units
         exclusive = np.array([s.units >= u for s in self.shapes])
         self.s_units = np.array([u if s.units >= u else max(s.units, 1) for s in self.shapes])
@@ -127,16 +191,6 @@ class FragmentationIndex:
         splits = np.unique(state.g_split[state.g_live])
         self._uniform_limit = np.where(exclusive, 1, splits[0]) if len(splits) == 1 else None
         self._needs_memory = bool((self.need_mem > 0).any())
-        self.usable_now, self.pods_now = self.usable_for(
-            np.arange(len(state.g_free)), state.g_free, state.g_mem_free, state.g_cont
-        )
-        self.usable, self.pods = _per_node(state, self.usable_now, self.pods_now)
-        self.effective_now = self._effective(
-            self.usable, self.pods, state.n_cpu_free, state.n_mem_free
-        )
-        if self._classes_topology != state.topology_version:
-            self._classes.rebuild(state)
-            self._classes_topology = state.topology_version
 
     # -- incremental -----------------------------------------------------------------------------
     def update_node(
@@ -179,15 +233,25 @@ class FragmentationIndex:
             self.usable[rows], self.pods[rows], state.n_cpu_free[rows], state.n_mem_free[rows]
         )
 
-    def representatives(self, state: ClusterState, cands: Candidates) -> IntArray | None:
+    def representatives(
+        self, state: ClusterState, cands: Candidates, *, same_gpus_per_class: bool = False
+    ) -> IntArray | None:
         """The first candidate of each (node class, GPU class) pair, in candidate order: the
         others score and tie exactly like the first of theirs, so choosing among these picks
-        the same winner. None when the index is not current."""
+        the same winner. None when the index is not current.
+
+        Multi-GPU candidates (one per node) are grouped by node class alone, when
+        ``same_gpus_per_class``: nodes in one state then take the same GPUs, which holds
+        unless the pod names GPUs by UUID."""
         classes = self.current_classes(state)
         if classes is None:
             return None
         if cands.pair_cand is not None:
-            return None  # multi-GPU candidates: one class per combination, not worth it
+            if not same_gpus_per_class:
+                return None
+            first_of_class: IntArray = np.unique(classes.node_ids[cands.rows], return_index=True)[1]
+            first_of_class.sort()
+            return first_of_class
         key = classes.node_ids[cands.rows] * classes.slot_span + classes.slot_ids[cands.slots]
         n, size = len(key), classes.node_span * classes.slot_span
         if size <= 4 * n + 1024:  # few classes: a lowest-index table beats sorting
@@ -300,6 +364,7 @@ class FragmentationIndex:
             state.n_mem_free[rows] - memory_mib,
         )
         lost: FloatArray = (self.effective_now[rows] - after) @ self.weights
+        lost = self._opening_cost(lost, state, rows)
         return lost if expand is None else lost[expand.reshape(-1)]
 
     def node_loss_cpu_only(
@@ -316,6 +381,23 @@ class FragmentationIndex:
             state.n_mem_free[rows] - memory_mib,
         )
         result: FloatArray = (self.effective_now[rows] - after) @ self.weights
+        return self._opening_cost(result, state, rows)
+
+    def _opening_cost(self, lost: FloatArray, state: ClusterState, rows: IntArray) -> FloatArray:
+        """``lost`` plus the cost of breaking into a node whose GPUs are all untouched:
+        ``whole_node_penalty`` GPUs times the frequency of the multi-GPU shapes. The expected
+        loss above counts what the typical shapes lose now; an untouched node is also what
+        a multi-GPU pod will need when it comes, the more often the more such pods arrive
+        (0 when none do: nothing changes for one-GPU workloads). Whether a node is untouched
+        depends only on its GPUs' state, so nodes of one class still score alike."""
+        if self.whole_node_penalty <= 0 or not len(self.weights):
+            return lost
+        wide = float(self.weights[self.s_gpus > 1].sum())
+        if wide <= 0:
+            return lost
+        capacity = state.n_unit_capacity[rows]
+        untouched = (state.n_free_units[rows] == capacity) & (capacity > 0)
+        result: FloatArray = lost + self.whole_node_penalty * wide * state.gpu_units * untouched
         return result
 
 

@@ -109,14 +109,14 @@ def _could_ever_fit(state: ClusterState, finder: CandidateFinder, demand: PodDem
 
 
 def describe_constraints(constraints: Constraints) -> str:
-    """The pod's steering and quota constraints, in words (UUID lists only counted: the
-    webhook narrows them to the allowed nodes' GPUs, which may be thousands)."""
+    """The pod's steering and quota constraints, in words (UUID lists only counted: a pod
+    may name thousands). Node narrowing is not described here: the webhook names it."""
     parts = []
     if constraints.include_models:
         parts.append(f"only GPU models {', '.join(constraints.include_models)}")
     if constraints.exclude_models:
         parts.append(f"no GPU models {', '.join(constraints.exclude_models)}")
-    if constraints.include_uuids and constraints.uuids_named:
+    if constraints.include_uuids:
         parts.append(f"only {len(constraints.include_uuids)} GPUs named by UUID")
     if constraints.exclude_uuids:
         parts.append(f"not {len(constraints.exclude_uuids)} GPUs named by UUID")

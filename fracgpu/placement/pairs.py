@@ -31,6 +31,7 @@ class ClassPairs:
         # never change until ``reset``, so this is worked out once per node class.
         self._offsets: dict[int, dict[int, int]] = {}
         self._pairs: list[Pair] | None = None  # the live pairs, until a class comes or goes
+        self._count = 0  # how many live pairs, kept as classes come and go (no list built)
         self._entries = 0  # heap entries, stale ones included
 
     def move_node(self, first: int, node_id: int, slot_ids: Sequence[int]) -> None:
@@ -51,6 +52,7 @@ class ClassPairs:
                 del sizes[old]
                 self._entries -= len(self._heaps.pop(old))
                 self._pairs = None
+                self._count -= len(self._offsets[old])
         heap = self._heaps.get(node_id)
         if heap is None:
             self._heaps[node_id] = [first]
@@ -61,6 +63,7 @@ class ClassPairs:
                 for offset, slot_id in enumerate(slot_ids):
                     offsets.setdefault(slot_id, offset)
                 self._offsets[node_id] = offsets
+            self._count += len(self._offsets[node_id])
         else:
             heapq.heappush(heap, first)
             sizes[node_id] += 1
@@ -73,7 +76,7 @@ class ClassPairs:
         return list(self._live())
 
     def __len__(self) -> int:
-        return len(self._live())
+        return self._count
 
     def _live(self) -> list[Pair]:
         if self._pairs is None:

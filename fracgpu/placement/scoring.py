@@ -16,6 +16,8 @@ from fracgpu.placement.candidates import Candidates
 from fracgpu.placement.fragmentation import TIE_TOLERANCE, FragmentationIndex
 from fracgpu.placement.state import ClusterState, FloatArray, IntArray
 
+# The scheduler framework's highest node score, to which FGD scales its sigmoid.
+FGD_MAX_SCORE = 100
 # A key's values for the candidates at the given indices (None: for all of them).
 Key = Callable[[IntArray | None], FloatArray]
 
@@ -42,8 +44,10 @@ def choose(
         )
     elif policy is Policy.BEST_FIT:
         chain = [keys.node_left, keys.gpu_left]
+    elif policy is Policy.FGD:
+        return _by_fgd(cands, state, frag, demand, keys)
     else:
-        reps = None if keys.gpu_less else frag.representatives(state, cands)
+        reps = None if keys.gpu_less else _representatives(state, frag, cands, demand)
         if reps is not None and len(reps) < len(cands.rows):
             # Score one candidate per class: the others score and tie exactly like it.
             subset = cands.subset(reps)
@@ -73,6 +77,42 @@ def _by_fragmentation(
         keys.gpu_left,
     ]
     return lexmin(chain, len(cands.rows))
+
+
+def _representatives(
+    state: ClusterState, frag: FragmentationIndex, cands: Candidates, demand: PodDemand
+) -> IntArray | None:
+    c = demand.constraints
+    named = bool(c.include_uuids or c.exclude_uuids)
+    return frag.representatives(state, cands, same_gpus_per_class=not named)
+
+
+def _by_fgd(
+    cands: Candidates,
+    state: ClusterState,
+    frag: FragmentationIndex,
+    demand: PodDemand,
+    keys: "PolicyKeys",
+) -> int:
+    """The FGD paper's choice: score = floor(100 x sigmoid(fragmentation decrease / 1 GPU)),
+    as its simulator hands scores to the scheduler framework (integers up to MaxNodeScore);
+    the highest wins, the first candidate (lowest node, then GPU) on ties.
+
+    ``frag`` is an index without stranding, over FGD's task types (popularity sums to 1): the
+    candidate's loss of usable capacity is then the fragmentation it adds plus what it takes."""
+    reps = None if keys.gpu_less else _representatives(state, frag, cands, demand)
+    scored = cands if reps is None else cands.subset(reps)
+    if keys.gpu_less:
+        loss = frag.node_loss_cpu_only(state, scored.rows, demand.cpu_milli, demand.memory_mib)
+    else:
+        loss = frag.loss(
+            state, scored, demand.cpu_milli, demand.memory_mib, distinct=reps is not None
+        )
+    taken = sum(c.cores * c.gpus for c in demand.containers)
+    decrease = (taken - loss) / state.gpu_units
+    score = np.floor(FGD_MAX_SCORE / (1.0 + np.exp(-decrease)))
+    first = int(np.flatnonzero(score == score.max())[0])
+    return first if reps is None else int(reps[first])
 
 
 class PolicyKeys:

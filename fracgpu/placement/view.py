@@ -15,15 +15,20 @@ from fracgpu.placement.byclass import ClassChooser
 from fracgpu.placement.candidates import CandidateFinder
 from fracgpu.placement.fragmentation import FragmentationIndex
 from fracgpu.placement.nofit import explain
+from fracgpu.placement.recheck import capacity_problem
 from fracgpu.placement.scoring import choose
 from fracgpu.placement.state import ClusterState
-from fracgpu.placement.workload import WorkloadModel, shape_of
+from fracgpu.placement.workload import WorkloadModel, arrival_weight, shape_of
 
 DEFAULT_SPLIT_COUNT = 10
 # What one pod or reservation holds on a node: GPU allocations, CPU milli, memory MiB.
 Usage = tuple[Iterable[GPUAllocation], int, int]
 # The typical shapes are re-ranked after 1, 2, 4, ... 64 arrivals, then every 64.
 REFRESH_EVERY = 64
+# The FGD policy's workload: task types counted without decay (the paper reads them from the
+# whole trace), the most popular ones covering 95 % of the tasks.
+FGD_HALF_LIFE = 10**12
+FGD_MAX_SHAPES = 128
 
 
 class ClusterView:
@@ -58,6 +63,13 @@ class ClusterView:
         self._workload = workload if workload is not None else WorkloadModel()
         self._frag = FragmentationIndex()
         self._by_class = ClassChooser()
+        # The FGD policy (kept to compare against): its own workload and index, set up only
+        # when it is used; ``observe`` only counts task types for it.
+        self._fgd_workload = WorkloadModel(
+            half_life=FGD_HALF_LIFE, max_shapes=FGD_MAX_SHAPES, keep_wide=False
+        )
+        self._fgd = FragmentationIndex(stranding=False, whole_node_penalty=0.0)
+        self._fgd_seen = 0
         for node in nodes:
             self.add_node(node)
 
@@ -125,6 +137,7 @@ class ClusterView:
         pairs = enumerate(zip(before[1], after[1], strict=True), first)
         changed = [slot for slot, (old, new) in pairs if old != new]
         self._frag.update_node(self._state, row, changed)
+        self._fgd.update_node(self._state, row, changed)
 
     def _apply(
         self,
@@ -137,7 +150,9 @@ class ClusterView:
         allocations = tuple(allocations)
         row = self._state.apply(node, allocations, cpu_milli, memory_mib, sign)
         if row is not None:
-            self._frag.update_node(self._state, row, self._state.slots_of(node, allocations))
+            changed = self._state.slots_of(node, allocations)
+            self._frag.update_node(self._state, row, changed)
+            self._fgd.update_node(self._state, row, changed)
 
     def observe(self, demand: PodDemand) -> None:
         """Record that a pod of this shape arrived (placed or not): the fragmentation policy
@@ -145,7 +160,8 @@ class ClusterView:
         shape = shape_of(demand)
         if shape is None:
             return
-        self._workload.observe(shape)
+        self._workload.observe(shape, arrival_weight(shape), demand.cpu_milli, demand.memory_mib)
+        self._fgd_workload.observe(shape._replace(cpu_milli=demand.cpu_milli, memory_mib=0))
         seen = self._workload.observations
         if seen % REFRESH_EVERY == 0 or (seen & (seen - 1)) == 0 or not self._frag.active:
             self._frag.set_workload(self._workload.typical(), self._state)
@@ -189,20 +205,48 @@ class ClusterView:
         row = self._state.row(node)
         return int(self._state.n_cpu_free[row]), int(self._state.n_mem_free[row])
 
+    def capacity_problem(
+        self,
+        node: str,
+        allocations: Iterable[GPUAllocation],
+        *,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+    ) -> str:
+        """Empty when ``allocations`` (chosen earlier) still fit ``node`` now, by the same
+        rule ``place`` uses; otherwise what no longer has room (the re-check at reserve)."""
+        return capacity_problem(
+            self._state, node, allocations, cpu_milli=cpu_milli, memory_mib=memory_mib
+        )
+
     def place(self, demand: PodDemand, policy: Policy = Policy.BINPACK) -> Placement | NoFit:
         """The best node and GPU(s) for the pod under ``policy``; never changes the view."""
         _check(demand, self._state.gpu_units)
+        frag = self._frag
         if policy is Policy.FRAGMENTATION:
             self._frag.sync(self._state)
             placed = self._by_class.place(self._state, self._frag, demand)
             if placed is not None:
                 return placed
+        elif policy is Policy.FGD:
+            frag = self._fgd_index()
         cands = self._finder.find(demand, prefer_most_free=policy is Policy.SPREAD)
         if len(cands) == 0:
             return explain(self._state, self._finder, demand)
-        winner = choose(policy, cands, self._state, self._frag, demand)
+        winner = choose(policy, cands, self._state, frag, demand)
         node = self._state.node_names[int(cands.rows[winner])]
         return Placement(node, cands.assignment(winner))
+
+    def _fgd_index(self) -> FragmentationIndex:
+        """FGD's index, its task types re-ranked on the same schedule as ``observe`` uses."""
+        seen = self._fgd_workload.observations
+        last = self._fgd_seen
+        due = not self._fgd.active or seen >= 2 * last or seen - last >= REFRESH_EVERY
+        if seen != last and due:
+            self._fgd.set_workload(self._fgd_workload.typical(), self._state)
+            self._fgd_seen = seen
+        self._fgd.sync(self._state)
+        return self._fgd
 
 
 def _check(demand: PodDemand, gpu_units: int) -> None:

@@ -180,3 +180,60 @@ def test_synthetic_traces_change_what_they_say() -> None:
     assert extra_cpu >= 3 * sum(p.cpu_milli for p in pods if p.num_gpu == 0)
     with pytest.raises(TraceError, match="unknown kind"):
         synthesize("other", pods, NODES, 0.5, seed=1)
+
+
+def test_pod_lists_without_gpu_spec_are_read_as_any_model(tmp_path: Path) -> None:
+    path = tmp_path / "pods.csv"
+    path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1000,1,1,500\n")
+    assert read_pods(path) == [TracePod("x", 1000, 1, 1, 500, ())]
+
+
+def test_replay_reports_the_first_whole_node_refusal() -> None:
+    """Two 2-GPU nodes. Spread puts the two shares on both nodes, so the 2-GPU pod arriving
+    last is refused; binpack stacks them on one GPU and it fits. The 2-GPU pod asking more
+    CPU than any node has is refused too, but could never fit: it is not counted."""
+    nodes = [TraceNode(f"n{i}", 8000, 32768, 2, "T4") for i in range(2)]
+    pods = [pod("s1", 500), pod("s2", 500), pod("big", 1000, num_gpu=2)]
+    never = pod("huge", 1000, num_gpu=2, cpu=64000)
+    seed = next(s for s in range(100) if arrival_order(pods, s, 0.75, 4000)[-1] == 2)
+    spread = replay(nodes, [*pods, never], Policy.SPREAD, seed=seed, tune=0.75)
+    assert spread.first_big_failure_arrived is not None
+    packed = replay(nodes, pods, Policy.BINPACK, seed=seed, tune=0.75)
+    assert packed.first_big_failure_arrived is None
+    alone = replay(nodes, [pod("s1", 500), never], Policy.BINPACK, seed=1, tune=0.5)
+    assert alone.first_failure_arrived is not None
+    assert alone.first_big_failure_arrived is None
+
+
+def test_cli_compares_fgd_with_its_published_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes_csv = tmp_path / "openb_node_list_gpu_node.csv"
+    pods_csv = tmp_path / "openb_pod_list_default.csv"
+    write_nodes(nodes_csv, [TraceNode(f"n{i}", 16000, 65536, 8, "T4") for i in range(4)])
+    write_pods(pods_csv, [pod(f"p{i}", (300, 500, 1000, 0)[i % 4]) for i in range(40)])
+    args = ["placement", "--nodes", str(nodes_csv), "--pods", str(pods_csv), "--seeds", "1"]
+    assert bench_main(args) == 0
+    out = capsys.readouterr().out
+    assert "at 1st 8-GPU refusal" in out
+    rows = [line.split()[0] for line in out.splitlines()[3:8]]
+    assert rows == ["fragmentation", "fgd", "best-fit", "binpack", "spread"]
+    assert "vs 95.23 % published" in out
+
+
+def test_constraints_bench_times_every_pod_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes_csv, pods_csv = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    models = ("T4", "V100")
+    write_nodes(nodes_csv, [TraceNode(f"n{i}", 64000, 262144, 8, models[i % 2]) for i in range(12)])
+    write_pods(pods_csv, [pod(f"p{i}", (300, 500, 1000, 0)[i % 4]) for i in range(40)])
+    args = ["--nodes", str(nodes_csv), "--pods", str(pods_csv), "--decisions", "6"]
+    code = bench_main(["placement-constraints", *args, "--churn", "10", "--window", "4"])
+    out = capsys.readouterr().out
+    assert code == 0
+    shapes = ("plain", "nodeSelector", "required affinity", "tolerations", "GPU model", "multi")
+    for shape in shapes:
+        rows = [line for line in out.splitlines() if line.startswith(shape)]
+        assert rows and all(" 6/6 " in row for row in rows), (shape, out)
+    assert "worst CPU p99" in out

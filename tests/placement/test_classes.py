@@ -41,6 +41,8 @@ def random_cluster(seed: int) -> tuple[ClusterView, list[PodDemand]]:
         )
         for _ in range(10)
     ]
+    # Multi-GPU pods: their candidates are grouped by node class.
+    demands += [share(100, 0, gpus=2, cpu_milli=rng.choice([0, 4000])) for _ in range(2)]
     for demand in demands * 3:
         view.observe(demand)
     for n in nodes:
@@ -59,10 +61,11 @@ def random_cluster(seed: int) -> tuple[ClusterView, list[PodDemand]]:
     return view, demands
 
 
+@pytest.mark.parametrize("policy", [Policy.FRAGMENTATION, Policy.FGD])
 @pytest.mark.parametrize("by_pair", [True, False], ids=["by-pair", "representatives"])
 @pytest.mark.parametrize("seed", range(12))
 def test_class_representatives_choose_like_every_candidate(
-    seed: int, by_pair: bool, monkeypatch: pytest.MonkeyPatch
+    seed: int, by_pair: bool, policy: Policy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both shortcuts: deciding pair by pair (``ClassChooser``), and scanning every GPU but
     scoring one candidate per class."""
@@ -73,11 +76,11 @@ def test_class_representatives_choose_like_every_candidate(
         with monkeypatch.context() as patch:
             if not by_pair:
                 patch.setattr(ClassChooser, "place", lambda *_: None)
-            got = fast.place(demand, Policy.FRAGMENTATION)
+            got = fast.place(demand, policy)
         with monkeypatch.context() as patch:
-            patch.setattr(FragmentationIndex, "representatives", lambda *_: None)
+            patch.setattr(FragmentationIndex, "representatives", lambda *_, **__: None)
             patch.setattr(ClassChooser, "place", lambda *_: None)
-            expected = full.place(demand, Policy.FRAGMENTATION)
+            expected = full.place(demand, policy)
         assert got == expected, f"seed {seed} step {step}"
         if isinstance(got, Placement):
             placed += 1

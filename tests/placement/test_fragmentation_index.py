@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fracgpu.model import GPUAllocation
-from fracgpu.placement.fragmentation import FragmentationIndex
+from fracgpu.placement.candidates import CandidateFinder
+from fracgpu.placement.fragmentation import WHOLE_NODE_PENALTY, FragmentationIndex
 from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
 from tests.placement.helpers import node, share
@@ -59,4 +60,46 @@ def test_lazy_recount_equals_a_fresh_index(
     fresh.shapes = index.shapes
     fresh.rebuild(state)
     for name in ("usable_now", "pods_now", "usable", "pods", "effective_now"):
+        assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
+
+
+def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
+    """A one-GPU share scored on every GPU: candidates on untouched nodes lose
+    WHOLE_NODE_PENALTY x (frequency of multi-GPU shapes) GPUs more than without the
+    penalty; those on a node already in use lose the same."""
+    state, index = counted(8)
+    state.apply("n1", [GPUAllocation("n1-gpu0", 10, 0)], 0, 0, sign=1)  # n1 is in use
+    plain = FragmentationIndex(whole_node_penalty=0.0)
+    plain.shapes, plain.weights = index.shapes, index.weights
+    plain.rebuild(state)
+    index.rebuild(state)
+    finder = CandidateFinder(state)
+    demand = share(10, 1024)
+    cands = finder.find(demand)
+    extra = index.loss(state, cands, 0, 0) - plain.loss(state, cands, 0, 0)
+    wide = float(index.weights[index.s_gpus > 1].sum())
+    assert wide > 0
+    used = np.array([state.node_names[r] == "n1" for r in cands.rows])
+    assert np.allclose(extra[used], 0.0)
+    assert np.allclose(extra[~used], WHOLE_NODE_PENALTY * wide * state.gpu_units)
+
+
+def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
+    """When the typical shapes change (one leaves, one comes, the order changes) the kept
+    shapes' columns are moved and only the new one is counted: the result is what a rebuild
+    from scratch gives, and later changes are still counted."""
+    state, index = counted(9)
+    state.apply("n1", [GPUAllocation("n1-gpu0", 40, 512)], 2000, 0, sign=1)
+    index.update_node(state, state.row("n1"))  # left stale on purpose
+    version = index.version
+    shapes = [shape_of(d) for d in (share(100, 0, gpus=2), share(30, 0), SHAPES[0])]
+    typical = [(s, 1 / 3) for s in shapes if s is not None]
+    index.set_workload(typical, state)
+    assert index.version > version
+    state.apply("n2", [GPUAllocation("n2-gpu1", 100, 0)], 0, 0, sign=1)
+    index.update_node(state, state.row("n2"))
+    index._refresh(state)
+    fresh = FragmentationIndex()
+    fresh.set_workload(typical, state)
+    for name in ("usable_now", "pods_now", "usable", "pods", "effective_now", "elig", "s_cpu"):
         assert np.array_equal(getattr(index, name), getattr(fresh, name)), name

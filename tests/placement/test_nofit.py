@@ -50,7 +50,7 @@ def test_the_message_names_the_constraints_that_narrowed_the_choice() -> None:
 
 def test_gpus_narrowed_by_node_are_not_called_named() -> None:
     view = ClusterView([node("a", 1)])
-    narrowed = Constraints(include_uuids=("a-gpu0",), uuids_named=False)
+    narrowed = Constraints(nodes=frozenset({"a"}))
     message = no_fit(view, share(10, memory_mib=20000, constraints=narrowed)).message
     assert "named" not in message
 

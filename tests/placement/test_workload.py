@@ -4,7 +4,7 @@ import pytest
 
 from fracgpu.model import WHOLE_CARD, MemoryRequest
 from fracgpu.placement import Constraints, PodDemand
-from fracgpu.placement.workload import WorkloadModel, bucket, shape_of
+from fracgpu.placement.workload import Shape, WorkloadModel, arrival_weight, bucket, shape_of
 from tests.placement.helpers import container, share
 
 
@@ -76,3 +76,48 @@ def test_buckets_round_down_on_a_half_doubling_scale() -> None:
         5792,
         46340,
     ]
+
+
+def _shape(demand: PodDemand) -> Shape:
+    shape = shape_of(demand)
+    assert shape is not None
+    return shape
+
+
+def test_a_multi_gpu_pod_counts_the_root_of_its_gpu_count() -> None:
+    """Two one-GPU arrivals weigh as much as one 4-GPU arrival (sqrt 4 = 2)."""
+    model = WorkloadModel(coverage=1.0, half_life=10**9)
+    one, four = _shape(share(100)), _shape(share(100, gpus=4))
+    for _ in range(2):
+        model.observe(one, arrival_weight(one))
+    model.observe(four, arrival_weight(four))
+    assert dict(model.typical()) == pytest.approx({one: 0.5, four: 0.5})
+
+
+def test_typical_shapes_ask_the_most_cpu_and_memory_their_pods_asked() -> None:
+    """88,000m rounds down to 65,536m; the typical shape still asks 88,000m, the most any of
+    its pods asked, so a node with 70 CPUs free does not look able to host it."""
+    model = WorkloadModel()
+    demand = share(100, gpus=8, cpu_milli=88000, host_memory_mib=300000)
+    shape = _shape(demand)
+    assert shape.cpu_milli == 65536
+    model.observe(shape, 1.0, 88000, 300000)
+    model.observe(shape, 1.0, 70000, 310000)
+    (typical, _), *_ = model.typical()
+    assert (typical.cpu_milli, typical.memory_mib) == (88000, 310000)
+
+
+def test_multi_gpu_shapes_stay_typical_past_the_coverage_cut() -> None:
+    model = WorkloadModel(coverage=0.95)
+    small, whole_node = _shape(share(30)), _shape(share(100, gpus=8))
+    for _ in range(990):
+        model.observe(small)
+    for _ in range(3):  # 0.3 % of the arrivals
+        model.observe(whole_node, arrival_weight(whole_node))
+    assert [s.gpus for s, _ in model.typical()] == [1, 8]
+    fgd_like = WorkloadModel(coverage=0.95, keep_wide=False)
+    for _ in range(990):
+        fgd_like.observe(small)
+    for _ in range(3):
+        fgd_like.observe(whole_node)
+    assert [s.gpus for s, _ in fgd_like.typical()] == [1]
