@@ -171,7 +171,7 @@ def test_bad_node_settings_in_the_cluster_file_are_refused(
     ("key", "value", "message"),
     [
         ("memory_scaling", "0.9", "use a factor from 1 to 16"),
-        ("memory_scaling", "many", "could not convert string to float"),
+        ("memory_scaling", "many", "not a number"),
         ("disable_core_limit", "maybe", "use true or false"),
     ],
 )
