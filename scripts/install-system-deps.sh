@@ -5,8 +5,9 @@
 set -euo pipefail
 
 # etcd-server: the real etcd (3.4) used by the end-to-end suite.
-# golang-go, rsync, jq, dpkg-dev, build-essential: build kube-apiserver from Debian's
-# `kubernetes` source package (scripts/build-kube-apiserver.sh).
+# golang-go, rsync, jq, dpkg-dev, build-essential: build kube-apiserver, kubelet,
+# kube-scheduler and kube-controller-manager from Debian's `kubernetes` source package
+# (scripts/build-kube-components.sh).
 # ca-certificates, openssl: TLS tooling used around the control plane.
 PACKAGES=(
   etcd-server
@@ -25,6 +26,14 @@ PACKAGES=(
   # tests/shim/test_fuzz.py); the runtime libraries are only a Recommends of clang-14
   clang
   libclang-rt-14-dev
+  # the node tier (tests/node): a container runtime, its CNI plugins, a static busybox for
+  # the test image, and ip/nsenter for the tier's network namespace
+  containerd
+  runc
+  containernetworking-plugins
+  busybox-static
+  iproute2
+  util-linux
 )
 
 missing=()
@@ -62,5 +71,11 @@ export DEBIAN_FRONTEND=noninteractive
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
   "${SUDO[@]}" systemctl stop etcd || true
   "${SUDO[@]}" systemctl disable etcd || true
+fi
+# Likewise the containerd package's system service: the node tier runs its own containerd
+# with private state inside a network namespace.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet containerd 2>/dev/null; then
+  "${SUDO[@]}" systemctl stop containerd || true
+  "${SUDO[@]}" systemctl disable containerd || true
 fi
 echo "install-system-deps: done"

@@ -1,0 +1,151 @@
+"""Faults on the real node: kubelet restarts, agent restarts and crashes, pod deletion.
+After each, the agent's accounting (its metrics, from kubelet's pod-resources API and the
+limits files) equals a recount from the live pods' assignments, and the GPU's capacity is
+neither lost nor counted twice."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from fracgpu import codec, names
+
+from .pods import (
+    admission_denial,
+    create,
+    delete,
+    pod_body,
+    probe_script,
+    run_probe,
+    sections,
+    wait_running,
+)
+from .tier.tier import GPU_UUID, NodeTier, wait_for
+
+ALLOC_CORES = (
+    "fracgpu_gpu_allocated_compute_ratio"
+    f'{{gpu="{GPU_UUID}",index="0",model="NVIDIA Fake GPU 16GB"}}'
+)
+
+
+def tke(cores: int, blocks: int) -> dict[str, str]:
+    return {names.RESOURCE_VCUDA_CORE: str(cores), names.RESOURCE_VCUDA_MEMORY: str(blocks)}
+
+
+def recount_cores(tier: NodeTier) -> int:
+    """Cores promised to live pods on the GPU, from their assignments in the API."""
+    total = 0
+    for pod in tier.core.list_pod_for_all_namespaces().items:
+        text = (pod.metadata.annotations or {}).get(names.ANNOTATION_ASSIGNMENT)
+        if text and pod.status.phase in ("Pending", "Running"):
+            total += sum(
+                a.cores for a in codec.decode_assignment(text).allocations() if a.uuid == GPU_UUID
+            )
+    return total
+
+
+def agent_cores(tier: NodeTier) -> int | None:
+    samples = tier.agent_metrics()
+    return round(samples[ALLOC_CORES] * 100) if ALLOC_CORES in samples else None
+
+
+def assert_accounting_matches(tier: NodeTier) -> None:
+    wait_for(
+        lambda: agent_cores(tier) == recount_cores(tier),
+        f"agent's allocated compute == recount ({recount_cores(tier)})",
+        30,
+        lambda: f"agent says {agent_cores(tier)}\n{tier.explain()}",
+    )
+
+
+def sleeper(name: str, cores: int, blocks: int = 4) -> dict[str, object]:
+    return pod_body(name, limits=tke(cores, blocks))
+
+
+def check_limits_inside(tier: NodeTier, namespace: str, name: str, cores: int) -> None:
+    pod = tier.core.read_namespaced_pod(name, namespace)
+    (status,) = pod.status.container_statuses
+    text = tier.exec_in(status.container_id, "cat", "/etc/fracgpu/limits")
+    assert f"device.0.core_limit={cores}" in text.splitlines(), text
+
+
+def test_kubelet_restart_plugins_reregister_running_keep_limits_new_pods_start(
+    node_tier: NodeTier, namespace: str
+) -> None:
+    create(node_tier, namespace, sleeper("before", 40))
+    wait_running(node_tier, namespace, "before")
+    registered = node_tier.registrations()
+
+    node_tier.restart_kubelet()
+    # kubelet deleted the plugin sockets; the agent noticed and registered both plugins again.
+    wait_for(
+        lambda: node_tier.registrations() >= registered + 2,
+        "the agent's plugins registered again",
+        30,
+        node_tier.explain,
+    )
+    node_tier.wait_node_ready()
+    node_tier.wait_gpu_allocatable()
+    # The running container was left alone and still holds its limits.
+    assert (
+        wait_running(node_tier, namespace, "before").status.container_statuses[0].restart_count == 0
+    )
+    check_limits_inside(node_tier, namespace, "before", 40)
+
+    report = run_probe(
+        node_tier, namespace, pod_body("after", limits=tke(30, 8), command=probe_script())
+    )
+    assert "device.0.core_limit=30" in sections(report)["limits"], report
+    assert_accounting_matches(node_tier)
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "sigkill"])
+def test_agent_restart_counts_nothing_twice(
+    node_tier: NodeTier, namespace: str, crash: bool
+) -> None:
+    create(node_tier, namespace, sleeper("holder", 60))
+    wait_running(node_tier, namespace, "holder")
+    assert_accounting_matches(node_tier)
+    registered = node_tier.registrations()
+
+    node_tier.restart_agent(crash=crash)
+    wait_for(
+        lambda: node_tier.registrations() >= registered + 2,
+        "the restarted agent's plugins registered",
+        30,
+        node_tier.explain,
+    )
+    node_tier.wait_gpu_allocatable()
+    check_limits_inside(node_tier, namespace, "holder", 60)
+    assert_accounting_matches(node_tier)
+
+    # 60 of 100 cores are held: 50 more cannot be had (nothing was forgotten) ...
+    denial = admission_denial(node_tier, namespace, sleeper("too-big", 50))
+    assert "50" in denial, denial
+    # ... and exactly the 40 left can (nothing counted twice), by webhook and kubelet alike.
+    create(node_tier, namespace, sleeper("rest", 40))
+    wait_running(node_tier, namespace, "rest")
+    check_limits_inside(node_tier, namespace, "rest", 40)
+    assert_accounting_matches(node_tier)
+
+
+def test_pod_delete_frees_its_slice(node_tier: NodeTier, namespace: str) -> None:
+    create(node_tier, namespace, sleeper("first", 70))
+    wait_running(node_tier, namespace, "first")
+    admission_denial(node_tier, namespace, sleeper("blocked", 70))
+
+    delete(node_tier, namespace, "first")
+    assert_accounting_matches(node_tier)
+    name = f"second-{uuid.uuid4().hex[:4]}"
+
+    def admitted() -> bool:
+        try:
+            create(node_tier, namespace, sleeper(name, 70))
+        except Exception:  # the webhook's view catches up with the deletion
+            return False
+        return True
+
+    wait_for(admitted, "a 70-core pod admitted after the first was deleted", 30)
+    wait_running(node_tier, namespace, name)
+    assert_accounting_matches(node_tier)
