@@ -32,6 +32,7 @@ class Kubelet:
         node_name: str,
         kubeconfig: Path,
         containerd_socket: Path,
+        cgroup_root: str,
         env: Mapping[str, str],
     ) -> None:
         self.node_name = node_name
@@ -43,7 +44,7 @@ class Kubelet:
         config = work / "kubelet-config.json"
         resolv = work / "resolv.conf"
         resolv.write_text("")  # pods get no DNS servers: nothing to resolve here
-        config.write_text(json.dumps(self._config(resolv), indent=1))
+        config.write_text(json.dumps(self._config(resolv, cgroup_root), indent=1))
         DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
         self.process = ManagedProcess(
             "kubelet",
@@ -66,7 +67,7 @@ class Kubelet:
             env,
         )
 
-    def _config(self, resolv: Path) -> dict[str, object]:
+    def _config(self, resolv: Path, cgroup_root: str) -> dict[str, object]:
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -81,6 +82,7 @@ class Kubelet:
             },
             "authorization": {"mode": "AlwaysAllow"},
             "cgroupDriver": "cgroupfs",
+            "cgroupRoot": cgroup_root,
             "failSwapOn": False,
             "enforceNodeAllocatable": [],
             "makeIPTablesUtilChains": False,

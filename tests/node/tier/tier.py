@@ -38,6 +38,7 @@ from tests.e2e.webhook_harness import Webhooks, running_webhooks
 from . import controllers
 from .agent import SHIM_BUILD, Agent
 from .binaries import NodeBinaries
+from .cgroups import TierCgroup
 from .forward import Forwarder
 from .image import build_image_archive
 from .kubelet import Kubelet
@@ -95,6 +96,7 @@ class NodeTier:
         }
         self.plane = ControlPlane(plane_binaries, config, _identities(NODE_NAME))
         self.netns = NetworkNamespace(f"fracgpu-node-{os.getpid()}")
+        self.cgroup = TierCgroup(f"fracgpu-node-{os.getpid()}")
         self.gpu_dir = self.work / "gpus"
         self.gpu_config = self.gpu_dir / "fake-gpus.conf"
         self.kubelet: Kubelet | None = None
@@ -146,6 +148,8 @@ class NodeTier:
         forwarder = Forwarder(self.netns, self.plane.apiserver.port)
         self._stack.callback(forwarder.close)
 
+        self.cgroup.create()
+        self._stack.callback(self.cgroup.remove)
         self._write_fake_gpus()
         archive = self._timed(
             "image build",
@@ -181,6 +185,7 @@ class NodeTier:
             node_name=NODE_NAME,
             kubeconfig=self.plane.kubeconfig("kubelet"),
             containerd_socket=self.containerd.socket,
+            cgroup_root=f"/{self.cgroup.name}",
             env=self.env,
         )
         self._timed("kubelet healthy", self.kubelet.start)
