@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import uuid
 
+import kubernetes.client
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from fracgpu import codec, names
 
@@ -21,7 +23,7 @@ from .pods import (
     sections,
     wait_running,
 )
-from .tier.tier import GPU_UUID, NodeTier, wait_for
+from .tier.tier import GPU_UUID, NODE_NAME, NodeTier, wait_for
 
 ALLOC_CORES = (
     "fracgpu_gpu_allocated_compute_ratio"
@@ -148,4 +150,99 @@ def test_pod_delete_frees_its_slice(node_tier: NodeTier, namespace: str) -> None
 
     wait_for(admitted, "a 70-core pod admitted after the first was deleted", 30)
     wait_running(node_tier, namespace, name)
+    assert_accounting_matches(node_tier)
+
+
+def gpunode_health(tier: NodeTier) -> list[bool]:
+    custom = kubernetes.client.CustomObjectsApi(tier.admin)
+    obj = custom.get_cluster_custom_object(
+        names.GROUP, names.CRD_VERSION, names.GPUNODE_PLURAL, NODE_NAME
+    )
+    return [bool(d.get("healthy")) for d in (obj.get("status") or {}).get("devices") or []]
+
+
+def test_unhealthy_gpu_drops_capacity_new_pods_avoid_it(
+    node_tier: NodeTier, namespace: str
+) -> None:
+    create(node_tier, namespace, sleeper("running", 30))
+    wait_running(node_tier, namespace, "running")
+    lost = "device.0.nvml_error.nvmlDeviceGetMemoryInfo"
+    node_tier.set_gpu_fault(lost, 15)  # NVML_ERROR_GPU_IS_LOST
+    try:
+        # kubelet drops the GPU's devices from the node's allocatable; the inventory says so.
+        wait_for(
+            lambda: node_tier.allocatable().get(names.RESOURCE_VCUDA_CORE) == "0",
+            "kubelet's allocatable vcuda-core at 0",
+            30,
+            node_tier.explain,
+        )
+        wait_for(lambda: gpunode_health(node_tier) == [False], "GPUNode unhealthy", 30)
+        denial = admission_denial(node_tier, namespace, sleeper("new", 10))
+        assert "403" in denial or "400" in denial, denial
+        # The container already running is left alone, with its limits.
+        check_limits_inside(node_tier, namespace, "running", 30)
+    finally:
+        node_tier.set_gpu_fault(lost, None)
+    wait_for(
+        lambda: node_tier.allocatable().get(names.RESOURCE_VCUDA_CORE) == "100",
+        "kubelet's allocatable back at 100",
+        30,
+        node_tier.explain,
+    )
+    wait_for(lambda: gpunode_health(node_tier) == [True], "GPUNode healthy again", 30)
+
+    def admitted() -> bool:
+        try:
+            create(node_tier, namespace, sleeper("healed", 10))
+        except ApiException:
+            return False
+        return True
+
+    wait_for(admitted, "a pod admitted on the healed GPU", 30)
+    wait_running(node_tier, namespace, "healed")
+    assert_accounting_matches(node_tier)
+
+
+def test_drain_evicts_gpu_pods_and_new_ones_avoid_the_node(
+    node_tier: NodeTier, namespace: str
+) -> None:
+    create(node_tier, namespace, sleeper("drained", 50))
+    wait_running(node_tier, namespace, "drained")
+    # What `kubectl drain` does: cordon, then evict through the Eviction API.
+    node_tier.cordon(True)
+    try:
+        node_tier.core.create_namespaced_pod_eviction(
+            "drained",
+            namespace,
+            {
+                "apiVersion": "policy/v1beta1",
+                "kind": "Eviction",
+                "metadata": {"name": "drained", "namespace": namespace},
+            },
+        )
+        wait_for(
+            lambda: not node_tier.core.list_namespaced_pod(namespace).items,
+            "the evicted pod gone",
+            60,
+            node_tier.explain,
+        )
+        assert_accounting_matches(node_tier)
+        # Refused at admission rather than left Pending at the scheduler. (The reason given
+        # today is the generic one about selectors and tolerations: the cordon's taint
+        # node.kubernetes.io/unschedulable is checked before the node's unschedulable flag.)
+        denial = admission_denial(node_tier, namespace, sleeper("while-cordoned", 10))
+        assert denial.startswith("403") and "mutate.fracgpu.io" in denial, denial
+    finally:
+        node_tier.cordon(False)
+
+    def admitted() -> bool:
+        try:
+            create(node_tier, namespace, sleeper("after-uncordon", 100))
+        except ApiException:
+            return False
+        return True
+
+    # The whole GPU is free again: the drained pod's slice was released.
+    wait_for(admitted, "a whole-GPU pod admitted after uncordon", 30)
+    wait_running(node_tier, namespace, "after-uncordon")
     assert_accounting_matches(node_tier)

@@ -325,6 +325,27 @@ class NodeTier:
         self.kubelet.start()
         self._sysctls.restore()
 
+    def set_gpu_fault(self, key: str, value: int | None) -> None:
+        """Add (or with None remove) one line of the fake driver's configuration, e.g.
+        `device.0.nvml_error.nvmlDeviceGetMemoryInfo=15` (GPU is lost); NVML users, the agent
+        included, see it on their next call."""
+        lines = [
+            line
+            for line in self.gpu_config.read_text().splitlines()
+            if not line.startswith(f"{key}=")
+        ]
+        if value is not None:
+            lines.append(f"{key}={value}")
+        tmp = self.gpu_config.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, self.gpu_config)
+        # The double notices a change by size or mtime: make every rewrite visibly newer.
+        stamp = self.gpu_config.stat().st_mtime_ns + 1_000_000
+        os.utime(self.gpu_config, ns=(stamp, stamp))
+
+    def cordon(self, unschedulable: bool) -> None:
+        self.core.patch_node(NODE_NAME, {"spec": {"unschedulable": unschedulable}})
+
     def restart_agent(self, *, crash: bool) -> None:
         """SIGTERM (or SIGKILL, as a crash) the agent and start it again."""
         assert self.agent is not None
