@@ -52,7 +52,7 @@ GIB = 1 << 30
 # One simulated GPU on the node (the fake driver's defaults otherwise).
 GPU_UUID = "GPU-fa4e0000-0000-4000-8000-000000000000"
 GPU_MEMORY = 16 * GIB
-PROBES = ("mem_ops", "nvml_ops")
+PROBES = ("mem_ops", "nvml_ops", "launch_ops")
 
 
 def wait_for(
