@@ -37,11 +37,12 @@ from tests.e2e.webhook_harness import Webhooks, running_webhooks
 
 from . import controllers
 from .agent import SHIM_BUILD, Agent
-from .binaries import NodeBinaries
+from .binaries import NodeBinaries, NodeTierUnavailableError
 from .cgroups import TierCgroup
 from .forward import Forwarder
+from .hostpaths import HostPaths, kubelet_running_here
 from .image import build_image_archive
-from .kubelet import Kubelet
+from .kubelet import DEVICE_PLUGIN_DIR, Kubelet
 from .netns import NetworkNamespace
 from .runtime import Containerd, write_toolkit_wrapper
 from .sysctls import SysctlGuard
@@ -87,6 +88,7 @@ class NodeTier:
         self.timings: dict[str, float] = {}
         self._stack = contextlib.ExitStack()
         self._sysctls = SysctlGuard()
+        self._host_paths = HostPaths()
         # Short: containerd's and kubelet's unix sockets live under it (108-byte limit).
         self.work = Path(tempfile.mkdtemp(prefix="fgn-", dir=config.scratch_dir))
         self.env = {
@@ -122,6 +124,11 @@ class NodeTier:
 
     def _start(self) -> None:
         begin = time.monotonic()
+        if kubelet_running_here():
+            raise NodeTierUnavailableError(
+                f"a kubelet already serves {DEVICE_PLUGIN_DIR}/kubelet.sock on this machine: "
+                "the tier's kubelet would take its device-plugin directory over"
+            )
         self._timed("control plane", self.plane.start)
         self._stack.callback(self.plane.close)
         self.admin = self.plane.api_client("admin")
@@ -384,6 +391,7 @@ class NodeTier:
             process.stop()
         self._stack.close()  # webhook, forwarder, namespace (kills leftovers), control plane
         self._unmount_leftovers()
+        self._host_paths.restore()
         self._sysctls.restore()
         if not self.config.keep_logs:
             shutil.rmtree(self.work, ignore_errors=True)
