@@ -25,39 +25,50 @@ from .pods import (
 )
 from .tier.tier import GPU_UUID, NODE_NAME, NodeTier, wait_for
 
-ALLOC_CORES = (
-    "fracgpu_gpu_allocated_compute_ratio"
-    f'{{gpu="{GPU_UUID}",index="0",model="NVIDIA Fake GPU 16GB"}}'
-)
+GPU_LABELS = f'{{gpu="{GPU_UUID}",index="0",model="NVIDIA Fake GPU 16GB"}}'
+MIB = 1 << 20
 
 
 def tke(cores: int, blocks: int) -> dict[str, str]:
     return {names.RESOURCE_VCUDA_CORE: str(cores), names.RESOURCE_VCUDA_MEMORY: str(blocks)}
 
 
-def recount_cores(tier: NodeTier) -> int:
-    """Cores promised to live pods on the GPU, from their assignments in the API."""
-    total = 0
+def recount(tier: NodeTier) -> tuple[int, int, int]:
+    """(cores, memory bytes, containers) promised to live pods on the GPU, counted from their
+    assignments in the API."""
+    cores = memory = containers = 0
     for pod in tier.core.list_pod_for_all_namespaces().items:
         text = (pod.metadata.annotations or {}).get(names.ANNOTATION_ASSIGNMENT)
-        if text and pod.status.phase in ("Pending", "Running"):
-            total += sum(
-                a.cores for a in codec.decode_assignment(text).allocations() if a.uuid == GPU_UUID
-            )
-    return total
+        if not text or pod.status.phase not in ("Pending", "Running"):
+            continue
+        for container in codec.decode_assignment(text).containers:
+            mine = [a for a in container.devices if a.uuid == GPU_UUID]
+            cores += sum(a.cores for a in mine)
+            memory += sum(a.memory_mib * MIB for a in mine)
+            containers += 1 if mine else 0
+    return cores, memory, containers
 
 
-def agent_cores(tier: NodeTier) -> int | None:
+def agent_accounting(tier: NodeTier) -> tuple[int, int, int] | None:
+    """The same three numbers from the agent's metrics (kubelet's pod-resources API and the
+    limits files it wrote)."""
     samples = tier.agent_metrics()
-    return round(samples[ALLOC_CORES] * 100) if ALLOC_CORES in samples else None
+    try:
+        return (
+            round(samples[f"fracgpu_gpu_allocated_compute_ratio{GPU_LABELS}"] * 100),
+            round(samples[f"fracgpu_gpu_allocated_memory_bytes{GPU_LABELS}"]),
+            round(samples[f"fracgpu_gpu_containers{GPU_LABELS}"]),
+        )
+    except KeyError:
+        return None
 
 
 def assert_accounting_matches(tier: NodeTier) -> None:
     wait_for(
-        lambda: agent_cores(tier) == recount_cores(tier),
-        f"agent's allocated compute == recount ({recount_cores(tier)})",
+        lambda: agent_accounting(tier) == recount(tier),
+        f"agent's (cores, memory, containers) == recount {recount(tier)}",
         30,
-        lambda: f"agent says {agent_cores(tier)}\n{tier.explain()}",
+        lambda: f"agent says {agent_accounting(tier)}\n{tier.explain()}",
     )
 
 
