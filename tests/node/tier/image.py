@@ -78,7 +78,7 @@ def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
     tar.addfile(info)
 
 
-def _rootfs_layer(busybox: Path, programs: dict[str, Path]) -> bytes:
+def _rootfs_layer(busybox: Path, programs: dict[str, Path], closure_of: Iterable[Path]) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for directory in (
@@ -104,7 +104,7 @@ def _rootfs_layer(busybox: Path, programs: dict[str, Path]) -> bytes:
             _add_link(tar, f"bin/{tool}", "busybox")
         _add_file(tar, "etc/passwd", b"root:x:0:0:root:/:/bin/sh\n")
         _add_file(tar, "etc/group", b"root:x:0:\n")
-        for library in sorted(_shared_libraries(programs.values())):
+        for library in sorted(_shared_libraries([*programs.values(), *closure_of])):
             real = library.resolve()
             # The loader is found by its absolute path (/lib64/ld-linux-x86-64.so.2); the
             # rest by name in the multiarch directory, where Debian's ld.so looks.
@@ -123,10 +123,14 @@ def _blob(blobs: dict[str, bytes], data: bytes) -> dict[str, object]:
     return {"digest": digest, "size": len(data)}
 
 
-def build_image_archive(path: Path, busybox: Path, programs: dict[str, Path]) -> Path:
-    """Write an OCI image layout archive of IMAGE to `path` (for `ctr images import`)."""
+def build_image_archive(
+    path: Path, busybox: Path, programs: dict[str, Path], closure_of: Iterable[Path] = ()
+) -> Path:
+    """Write an OCI image layout archive of IMAGE to `path` (for `ctr images import`).
+    `closure_of`: binaries not copied in whose shared libraries the image must still carry
+    (a program mounted into the container from the host, and its extension modules)."""
     blobs: dict[str, bytes] = {}
-    layer = _rootfs_layer(busybox, programs)
+    layer = _rootfs_layer(busybox, programs, closure_of)
     layer_desc = {"mediaType": "application/vnd.oci.image.layer.v1.tar", **_blob(blobs, layer)}
     config = {
         "architecture": "amd64",

@@ -18,6 +18,8 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import time
 import urllib.request
@@ -54,6 +56,17 @@ GIB = 1 << 30
 GPU_UUID = "GPU-fa4e0000-0000-4000-8000-000000000000"
 GPU_MEMORY = 16 * GIB
 PROBES = ("mem_ops", "nvml_ops", "launch_ops")
+# The Python running the tests, mounted read-only into client pods (tests/node/clients.py):
+# the image carries the system libraries it and its ctypes module load.
+PYTHON_PREFIX = Path(sys.base_prefix)
+PYTHON_SITE = Path(sysconfig.get_paths()["purelib"])
+
+
+def python_closure() -> list[Path]:
+    binary = Path(os.path.realpath(sys.executable))
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    dynload = PYTHON_PREFIX / "lib" / version / "lib-dynload"
+    return [binary, *sorted(dynload.glob("_ctypes*.so"))]
 
 
 def wait_for(
@@ -164,6 +177,7 @@ class NodeTier:
                 self.work / "image.tar",
                 self.binaries.busybox,
                 {name: SHIM_BUILD / "tests" / name for name in PROBES},
+                python_closure(),
             ),
         )
         wrapper = write_toolkit_wrapper(
