@@ -1,5 +1,7 @@
-"""A CUDA-stack client written by others, in a container of the tier: NVIDIA's pynvml
-(nvidia-ml-py, what monitoring agents and `nvidia-smi`-like tools use) sees the slice.
+"""CUDA-stack clients written by others, in containers of the tier: NVIDIA's pynvml
+(nvidia-ml-py, what monitoring agents and `nvidia-smi`-like tools use) and cuda-bindings
+(the CUDA driver API for Python, which resolves every driver function through
+cuGetProcAddress) see the slice, and cuda-bindings gets CUDA's out-of-memory error past it.
 
 The image holds no Python: the Python that runs the tests and its site-packages are mounted
 read-only into the pod from the host (hostPath volumes of the test pod, not something
@@ -32,6 +34,23 @@ print(n.nvmlDeviceGetCount(), uuid.decode() if isinstance(uuid, bytes) else uuid
 # Where the host's Python prefix is mounted: a path of its own, so a system Python (/usr)
 # does not shadow the image's /usr, where the container toolkit puts the driver.
 MOUNTED_PREFIX = Path("/opt/host-python")
+
+CUDA_BINDINGS = """
+from cuda.bindings import driver as d
+def ok(result):
+    err = result[0] if isinstance(result, tuple) else result
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return result[1:] if isinstance(result, tuple) else ()
+ok(d.cuInit(0))
+dev, = ok(d.cuDeviceGet(0))
+ctx, = ok(d.cuDevicePrimaryCtxRetain(dev))
+ok(d.cuCtxSetCurrent(ctx))
+free, total = ok(d.cuMemGetInfo())
+print("info", int(free), int(total))
+print("over", int(d.cuMemAlloc(total + 1)[0]))
+print("half", int(d.cuMemAlloc(total // 2)[0]), int(d.cuMemAlloc(total // 2)[0]))
+print("more", int(d.cuMemAlloc(1 << 20)[0]))
+"""
 
 
 def client_pod(name: str, limits: dict[str, str], code: str) -> dict[str, Any]:
@@ -71,3 +90,20 @@ def test_pynvml_in_a_container_sees_the_slice(node_tier: NodeTier, namespace: st
     assert lines[-1] == "exit=0", report
     count, uuid, total, used = lines[0].split()
     assert (count, uuid, int(total), int(used)) == ("1", GPU_UUID, 3 * GIB, 0), report
+
+
+def test_cuda_bindings_in_a_container_sees_the_slice_and_runs_out_of_memory_past_it(
+    node_tier: NodeTier, namespace: str
+) -> None:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048", "nvidia.com/gpucores": "30"}
+    report = run_probe(node_tier, namespace, client_pod("bindings", limits, CUDA_BINDINGS))
+    lines = sections(report)["client"]
+    assert lines[-1] == "exit=0", report
+    slice_bytes = 2 * GIB
+    # 2 = CUDA_ERROR_OUT_OF_MEMORY, 0 = CUDA_SUCCESS
+    assert lines[:-1] == [
+        f"info {slice_bytes} {slice_bytes}",
+        "over 2",
+        "half 0 0",
+        "more 2",
+    ], report

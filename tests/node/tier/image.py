@@ -20,6 +20,7 @@ from pathlib import Path
 
 IMAGE = "fracgpu.local/node-test:1"
 _ARCH_LIB = "lib/x86_64-linux-gnu"
+_DLOPENED = ("libdl.so.2", "libpthread.so.0", "librt.so.1")
 _TOOLS = (
     "sh",
     "sleep",
@@ -104,7 +105,11 @@ def _rootfs_layer(busybox: Path, programs: dict[str, Path], closure_of: Iterable
             _add_link(tar, f"bin/{tool}", "busybox")
         _add_file(tar, "etc/passwd", b"root:x:0:0:root:/:/bin/sh\n")
         _add_file(tar, "etc/group", b"root:x:0:\n")
-        for library in sorted(_shared_libraries([*programs.values(), *closure_of])):
+        libraries = _shared_libraries([*programs.values(), *closure_of])
+        # glibc's compatibility libraries, which programs dlopen by name (cuda-pathfinder
+        # opens libdl.so.2) although no binary links them any more.
+        libraries |= {p for p in (Path("/", _ARCH_LIB, n) for n in _DLOPENED) if p.exists()}
+        for library in sorted(libraries):
             real = library.resolve()
             # The loader is found by its absolute path (/lib64/ld-linux-x86-64.so.2); the
             # rest by name in the multiarch directory, where Debian's ld.so looks.

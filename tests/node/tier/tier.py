@@ -66,7 +66,11 @@ def python_closure() -> list[Path]:
     binary = Path(os.path.realpath(sys.executable))
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     dynload = PYTHON_PREFIX / "lib" / version / "lib-dynload"
-    return [binary, *sorted(dynload.glob("_ctypes*.so"))]
+    # the compiled modules of cuda-bindings (C++: libstdc++, libgcc_s)
+    bindings = (
+        sorted((PYTHON_SITE / "cuda").rglob("*.so")) if (PYTHON_SITE / "cuda").is_dir() else []
+    )
+    return [binary, *sorted(dynload.glob("*.so")), *bindings]
 
 
 def wait_for(
