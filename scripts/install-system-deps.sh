@@ -5,8 +5,9 @@
 set -euo pipefail
 
 # etcd-server: the real etcd (3.4) used by the end-to-end suite.
-# golang-go, rsync, jq, dpkg-dev, build-essential: build kube-apiserver from Debian's
-# `kubernetes` source package (scripts/build-kube-apiserver.sh).
+# golang-go, rsync, jq, dpkg-dev, build-essential: build kube-apiserver, kubelet,
+# kube-scheduler and kube-controller-manager from Debian's `kubernetes` source package
+# (scripts/build-kube-components.sh).
 # ca-certificates, openssl: TLS tooling used around the control plane.
 PACKAGES=(
   etcd-server
@@ -28,6 +29,14 @@ PACKAGES=(
   # tests/shim/test_fuzz.py); the runtime libraries are only a Recommends of clang-14
   clang
   libclang-rt-14-dev
+  # the node tier (tests/node): a container runtime, its CNI plugins, a static busybox for
+  # the test image, and ip/nsenter for the tier's network namespace
+  containerd
+  runc
+  containernetworking-plugins
+  busybox-static
+  iproute2
+  util-linux
 )
 
 missing=()
@@ -62,8 +71,10 @@ export DEBIAN_FRONTEND=noninteractive
 # The Debian etcd-server package starts a system etcd on 2379/2380; the tests run their own
 # etcd on random ports and do not need it. Leave it alone unless it is running and would
 # compete for the machine's two cores: stop it only if systemd manages it.
-# The same for the Debian prometheus package's own server (the tests only need promtool).
-for service in etcd prometheus; do
+# The same for the Debian prometheus package's own server (the tests only need promtool) and
+# the containerd package's system service (the node tier runs its own containerd with
+# private state inside a network namespace).
+for service in etcd prometheus containerd; do
   if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$service" 2>/dev/null; then
     "${SUDO[@]}" systemctl stop "$service" || true
     "${SUDO[@]}" systemctl disable "$service" || true

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for fracgpu: Python venv with the project, the C shim, and
-# (with --e2e) etcd plus a kube-apiserver built from Debian's source package (cached).
+# (with --e2e) etcd, containerd and a kube-apiserver, kubelet, kube-scheduler and
+# kube-controller-manager built from Debian's source package (cached in ~/.cache/fracgpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,8 +30,13 @@ fi
 
 if [ "$want_e2e" = 1 ]; then
   bash scripts/install-system-deps.sh
+  # A cold build of the four binaries takes ~12 min on 2 cores; the build scripts print a
+  # progress line every minute. Warm runs reuse ~/.cache/fracgpu in well under a second.
+  echo "setup: building kube-apiserver (cached after the first run)"
   apiserver=$(bash scripts/build-kube-apiserver.sh | tail -n 1)
   echo "kube-apiserver: $apiserver"
+  echo "setup: building kubelet, kube-scheduler, kube-controller-manager (cached after the first run)"
+  bash scripts/build-kube-node.sh | sed 's/^/node binary: /'
 fi
 
 echo "setup done. Put the commands on your PATH (kubectl then finds \`kubectl fracgpu\`):"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -31,12 +32,16 @@ def _child_environment() -> dict[str, str]:
 class ControlPlane:
     """A running etcd and kube-apiserver in a private temp dir; `close()` leaves nothing."""
 
-    def __init__(self, binaries: Binaries, config: E2EConfig) -> None:
+    def __init__(
+        self, binaries: Binaries, config: E2EConfig, extra_identities: Iterable[Identity] = ()
+    ) -> None:
+        """`extra_identities`: users beyond the defaults (the node tier's kubelet, scheduler
+        and controller-manager)."""
         self._binaries = binaries
         self._config = config
         self.work_dir = Path(tempfile.mkdtemp(prefix="fracgpu-e2e-", dir=config.scratch_dir))
         self._env = _child_environment()
-        self._identities = {i.key: i for i in default_identities()}
+        self._identities = {i.key: i for i in (*default_identities(), *extra_identities)}
         self.pki: ControlPlanePKI = generate_pki(self.work_dir / "pki")
         self._token_file = self.work_dir / "tokens.csv"
         self._token_file.write_text(token_file(self._identities.values()))
