@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 
 import pytest
+import yaml
 
+from fracgpu import __version__
 from tests.chart import chartfiles
 from tests.chart.chartfiles import Names, webhook_configurations, webhooks_document
 
@@ -230,3 +232,11 @@ def test_crds_are_the_charts() -> None:
 def test_unknown_component_is_refused() -> None:
     with pytest.raises(ValueError, match="use one of webhook, agent, certs"):
         chartfiles.rbac_document("scheduler")
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    """The chart installs the images built from this version of the code: its appVersion is
+    the one version string the package declares (``fracgpu.__version__``)."""
+    chart = yaml.safe_load((chartfiles.CHART_DIR / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert chart["version"] == __version__

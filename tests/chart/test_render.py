@@ -258,6 +258,15 @@ def test_agent_gets_host_access_it_needs_and_no_more(rendered: dict[str, Rendere
     assert _container(privileged, "agent")["securityContext"]["privileged"] is True
 
 
+def test_agent_probes_its_readiness_and_health(rendered: dict[str, Rendered]) -> None:
+    """kubelet marks an agent that has not registered its plugins as not ready (``/readyz``)
+    and restarts only one that no longer answers (``/healthz``), on the metrics port."""
+    container = _container(rendered["default"].one("DaemonSet", "fracgpu-agent"), "agent")
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
+
+
 def test_the_slice_audit_kills_only_from_the_hosts_pid_namespace(
     rendered: dict[str, Rendered],
 ) -> None:
