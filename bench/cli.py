@@ -22,6 +22,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.admission.cost",
         "one admission in process: CPU time and (under valgrind) instructions per admission",
     ),
+    "guard": ("bench.guard.cli", "CI's performance guard: admission and placement vs baseline"),
     "placement-synth": (
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",
