@@ -87,13 +87,15 @@ class TokenFile:
 
     def _reread(self, now: float) -> None:
         self._read_at = self._checked_at = now
-        stamp = _stamp(self.path)
+        # Taken before reading, and kept when the read fails: a bad file is not read (and
+        # logged) again until it changes or the re-read interval passes.
+        self._stamp = _stamp(self.path)
         try:
             token = read_token(self.path)
         except TokenError as error:
             log.warning("%s; still using the token read before", error)
             return
-        self._token, self._stamp = token, stamp
+        self._token = token
         self.reads += 1
 
 
