@@ -5,7 +5,8 @@ in ``workloads.SHAPES``) is divided by the CPU time of a fixed pure-Python refer
 timed in the same run, so the machine's speed cancels out. Every measurement is taken
 REPEATS times, interleaved with the reference, and the fastest kept (CPU time only ever
 grows with interference). A ratio more than the baseline's tolerance (25 %) above the
-committed baseline (``bench/guard/baseline.json``) fails the guard; ``--update-baseline``
+committed baseline (``bench/guard/baseline.json``), in this run and again in a second run
+made to confirm it, fails the guard; ``--update-baseline``
 rewrites the file from this run. Run it on an idle machine when updating.
 """
 
@@ -140,6 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {options.baseline}")
         return 0
     problems = compare(measured, baseline, tolerance)
+    if problems:
+        # Confirm before failing: a regression must show in a second, independent run too
+        # (each ratio is the lower of the two), so one burst of machine noise cannot fail CI.
+        print("over the tolerance; measuring again to confirm", file=sys.stderr)
+        again = measure(options.repeats, options.admissions, options.budget)
+        measured = {name: min(ratio, again.get(name, ratio)) for name, ratio in measured.items()}
+        problems = compare(measured, baseline, tolerance)
     if problems:
         print("PERFORMANCE REGRESSION (fracgpu-bench guard):", file=sys.stderr)
         for line in problems:
