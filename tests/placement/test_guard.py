@@ -2,11 +2,14 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.guard import cli
 from bench.guard.cli import compare, load_baseline
+from fracgpu.placement.api import PodDemand, Policy
+from fracgpu.placement.view import ClusterView
 
 # Small runs: these test the guard's verdicts, not the machine's speed.
 QUICK = ["--repeats", "1", "--admissions", "40", "--budget", "0.01"]
@@ -76,3 +79,25 @@ def test_the_committed_baseline_covers_every_measurement() -> None:
     tolerance, ratios = load_baseline(cli.BASELINE)
     assert tolerance == cli.DEFAULT_TOLERANCE
     assert set(ratios) == {"admission"} | {f"placement/{s}" for s in cli.workloads.SHAPES}
+
+
+def test_fails_when_placement_really_gets_slower(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real slowdown injected into the code it guards (every decision made three times)."""
+    baseline = tmp_path / "baseline.json"
+    args = ["--repeats", "2", "--admissions", "40", "--budget", "0.05"]
+    assert cli.main([*args, "--baseline", str(baseline), "--update-baseline",
+                     "--tolerance", "0.8"]) == 0  # fmt: skip
+    place = ClusterView.place
+
+    def slow_place(self: ClusterView, demand: PodDemand, policy: Policy = Policy.BINPACK) -> Any:
+        for _ in range(2):
+            place(self, demand, policy)
+        return place(self, demand, policy)
+
+    monkeypatch.setattr(ClusterView, "place", slow_place)
+    capsys.readouterr()
+    assert cli.main([*args, "--baseline", str(baseline)]) == 1
+    err = capsys.readouterr().err
+    assert "placement/plain:" in err and "placement/multi-gpu:" in err
