@@ -32,6 +32,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "bench.placement.constraints",
         "decision latency per pod shape: nodeSelector, affinity, tolerations, model, multi-GPU",
     ),
+    "guard": ("bench.guard.cli", "CI's performance guard: admission and placement vs baseline"),
     "placement-synth": (
         "bench.placement.synth",
         "write a synthetic pod list in the openb format (sharing, multi-GPU, models, CPU)",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -149,7 +150,7 @@ def _nodes(client: Any, only: str | None) -> tuple[Any, str]:
         gpunodes = [g for g in gpunodes if g.get("metadata", {}).get("name") == only]
         if not gpunodes:
             raise report.ReportError(f"node {only} has no GPUNode: no fracgpu agent reported it")
-    view = report.build_nodes(gpunodes, fetch.assigned_pods(client))
+    view = report.build_nodes(gpunodes, fetch.assigned_pods(client), now=time.time())
     data = {
         "nodes": [report.node_to_dict(n) for n in view.nodes],
         "problems": list(view.problems),

@@ -8,11 +8,11 @@ Per-model limits match GPU models the way users write them: the key is
 a case-insensitive substring of the model ("A100" counts "NVIDIA A100-SXM4-80GB").
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from fracgpu.model import GPUAllocation, Quota, ResourceAmounts, ResourceLimits
+from fracgpu.model import GPUAllocation, Quota, Reservation, ResourceAmounts, ResourceLimits
 from fracgpu.names import CORES_PER_GPU
 
 _DIMENSIONS: Final = (
@@ -47,6 +47,18 @@ def amounts(allocations: Iterable[GPUAllocation]) -> ResourceAmounts:
         whole = 1 if alloc.cores >= CORES_PER_GPU or alloc.cores == 0 else 0
         total = total + ResourceAmounts(alloc.cores, alloc.memory_mib, whole)
     return total
+
+
+def reservation_charges(
+    held: Reservation, now: float, live: Container[str], departed: Container[str]
+) -> bool:
+    """The one rule for whether a reservation holds its slices (capacity in the view) and
+    charges them (to its namespace's GPUQuota): while it is open, and no longer once it has
+    expired, once its pod is live (the pod holds and charges the same slices instead, so they
+    are not counted twice) or once its pod has come and gone. ``live`` and ``departed`` are
+    reservation IDs of live pods and of pods that finished or were deleted. Admission's view,
+    the quota recount and ``kubectl fracgpu nodes`` all ask this function."""
+    return held.expires_at > now and held.id not in live and held.id not in departed
 
 
 def model_matches(key: str, model: str) -> bool:

@@ -15,6 +15,8 @@ from tests.kubectl.objects import assigned_pod, gpu_uuid, gpunode, gpuquota, res
 from webhook import kubectl_plugin
 from webhook.kubectl import fetch, report, tables
 
+NOW = 1_800_000_000.0  # 2027-01-15: the fixtures' reservations expire in 2030
+
 
 def _cluster() -> tuple[list[dict], list[dict]]:  # type: ignore[type-arg]
     nodes = [
@@ -42,7 +44,7 @@ def _cluster() -> tuple[list[dict], list[dict]]:  # type: ignore[type-arg]
 
 def test_nodes_sum_live_pods_and_pending_reservations() -> None:
     nodes, pods = _cluster()
-    view = report.build_nodes(nodes, pods)
+    view = report.build_nodes(nodes, pods, now=NOW)
     assert [n.name for n in view.nodes] == ["gpu-a", "gpu-b"]
     gpu_b = view.nodes[1]
     first, second = gpu_b.gpus
@@ -62,7 +64,7 @@ def test_nodes_sum_live_pods_and_pending_reservations() -> None:
 
 
 def test_nodes_table_is_readable() -> None:
-    text = tables.nodes_table(report.build_nodes(*_cluster()))
+    text = tables.nodes_table(report.build_nodes(*_cluster(), now=NOW))
     lines = text.splitlines()
     assert lines[0].split() == [
         "NODE",
@@ -86,7 +88,7 @@ def test_nodes_table_is_readable() -> None:
 
 def test_nodes_json_has_the_same_numbers() -> None:
     nodes, pods = _cluster()
-    data = [report.node_to_dict(n) for n in report.build_nodes(nodes, pods).nodes]
+    data = [report.node_to_dict(n) for n in report.build_nodes(nodes, pods, now=NOW).nodes]
     json.dumps(data)  # serialisable
     assert data[1]["gpus"][0]["compute"] == {"allocated": 85, "total": 100}
     assert data[1]["gpus"][0]["slices"][0]["reserved"] is True
@@ -97,13 +99,13 @@ def test_unreadable_assignment_is_reported_not_hidden() -> None:
     nodes, pods = _cluster()
     broken = assigned_pod("team-x", "bad", "gpu-a", {"m": [(0, 1, 256)]})
     broken["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT] = '{"version": 9}'
-    view = report.build_nodes(nodes, [*pods, broken])
+    view = report.build_nodes(nodes, [*pods, broken], now=NOW)
     assert len(view.problems) == 1 and "team-x/bad" in view.problems[0]
     assert "Problems:" in tables.nodes_table(view)
 
 
 def test_no_gpunodes_says_what_to_check() -> None:
-    assert "agent" in tables.nodes_table(report.build_nodes([], []))
+    assert "agent" in tables.nodes_table(report.build_nodes([], [], now=NOW))
 
 
 def test_quota_report() -> None:
@@ -210,7 +212,7 @@ def test_mig_gpus_show_as_mig_not_free_and_the_split_count_is_shown() -> None:
     mig["status"]["devices"][1]["migEnabled"] = True
     mig["spec"] = {"splitCount": 4}
     pods = [assigned_pod("team-a", "p", "gpu-m", {"a": [(0, 10, 1024)], "b": [(0, 10, 1024)]})]
-    view = report.build_nodes([mig], pods)
+    view = report.build_nodes([mig], pods, now=NOW)
     text = tables.nodes_table(view)
     row0 = next(line for line in text.splitlines() if line.startswith("gpu-m"))
     row1 = next(line for line in text.splitlines() if "(MIG: not shared)" in line)
@@ -224,7 +226,7 @@ def test_mig_gpus_show_as_mig_not_free_and_the_split_count_is_shown() -> None:
     assert data["gpus"][0]["containers"] == 2
     assert data["gpus"][1]["compute"] == {"allocated": 0, "total": 0}
     # Without spec.splitCount the webhook's setting applies, and the table says so.
-    default = tables.nodes_table(report.build_nodes([gpunode("gpu-d", 1)], []))
+    default = tables.nodes_table(report.build_nodes([gpunode("gpu-d", 1)], [], now=NOW))
     assert " 0/default " in default and "the webhook's --split-count" in default
 
 
@@ -273,3 +275,22 @@ def test_all_namespaces_flag(capsys: pytest.CaptureFixture[str]) -> None:
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert kubectl_plugin.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"kubectl fracgpu {__version__}"
+
+
+def test_nodes_leave_out_reservations_that_hold_nothing_any_more() -> None:
+    """The view applies quota.reservation_charges, as admission and the quota recount do: a
+    reservation whose pod has finished, or that has expired, holds no capacity."""
+    gone = reservation("r-gone", "team-a", "job", "gpu-x", index=0, cores=30, mib=1024)
+    expired = reservation("r-old", "team-a", "", "gpu-x", index=0, cores=20, mib=1024)
+    expired["expiresAt"] = "2026-01-01T00:00:00Z"
+    pending = reservation("r-open", "team-a", "", "gpu-x", index=0, cores=10, mib=1024)
+    nodes = [gpunode("gpu-x", 1, reservations=[gone, expired, pending])]
+    pods = [
+        assigned_pod(
+            "team-a", "job", "gpu-x", {"m": [(0, 30, 1024)]}, phase="Succeeded",
+            reservation_id="r-gone",
+        )
+    ]  # fmt: skip
+    (gpu,) = report.build_nodes(nodes, pods, now=NOW).nodes[0].gpus
+    assert gpu.cores_allocated == 10
+    assert [s.owner for s in gpu.slices] == ["team-a/<pending> (reserved)"]

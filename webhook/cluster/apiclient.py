@@ -2,11 +2,15 @@
 
 The webhook answers admission inside the API server's timeout, so its calls are async and
 share one connection pool; connection details come from a kubeconfig or the in-cluster
-service account, read with the ``kubernetes`` package.
+service account, read with the ``kubernetes`` package. A token that comes from a file (the
+in-cluster projected service-account token, a kubeconfig's ``tokenFile``) is re-read as it
+rotates (``token.TokenFile``), and a call answered 401 re-reads it and, when it changed,
+is retried once.
 """
 
 import asyncio
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -14,6 +18,9 @@ from typing import Any, Final
 
 import aiohttp
 import orjson
+import yaml
+
+from webhook.cluster.token import TokenFile
 
 JSON_CONTENT: Final = "application/json"
 MERGE_PATCH: Final = "application/merge-patch+json"
@@ -56,6 +63,8 @@ class Endpoint:
     key_file: str | None = None
     token: str | None = None
     insecure_skip_verify: bool = False
+    # A file holding the token, re-read as it rotates; when set it wins over ``token``.
+    token_file: str | None = None
 
     def ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=self.ca_file)
@@ -71,11 +80,15 @@ class Endpoint:
 def endpoint_from_kubeconfig(path: str | None, context: str | None = None) -> Endpoint:
     """Read a kubeconfig (path None = in-cluster service account) into an Endpoint."""
     from kubernetes import client, config  # noqa: PLC0415 - only needed at start-up
+    from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME  # noqa: PLC0415
 
     configuration = client.Configuration()
+    token_file: str | None = None
     if path is None:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        token_file = SERVICE_TOKEN_FILENAME
     else:
+        token_file = _kubeconfig_token_file(path, context)
         config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=path, context=context, client_configuration=configuration
         )
@@ -90,20 +103,50 @@ def endpoint_from_kubeconfig(path: str | None, context: str | None = None) -> En
         key_file=configuration.key_file,
         token=token,
         insecure_skip_verify=not configuration.verify_ssl,
+        token_file=token_file,
     )
+
+
+def _kubeconfig_token_file(path: str, context: str | None) -> str | None:
+    """The ``tokenFile`` of the kubeconfig user the context names (relative to the file), or
+    None. The ``kubernetes`` package has already read and validated the file; it reads a
+    tokenFile once, which is what this is for."""
+    with open(path, encoding="utf-8") as file:
+        document: Any = yaml.safe_load(file)
+    if not isinstance(document, dict):
+        return None
+    name = context or document.get("current-context")
+    contexts = [c for c in document.get("contexts") or [] if isinstance(c, dict)]
+    chosen = next((c.get("context") for c in contexts if c.get("name") == name), None)
+    user_name = chosen.get("user") if isinstance(chosen, dict) else None
+    users = [u for u in document.get("users") or [] if isinstance(u, dict)]
+    user = next((u.get("user") for u in users if u.get("name") == user_name), None)
+    token_file = user.get("tokenFile") if isinstance(user, dict) else None
+    if not isinstance(token_file, str) or not token_file:
+        return None
+    return os.path.join(os.path.dirname(os.path.abspath(path)), token_file)
 
 
 class KubeApi:
     """GET/LIST/WATCH/CREATE/REPLACE/PATCH/DELETE on API paths, returning JSON objects."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        tokens: TokenFile | None = None,
+    ) -> None:
         self._endpoint = endpoint
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        if tokens is None and endpoint.token_file:
+            tokens = TokenFile(endpoint.token_file)
+        self._tokens = tokens
 
     async def __aenter__(self) -> "KubeApi":
         headers = {"Accept": JSON_CONTENT}
-        if self._endpoint.token:
+        if self._endpoint.token and self._tokens is None:
             headers["Authorization"] = f"Bearer {self._endpoint.token}"
         connector = aiohttp.TCPConnector(ssl=self._endpoint.ssl_context(), limit=64)
         self._session = aiohttp.ClientSession(
@@ -162,7 +205,15 @@ class KubeApi:
             "allowWatchBookmarks": "true",
         }
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s + 30)
-        async with self.session.get(path.lstrip("/"), params=query, timeout=timeout) as response:
+        for attempt in (1, 2):
+            response = await self.session.get(
+                path.lstrip("/"), params=query, timeout=timeout, headers=self._auth()
+            )
+            if response.status == 401 and attempt == 1 and self._token_changed():
+                response.release()
+                continue
+            break
+        async with response:
             if response.status >= 400:
                 raise _error(response.status, await response.text())
             async for line in response.content:
@@ -184,15 +235,32 @@ class KubeApi:
         content_type: str = JSON_CONTENT,
     ) -> Obj:
         data = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": content_type} if data is not None else None
-        async with self.session.request(
-            method, path.lstrip("/"), data=data, params=params, headers=headers
-        ) as response:
-            raw = await response.read()
-            if response.status >= 400:
-                raise _error(response.status, raw.decode(errors="replace"))
-            result: Obj = orjson.loads(raw) if raw else {}
-            return result
+        for attempt in (1, 2):
+            headers = self._auth()
+            if data is not None:
+                headers["Content-Type"] = content_type
+            async with self.session.request(
+                method, path.lstrip("/"), data=data, params=params, headers=headers
+            ) as response:
+                raw = await response.read()
+                status = response.status
+            if status == 401 and attempt == 1 and self._token_changed():
+                continue  # the token rotated under us: once more with the new one
+            break
+        if status >= 400:
+            raise _error(status, raw.decode(errors="replace"))
+        result: Obj = orjson.loads(raw) if raw else {}
+        return result
+
+    def _auth(self) -> dict[str, str]:
+        """This request's Authorization header: the token file's current token."""
+        if self._tokens is None:
+            return {}
+        return {"Authorization": f"Bearer {self._tokens.token()}"}
+
+    def _token_changed(self) -> bool:
+        """After a 401: re-read the token file; whether a new token is there to retry with."""
+        return self._tokens is not None and self._tokens.refresh()
 
 
 def _dry(dry_run: bool) -> dict[str, str]:

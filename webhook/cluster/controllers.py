@@ -147,6 +147,7 @@ class Controllers:
         this leader has not written yet."""
         result: dict[str, list[GPUAllocation]] = {}
         live = self._state.live_reservation_ids()
+        departed = self._state.departed_reservation_ids()
         for _, pod in self._state.pods.items():
             if pod.assignment is not None and not pod.terminal:
                 result.setdefault(pod.namespace, []).extend(pod.assignment.allocations())
@@ -154,7 +155,7 @@ class Controllers:
         for _, record in self._state.gpunodes.items():
             for held in record.reservations:
                 written.add(held.id)
-                if held.id not in live and held.expires_at > now:
+                if quotalib.reservation_charges(held, now, live, departed):
                     result.setdefault(held.namespace, []).extend(held.allocations)
         for claim in self._state.unwritten_claims():
             held = claim.reservation

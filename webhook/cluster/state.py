@@ -761,11 +761,7 @@ class KubeState:
     def _holds_capacity(self, held: Reservation, now: float) -> bool:
         """Whether a reservation still holds capacity: not expired, not yet a live pod, and
         not the reservation of a pod that has already come and gone."""
-        return (
-            held.id not in self._live_reservations
-            and held.id not in self._departed
-            and held.expires_at > now
-        )
+        return quotalib.reservation_charges(held, now, self._live_reservations, self._departed)
 
     def prunable(self, held: Reservation, now: float) -> bool:
         """Whether a reservation can leave its GPUNode: this replica has seen its pod live for

@@ -1,8 +1,11 @@
 """A list+watch cache of one resource, kept small by storing only a transform of each object.
 
-List, then watch from the list's resourceVersion; a 410 Gone or a periodic resync lists
-again (diffed against the cache so listeners see only real changes); connection errors back
-off exponentially. ``synced`` is set after the first successful list.
+List, then watch from the list's resourceVersion, with bookmarks (the server moves the
+version on even when nothing in the selection changes); a watch that ends or breaks resumes
+from the last version seen, a 410 Gone or a periodic resync lists again (diffed against the
+cache so listeners see only real changes). Errors back off exponentially; a watch that keeps
+breaking (``max_resumes`` times in a row) is listed again. ``synced`` is set after the
+first successful list.
 """
 
 import asyncio
@@ -27,6 +30,7 @@ class WatchSettings:
     watch_timeout_s: int = 240
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 30.0
+    max_resumes: int = 5
 
 
 def object_key(obj: Obj) -> str:
@@ -61,6 +65,7 @@ class WatchCache(Generic[T]):
         self._listeners: list[Listener[T]] = []
         self.synced = asyncio.Event()
         self.relists = 0
+        self.resumes = 0  # watches resumed from the last version after a broken stream
 
     def add_listener(self, listener: "Listener[T]") -> None:
         self._listeners.append(listener)
@@ -124,13 +129,29 @@ class WatchCache(Generic[T]):
         params: dict[str, str | int] = {}
         if self._selector:
             params["labelSelector"] = self._selector
+        broken = 0
         while loop.time() < deadline:
             remaining = max(1, min(self._settings.watch_timeout_s, int(deadline - loop.time())))
             try:
                 async for event in self._api.watch(self._path, version, remaining, **params):
                     version = self._apply(event, version)
+                    broken = 0
             except GoneError:
                 return
+            except (aiohttp.ClientError, TimeoutError) as error:
+                broken += 1
+                if broken > self._settings.max_resumes:
+                    raise
+                delay = min(
+                    self._settings.backoff_initial_s * 2 ** (broken - 1),
+                    self._settings.backoff_max_s,
+                )
+                log.info(
+                    "watch %s broke (%s); resuming from resourceVersion %s in %.1fs",
+                    self._name, error, version, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                self.resumes += 1
 
     def _apply(self, event: Obj, version: str) -> str:
         kind = event.get("type")

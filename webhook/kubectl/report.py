@@ -1,7 +1,8 @@
 """Reports built from API objects (plain JSON dicts): pure functions, no I/O.
 
-Nodes: per GPU, what the live pods' assignment annotations hold, plus reservations whose pod
-has not appeared yet. Quotas: GPUQuota hard and used. Pod: one pod's assignment.
+Nodes: per GPU, what the live pods' assignment annotations hold, plus the reservations that
+still hold capacity (``quota.reservation_charges``: open, pod not live yet and not gone).
+Quotas: GPUQuota hard and used. Pod: one pod's assignment.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from fracgpu import codec, names
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, GPUDevice, Quota, ResourceAmounts
+from webhook import quota as quotalib
 
 Obj = Mapping[str, Any]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -161,10 +163,12 @@ class NodesView:
     problems: tuple[str, ...]  # pods whose assignment cannot be read
 
 
-def build_nodes(gpunodes: Iterable[Obj], pods: Iterable[Obj]) -> NodesView:
-    """One report per GPUNode, sorted by name; pods matched by their assignment's node."""
+def build_nodes(gpunodes: Iterable[Obj], pods: Iterable[Obj], *, now: float) -> NodesView:
+    """One report per GPUNode, sorted by name; pods matched by their assignment's node.
+    ``now`` (unix seconds) decides which reservations have expired."""
     slices_by_gpu: dict[tuple[str, str], list[Slice]] = {}
     seen_reservations: set[str] = set()
+    departed: set[str] = set()  # reservations whose pod finished: they hold nothing now
     pod_problems: list[str] = []
     for pod in pods:
         meta = _meta(pod)
@@ -173,7 +177,10 @@ def build_nodes(gpunodes: Iterable[Obj], pods: Iterable[Obj]) -> NodesView:
         except ReportError as error:
             pod_problems.append(str(error))
             continue
-        if assignment is None or not _live(pod):
+        if assignment is None:
+            continue
+        if not _live(pod):
+            departed.add(assignment.reservation_id)
             continue
         seen_reservations.add(assignment.reservation_id)
         for held in assignment.containers:
@@ -202,8 +209,8 @@ def build_nodes(gpunodes: Iterable[Obj], pods: Iterable[Obj]) -> NodesView:
             except FracgpuError as error:
                 node_problems.append(str(error))
                 continue
-            if pending.id in seen_reservations:
-                continue  # its pod is visible: counted above
+            if not quotalib.reservation_charges(pending, now, seen_reservations, departed):
+                continue  # expired, or its pod is counted above, or its pod has finished
             for alloc in pending.allocations:
                 slices_by_gpu.setdefault((node, alloc.uuid), []).append(
                     Slice(pending.namespace, pending.pod, "", alloc.cores, alloc.memory_mib, True)

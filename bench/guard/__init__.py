@@ -1,0 +1,1 @@
+"""``fracgpu-bench guard``: CI's performance guard against a committed baseline."""

@@ -1,0 +1,143 @@
+"""What the guard times: a reference loop, admissions, and placements of several pod shapes.
+
+Each function returns CPU seconds per operation (``time.process_time``: a helper's time on a
+shared machine, not the wall clock). The guard divides each by the reference loop's time
+measured in the same run, so a slower or busier machine moves all of them together.
+"""
+
+import argparse
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from bench.admission.cli import _cluster_file, _review
+from fracgpu.model import ContainerRequest, GPUAllocation, GPUDevice, MemoryRequest, NodeInventory
+from fracgpu.placement.api import Constraints, NoFit, PodDemand, Policy
+from fracgpu.placement.view import ClusterView
+from webhook import responses, settings
+from webhook.admission import Admission
+from webhook.embedded import EmbeddedState
+from webhook.metrics import Metrics
+from webhook.review import parse_review
+
+# Placement cluster: NODES nodes of GPUS GPUs, two models and two pools, a seeded part full.
+NODES = 400
+GPUS = 8
+MODELS = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
+POOLS = ("pool-a", "pool-b")
+
+
+def reference(rounds: int) -> float:
+    """CPU seconds per unit of a fixed pure-Python loop (dict, list, int and str work: what
+    admission and placement spend their interpreter time on)."""
+    started = time.process_time()
+    for _ in range(rounds):
+        table: dict[str, int] = {}
+        items: list[int] = []
+        for i in range(2000):
+            key = f"k{i % 97}"
+            table[key] = table.get(key, 0) + i
+            items.append(i * 7 % 13)
+        items.sort()
+        if sum(items) < 0 or len(table) != 97:
+            raise AssertionError("the reference loop computed nonsense")
+    return (time.process_time() - started) / rounds
+
+
+def admission(cluster: Path, warmup: int, admissions: int) -> float:
+    """CPU seconds per admission: review bytes -> ``Admission.mutate`` -> response bytes, on
+    the embedded back end (reservations really taken), as ``admission-cost`` measures it."""
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    config = settings.load(parser.parse_args(["--cluster-file", str(cluster)]), {})
+    state = EmbeddedState.from_file(
+        cluster, config.split_count, config.reservation_ttl_seconds, config.memory_scaling
+    )
+    admitter = Admission(config, state, Metrics())
+    bodies = [orjson.dumps(_review(i)) for i in range(warmup + admissions)]
+
+    async def admit(batch: list[bytes]) -> None:
+        for body in batch:
+            review = parse_review(body, "application/json", config.max_body_bytes)
+            verdict = await admitter.mutate(review)
+            if not verdict.patch:
+                raise RuntimeError(f"the guard's pod was not placed: {verdict.message}")
+            orjson.dumps(responses.to_review(review.uid, verdict))
+
+    asyncio.run(admit(bodies[:warmup]))
+    started = time.process_time()
+    asyncio.run(admit(bodies[warmup:]))
+    return (time.process_time() - started) / admissions
+
+
+def write_cluster(path: Path, nodes: int, gpus: int) -> None:
+    _cluster_file(path, nodes, gpus)
+
+
+def _request(name: str, gpus: int, cores: int, mib: int) -> ContainerRequest:
+    return ContainerRequest(name, gpus, cores, MemoryRequest(mib=mib))
+
+
+# The pod shapes whose decision time is guarded: name -> (demand, policy).
+SHAPES: dict[str, tuple[PodDemand, Policy]] = {
+    "plain": (PodDemand((_request("main", 1, 30, 8192),)), Policy.BINPACK),
+    "plain-spread": (PodDemand((_request("main", 1, 30, 8192),)), Policy.SPREAD),
+    "plain-fragmentation": (PodDemand((_request("main", 1, 30, 8192),)), Policy.FRAGMENTATION),
+    "pool-selector": (
+        PodDemand((_request("main", 1, 30, 8192),), constraints=Constraints(pools=("pool-b",))),
+        Policy.BINPACK,
+    ),
+    "gpu-model": (
+        PodDemand((_request("main", 1, 50, 16384),), constraints=Constraints(("H100",))),
+        Policy.BINPACK,
+    ),
+    "multi-gpu": (PodDemand((_request("main", 2, 100, 81920),)), Policy.BINPACK),
+    "two-containers": (
+        PodDemand((_request("a", 1, 20, 4096), _request("b", 1, 40, 8192)), 4000, 16384),
+        Policy.BINPACK,
+    ),
+}
+
+
+def placement_view(seed: int = 7) -> ClusterView:
+    """The placement cluster, about half its GPUs partly used (seeded: the same every run)."""
+    rng = random.Random(seed)
+    view = ClusterView()
+    for n in range(NODES):
+        model = MODELS[n % len(MODELS)]
+        devices = tuple(GPUDevice(f"GPU-{n:04d}-{g}", g, model, 81920) for g in range(GPUS))
+        view.add_node(NodeInventory(f"node-{n:04d}", devices, 128_000, 1_048_576, POOLS[n % 2]))
+        for device in devices:
+            if rng.random() < 0.5:
+                cores = rng.choice((10, 20, 30, 50, 100))
+                view.allocate(
+                    f"node-{n:04d}", (GPUAllocation(device.uuid, cores, cores * 800),), 1000, 4096
+                )
+    for _ in range(200):  # teach the fragmentation policy a workload
+        view.observe(SHAPES["plain"][0])
+        view.observe(SHAPES["two-containers"][0])
+    return view
+
+
+def placement(view: ClusterView, shape: str, budget_seconds: float) -> float:
+    """CPU seconds per ``ClusterView.place`` of one shape (the view never changes), deciding
+    in batches until ``budget_seconds`` of CPU are spent (at least 3 decisions): a shape
+    whose decision takes milliseconds gets as much time as one that takes microseconds."""
+    demand, policy = SHAPES[shape]
+    place: Callable[[PodDemand, Policy], object] = view.place
+    if isinstance(place(demand, policy), NoFit):
+        raise RuntimeError(f"the guard's {shape!r} pod does not fit its cluster")
+    decisions, batch = 0, 3
+    started = time.process_time()
+    while True:
+        for _ in range(batch):
+            place(demand, policy)
+        decisions += batch
+        used = time.process_time() - started
+        if used >= budget_seconds:
+            return used / decisions
+        batch = min(batch * 2, 1000)
