@@ -25,7 +25,7 @@ from .pods import (
 )
 from .tier.tier import GPU_UUID, NODE_NAME, NodeTier, wait_for
 
-GPU_LABELS = f'{{node="{NODE_NAME}",gpu="{GPU_UUID}",index="0",model="NVIDIA Fake GPU 16GB"}}'
+GPU_LABELS = f'{{gpu="{GPU_UUID}",index="0",model="NVIDIA Fake GPU 16GB",node="{NODE_NAME}"}}'
 MIB = 1 << 20
 
 
