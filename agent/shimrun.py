@@ -16,6 +16,7 @@ the paths the device plugin mounts read-only), and a program can unset its envir
 import argparse
 import ctypes
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -52,6 +53,7 @@ ENV_REGION = "FRACGPU_TEST_REGION_PATH"
 ENV_NODE_DIR = "FRACGPU_TEST_NODE_DIR"
 ENV_FAKE_CONFIG = "FRACGPU_FAKE_GPU_CONFIG"
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
+_UUID = re.compile(r"GPU-[0-9A-Za-z-]{1,60}")
 _SIZE_HELP = "a size such as 512Mi, 1Gi or 1500M (bytes, with Ki/Mi/Gi/Ti or k/M/G/T)"
 
 
@@ -165,8 +167,7 @@ def parse_args(argv: Sequence[str]) -> RunSettings:
 
 
 def _looks_like_uuid(text: str) -> bool:
-    body = text.removeprefix("GPU-")
-    return body != text and 0 < len(body) <= 60 and all(c.isalnum() or c == "-" for c in body)
+    return _UUID.fullmatch(text) is not None
 
 
 def fake_uuid(index: int) -> str:
@@ -316,3 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RunError, OSError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return EXIT_SETUP
+
+
+if __name__ == "__main__":
+    sys.exit(main())
