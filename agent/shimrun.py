@@ -94,20 +94,26 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory", required=True, help=f"memory slice per GPU: {_SIZE_HELP}")
     parser.add_argument("--cores", default="100", help="compute slice per GPU, percent 1..100")
     parser.add_argument(
-        "--gpus", default="", help="GPUs, comma-separated indexes (nvidia-smi's) or UUIDs; "
-        "default GPU 0"
+        "--gpus",
+        default="",
+        help="GPUs, comma-separated indexes (nvidia-smi's) or UUIDs; default GPU 0",
     )
     parser.add_argument(
-        "--fake-gpus", default="0", help=f"simulate N GPUs (1..{MAX_DEVICES}) with the driver "
-        "double of shim/testdoubles instead of the system's driver"
+        "--fake-gpus",
+        default="0",
+        help=f"simulate N GPUs (1..{MAX_DEVICES}) with the driver "
+        "double of shim/testdoubles instead of the system's driver",
     )
     parser.add_argument(
-        "--fake-gpu-memory", default=None, help=f"memory of each simulated GPU ({_SIZE_HELP}); "
-        f"default {FAKE_DEFAULT_MEMORY}"
+        "--fake-gpu-memory",
+        default=None,
+        help=f"memory of each simulated GPU ({_SIZE_HELP}); default {FAKE_DEFAULT_MEMORY}",
     )
     parser.add_argument(
-        "--shim-build", default=None, type=Path,
-        help=f"directory holding {TEST_LIBRARY} and doubles/ (default: the checkout's shim/build)"
+        "--shim-build",
+        default=None,
+        type=Path,
+        help=f"directory holding {TEST_LIBRARY} and doubles/ (default: the checkout's shim/build)",
     )
     return parser
 
@@ -160,7 +166,9 @@ def parse_args(argv: Sequence[str]) -> RunSettings:
         cores=_int_in("--cores", args.cores, 1, CORES_PER_GPU),
         gpus=gpus,
         fake_gpus=fake_gpus,
-        fake_gpu_memory_bytes=_size("--fake-gpu-memory", args.fake_gpu_memory or FAKE_DEFAULT_MEMORY),
+        fake_gpu_memory_bytes=_size(
+            "--fake-gpu-memory", args.fake_gpu_memory or FAKE_DEFAULT_MEMORY
+        ),
         shim_build=args.shim_build,
         command=command,
     )
@@ -214,8 +222,10 @@ def choose(gpus: Sequence[Gpu], wanted: Sequence[str], memory_bytes: int) -> lis
         raise RunError("--gpus names one GPU twice (by index and by UUID)")
     for gpu in chosen:
         if gpu.mig_enabled:
-            raise RunError(f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled: slices of MIG GPUs "
-                           "are not supported; choose another GPU")
+            raise RunError(
+                f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled: slices of MIG GPUs "
+                "are not supported; choose another GPU"
+            )
         if memory_bytes > gpu.memory_bytes:
             raise RunError(
                 f"--memory {memory_bytes} bytes is more than GPU {gpu.index} has "
@@ -259,7 +269,10 @@ def slice_limits(chosen: Sequence[Gpu], settings: RunSettings) -> Limits:
 def fake_config(gpus: Sequence[Gpu], root: Path) -> str:
     lines = [f"state_file={root / 'fake-gpu.state'}", f"device_count={len(gpus)}"]
     for g in gpus:
-        lines += [f"device.{g.index}.uuid={g.uuid}", f"device.{g.index}.memory_bytes={g.memory_bytes}"]
+        lines += [
+            f"device.{g.index}.uuid={g.uuid}",
+            f"device.{g.index}.memory_bytes={g.memory_bytes}",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,7 @@ same foreground process group, so it is not sent twice: the kernel marks those w
 ``SI_KERNEL``, a sender process with ``SI_USER``/``SI_QUEUE``/``SI_TKILL`` (≤ 0).
 """
 
+import contextlib
 import os
 import signal
 from collections.abc import Mapping, Sequence
@@ -63,7 +64,6 @@ def _wait(pid: int, waited: set[signal.Signals]) -> int:
             return code if code >= 0 else _SIGNAL_EXIT_BASE - code
         info = signal.sigwaitinfo(waited)
         if info.si_signo != signal.SIGCHLD and info.si_code <= 0:
-            try:
+            # It may have just ended: waitpid reports it next.
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, info.si_signo)
-            except ProcessLookupError:  # it has just ended; waitpid reports it next
-                pass

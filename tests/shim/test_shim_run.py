@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fracgpu import shim_abi
-from tests.shim.sandbox import BUILD, GiB, MiB, REPO, step
+from tests.shim.sandbox import BUILD, REPO, GiB, MiB, step
 
 COMMAND = [sys.executable, "-m", "agent.shimrun", "run"]
 TOLERANCE = 0.05
@@ -99,11 +99,23 @@ def test_a_program_sees_its_slice_and_gets_out_of_memory_past_it(shim_build: Pat
 
 
 def test_the_limits_file_is_the_one_the_agent_would_write(shim_build: Path) -> None:
-    show = "import os,sys; p=os.environ['FRACGPU_TEST_LIMITS_PATH']; " \
+    show = (
+        "import os,sys; p=os.environ['FRACGPU_TEST_LIMITS_PATH']; "
         "print(oct(os.stat(p).st_mode & 0o777)); sys.stdout.write(open(p).read())"
+    )
     out = shim_run(
-        "--fake-gpus", "2", "--memory", "512Mi", "--cores", "40", "--gpus", "1",
-        "--", sys.executable, "-c", show,
+        "--fake-gpus",
+        "2",
+        "--memory",
+        "512Mi",
+        "--cores",
+        "40",
+        "--gpus",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        show,
     )
     assert out.returncode == 0, out.stderr
     mode, text = out.stdout.split("\n", 1)
@@ -117,8 +129,16 @@ def test_the_limits_file_is_the_one_the_agent_would_write(shim_build: Path) -> N
 
 def launch_share(*flags: str) -> float:
     out = shim_run(
-        "--fake-gpus", "1", "--memory", "1Gi", *flags,
-        "--", str(BUILD / "tests" / "launch_ops"), "2000", "2", "launch",
+        "--fake-gpus",
+        "1",
+        "--memory",
+        "1Gi",
+        *flags,
+        "--",
+        str(BUILD / "tests" / "launch_ops"),
+        "2000",
+        "2",
+        "launch",
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return float(step(out.stdout, "launch")[3])
@@ -139,8 +159,9 @@ def test_the_system_driver_is_used_without_fake_gpus(shim_build: Path, tmp_path:
     uuids = [f"GPU-5e5e0000-0000-4000-8000-00000000000{i}" for i in range(2)]
     config.write_text(
         f"state_file={tmp_path / 'state'}\ndevice_count=2\n"
-        + "".join(f"device.{i}.uuid={u}\ndevice.{i}.memory_bytes={8 * GiB}\n"
-                  for i, u in enumerate(uuids))
+        + "".join(
+            f"device.{i}.uuid={u}\ndevice.{i}.memory_bytes={8 * GiB}\n" for i, u in enumerate(uuids)
+        )
     )
     env = base_env(LD_LIBRARY_PATH=str(BUILD / "doubles"), FRACGPU_FAKE_GPU_CONFIG=str(config))
     seen = client("--memory", "1Gi", env=env)
@@ -173,16 +194,25 @@ def test_without_a_driver_it_says_so(shim_build: Path) -> None:
         (["--memory", "0.5"], "--memory '0.5' is not a whole number of bytes"),
         (["--memory=-1Gi"], "--memory '-1Gi' is not a whole number of bytes"),
         (["--memory", "99999Ei"], "--memory '99999Ei' is not a size"),
-        (["--memory", "1Gi", "--cores", "0"], "--cores '0' is not allowed: use a whole number 1..100"),
+        (
+            ["--memory", "1Gi", "--cores", "0"],
+            "--cores '0' is not allowed: use a whole number 1..100",
+        ),
         (["--memory", "1Gi", "--cores", "101"], "--cores '101' is not allowed"),
         (["--memory", "1Gi", "--cores", "3O"], "--cores '3O' is not allowed"),
-        (["--memory", "1Gi", "--fake-gpus", "17"], "--fake-gpus '17' is not allowed: use a whole number 0..16"),
+        (
+            ["--memory", "1Gi", "--fake-gpus", "17"],
+            "--fake-gpus '17' is not allowed: use a whole number 0..16",
+        ),
         (["--memory", "1Gi", "--fake-gpus", "-1"], "--fake-gpus '-1' is not allowed"),
         (["--memory", "1Gi", "--gpus", "first"], "'first' is neither a GPU index nor a UUID"),
         (["--memory", "1Gi", "--gpus", "GPU-1\nmode=whole"], "is neither a GPU index nor a UUID"),
         (["--memory", "1Gi", "--gpus", "0,0"], "--gpus '0,0' names a GPU twice"),
         (["--memory", "1Gi", "--fake-gpu-memory", "1Gi"], "--fake-gpu-memory needs --fake-gpus N"),
-        (["--memory", "1Gi", "--fake-gpus", "1", "--fake-gpu-memory", "lots"], "--fake-gpu-memory 'lots' is not a size"),
+        (
+            ["--memory", "1Gi", "--fake-gpus", "1", "--fake-gpu-memory", "lots"],
+            "--fake-gpu-memory 'lots' is not a size",
+        ),
         (["--cores", "30"], "the following arguments are required: --memory"),
         (["--memory", "1Gi", "--bogus"], "unrecognized arguments: --bogus"),
     ],
@@ -205,8 +235,13 @@ def test_bad_flags_get_one_line_errors(flags: list[str], says: str) -> None:
 )
 def test_a_missing_program_or_command_gets_a_one_line_error(args: list[str], says: str) -> None:
     out = subprocess.run(
-        [*COMMAND[:-1], *args], env=base_env(), cwd=REPO, capture_output=True, text=True,
-        timeout=60, check=False,
+        [*COMMAND[:-1], *args],
+        env=base_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert (out.returncode, len(out.stderr.splitlines())) == (2, 1), out.stderr
     assert says in out.stderr
@@ -216,11 +251,15 @@ def test_a_missing_program_or_command_gets_a_one_line_error(args: list[str], say
     ("flags", "says"),
     [
         (["--fake-gpus", "2", "--gpus", "2"], "there is no GPU 2; this machine has 0 (GPU-"),
-        (["--fake-gpus", "1", "--gpus", "0,GPU-fa4e0000-0000-4000-8000-000000000000"],
-         "names one GPU twice"),
+        (
+            ["--fake-gpus", "1", "--gpus", "0,GPU-fa4e0000-0000-4000-8000-000000000000"],
+            "names one GPU twice",
+        ),
         (["--fake-gpus", "1", "--fake-gpu-memory", "512Mi"], "more than GPU 0 has (536870912"),
-        (["--fake-gpus", "1", "--shim-build", "/nonexistent"],
-         "the shim library /nonexistent/libfracgpu-test.so is missing"),
+        (
+            ["--fake-gpus", "1", "--shim-build", "/nonexistent"],
+            "the shim library /nonexistent/libfracgpu-test.so is missing",
+        ),
     ],
 )
 def test_a_slice_the_machine_cannot_give_is_refused(
@@ -261,7 +300,11 @@ time.sleep(60)
 def test_signals_are_forwarded_and_files_removed(shim_build: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen(
         [*COMMAND, "--fake-gpus", "1", "--memory", "1Gi", "--", sys.executable, "-c", TRAPS],
-        env=base_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=base_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     ready = proc.stdout.readline().split()
