@@ -31,6 +31,7 @@ from agent.discovery import discover
 from agent.limits import render_limits
 from agent.nvml_backend import NvmlError, PynvmlBackend
 from agent.supervise import SpawnError, run_child
+from fracgpu import __version__
 from fracgpu.errors import QuantityError
 from fracgpu.names import CORES_PER_GPU
 from fracgpu.quantity import parse_quantity
@@ -88,6 +89,8 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=f"{PROG} run",
+        usage=f"{PROG} run --memory SIZE [--cores PERCENT] [--gpus LIST] "
+        "[--fake-gpus N [--fake-gpu-memory SIZE]] [--shim-build DIR] -- PROGRAM [ARG ...]",
         description="Run a program inside a GPU slice (memory and compute) without Kubernetes.",
         epilog="The program and its arguments follow `--`.",
     )
@@ -136,6 +139,12 @@ def _int_in(flag: str, raw: str, low: int, high: int) -> int:
 
 def parse_args(argv: Sequence[str]) -> RunSettings:
     """``run [options] -- program args...``, every value checked."""
+    if list(argv[:1]) == ["--version"]:
+        print(f"{PROG} {__version__}")
+        raise SystemExit(0)
+    if list(argv[:1]) in (["-h"], ["--help"]):
+        _parser().print_help()
+        raise SystemExit(0)
     if not argv or argv[0] != "run":
         raise RunError("the only command is `run`: fracgpu-shim run --memory 1Gi -- PROGRAM ...")
     rest = list(argv[1:])
