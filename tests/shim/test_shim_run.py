@@ -333,3 +333,62 @@ def test_the_callers_environment_cannot_widen_the_slice(shim_build: Path, tmp_pa
     assert seen["cu_total"] == GiB
     assert seen["alloc_512mi_more"] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert seen["limits_path"] != str(whole)
+
+
+COUNTS_SIGINT = """
+import os, signal, sys, time
+if sys.argv[1] == "leave":  # out of the terminal's foreground group: only a sent copy reaches it
+    os.setpgid(0, 0)
+# Count deliveries where the C handler sees them (the wakeup fd gets a byte for each).
+r, w = os.pipe()
+os.set_blocking(w, False)
+os.set_blocking(r, False)
+signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+signal.signal(signal.SIGINT, lambda sig, frame: None)
+print("ready", flush=True)
+time.sleep(1.5)
+try:
+    got = os.read(r, 64)
+except BlockingIOError:
+    got = b""
+sys.exit(len(got))
+"""
+
+# A session of its own with the pty as controlling terminal, then the command in it.
+ON_A_TERMINAL = """
+import fcntl, os, sys, termios
+os.setsid()
+fd = int(sys.argv[1])
+fcntl.ioctl(fd, termios.TIOCSCTTY, 0)  # the new session's controlling terminal
+for target in (0, 1, 2):
+    os.dup2(fd, target)
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
+@pytest.mark.parametrize("group", ["stay", "leave"])
+def test_ctrl_c_on_the_terminal_is_not_sent_twice(shim_build: Path, group: str) -> None:
+    """Ctrl-C reaches the program through the terminal's foreground group (stay: at least
+    once); the command does not send it on as well (leave: the program, out of that group,
+    gets none, where a forwarded copy would be one)."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ON_A_TERMINAL, str(slave), *COMMAND[1:],
+         "--fake-gpus", "1", "--memory", "1Gi",
+         "--", sys.executable, "-c", COUNTS_SIGINT, group],
+        env=base_env(), cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        pass_fds=(slave,),
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        seen = b""
+        while b"ready" not in seen:
+            seen += os.read(master, 1024)  # EIO if everything on the terminal has ended
+        os.write(master, b"\x03")  # the terminal sends SIGINT to its foreground group
+        code = proc.wait(timeout=30)
+        assert code >= 1 if group == "stay" else code == 0, (group, code)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
