@@ -5,9 +5,11 @@ pod's assignment annotation; this module checks it against this node and builds 
 shim's ``Limits``. The file format itself belongs to ``fracgpu.shim_abi``.
 """
 
-from dataclasses import dataclass
+from __future__ import annotations
 
-from agent.podlookup import PodInfo
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from fracgpu.codec import decode_assignment
 from fracgpu.dialects import canonical_counts
 from fracgpu.errors import CodecError
@@ -26,6 +28,9 @@ from fracgpu.shim_abi import (
     Limits,
     encode_limits,
 )
+
+if TYPE_CHECKING:  # only a type here: importing it loads the Kubernetes client (0.4 s)
+    from agent.podlookup import PodInfo
 
 MIB = 1024 * 1024
 

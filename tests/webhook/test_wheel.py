@@ -28,6 +28,7 @@ COMMANDS = {
     "fracgpu-certs": "fracgpu-certs",
     "fracgpu-bench": "fracgpu-bench",
     "kubectl-fracgpu": "kubectl fracgpu",
+    "fracgpu-shim": "fracgpu-shim",
 }
 OWN = {"fracgpu", "webhook", "agent", "certs", "bench"}
 # `fracgpu-bench admission`'s API-server part drives the checkout's e2e harness (tests/):
