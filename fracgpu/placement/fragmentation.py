@@ -49,6 +49,9 @@ class FragmentationIndex:
         # Bumped whenever scores could change other than through a node's state: new shapes,
         # new weights, a rebuild. Caches of scores by class compare it.
         self.version = 0
+        # Per node: whether all its GPUs are untouched, and (when so) how scarce its kind is.
+        self._untouched: BoolArray = np.zeros(0, np.bool_)
+        self._scarcity: FloatArray | None = None
         self._empty_state()
 
     def _empty_state(self) -> None:
@@ -143,6 +146,8 @@ class FragmentationIndex:
         if not self.shapes:
             return
         self._count(state)
+        self._untouched = _untouched_nodes(state)
+        self._scarcity = None
         if self._classes_topology != state.topology_version:
             self._classes.rebuild(state)
             self._classes_topology = state.topology_version
@@ -204,6 +209,14 @@ class FragmentationIndex:
         # most decisions are answered from scores cached by class and read none.
         self._stale.add(row)
         self._classes.update_node(state, row, changed)
+        if self.whole_node_penalty > 0 and row < len(self._untouched):
+            untouched = bool(_untouched_nodes(state, np.array([row]))[0])
+            if untouched or self._untouched[row]:
+                # The opening cost of other nodes reads which nodes are untouched and their
+                # free CPU and memory: scores cached by class are stale.
+                self._untouched[row] = untouched
+                self._scarcity = None
+                self.version += 1
 
     def _refresh(self, state: ClusterState) -> None:
         """Recount the nodes ``update_node`` marked, all in one pass. Per node it sums whole
@@ -385,20 +398,62 @@ class FragmentationIndex:
 
     def _opening_cost(self, lost: FloatArray, state: ClusterState, rows: IntArray) -> FloatArray:
         """``lost`` plus the cost of breaking into a node whose GPUs are all untouched:
-        ``whole_node_penalty`` GPUs times the frequency of the multi-GPU shapes. The expected
-        loss above counts what the typical shapes lose now; an untouched node is also what
-        a multi-GPU pod will need when it comes, the more often the more such pods arrive
-        (0 when none do: nothing changes for one-GPU workloads). Whether a node is untouched
-        depends only on its GPUs' state, so nodes of one class still score alike."""
+        ``whole_node_penalty`` GPUs times the frequency of the multi-GPU shapes, times how
+        scarce the node's kind is among the untouched nodes (``_scarcity_of_nodes``). The
+        expected loss above counts what the typical shapes lose now; an untouched node is also
+        what a multi-GPU pod will need when it comes, the more often the more such pods arrive
+        (0 when none do: nothing changes for one-GPU workloads), and the fewer other untouched
+        nodes could host whatever it could. Whether a node is untouched and its scarcity
+        depend only on its own state (free CPU, memory, GPUs) and on the other nodes, so nodes
+        of one class still score alike."""
         if self.whole_node_penalty <= 0 or not len(self.weights):
             return lost
         wide = float(self.weights[self.s_gpus > 1].sum())
         if wide <= 0:
             return lost
-        capacity = state.n_unit_capacity[rows]
-        untouched = (state.n_free_units[rows] == capacity) & (capacity > 0)
-        result: FloatArray = lost + self.whole_node_penalty * wide * state.gpu_units * untouched
+        scarcity = self._scarcity
+        if (
+            scarcity is None
+            or len(scarcity) != len(state.n_first)
+            or (_untouched_nodes(state, rows) != self._untouched[rows]).any()
+        ):
+            self._untouched = _untouched_nodes(state)
+            scarcity = self._scarcity = _scarcity_of_nodes(state, self._untouched)
+        result: FloatArray = (
+            lost + self.whole_node_penalty * wide * state.gpu_units * scarcity[rows]
+        )
         return result
+
+
+def _untouched_nodes(state: ClusterState, rows: IntArray | None = None) -> BoolArray:
+    """Nodes (all, or ``rows``) with GPUs, none of them in use."""
+    capacity = state.n_unit_capacity if rows is None else state.n_unit_capacity[rows]
+    free = state.n_free_units if rows is None else state.n_free_units[rows]
+    result: BoolArray = (free == capacity) & (capacity > 0)
+    return result
+
+
+def _scarcity_of_nodes(state: ClusterState, untouched: BoolArray) -> FloatArray:
+    """Per node: 0 when it is not untouched, else 1 + ln(U / D), where U counts the untouched
+    nodes and D those of them that could host whatever this one could (free CPU, free memory
+    and GPU compute each at least this node's). A node of the most common kind (every
+    untouched node at least as big) costs 1; the few nodes of the only kind able to hold the
+    largest whole-node pods (on openb: 8-GPU pods of 120 CPUs, which fit only the 39 nodes of
+    128 CPUs among 1,213) cost most, so ordinary pods open them last."""
+    result: FloatArray = np.zeros(len(untouched))
+    idx = np.flatnonzero(untouched)
+    if not len(idx):
+        return result
+    features = np.stack(
+        [state.n_cpu_free[idx], state.n_mem_free[idx], state.n_unit_capacity[idx]], axis=1
+    )
+    kinds, inverse, counts = np.unique(
+        features, axis=0, return_inverse=True, return_counts=True
+    )
+    dominates = (kinds[None, :, :] >= kinds[:, None, :]).all(axis=2)  # [kind, by kind]
+    hosts = dominates.astype(np.float64) @ counts.astype(np.float64)
+    result[idx] = 1.0 + np.log(len(idx) / hosts[inverse.reshape(-1)])
+    return result
 
 
 def _sum_by_candidate(values: FloatArray, pair_cand: IntArray, n: int) -> FloatArray:
