@@ -27,6 +27,11 @@ from fracgpu.placement.workload import Shape
 TIE_TOLERANCE = 1e-7
 # Breaking into an untouched node costs this many GPUs times the frequency of multi-GPU shapes.
 WHOLE_NODE_PENALTY = 4.0
+# Opening an untouched node costs this many GPUs times ln(U / D) (``_scarcity_of_nodes``),
+# whatever shapes have been seen: the pods that need the scarce kind whole may not have come
+# yet. 0.02-0.1 all kept the default trace's 120-CPU 8-GPU pods placeable (seeds 42-44);
+# 0.05 allocated most; 0.5 cost 0.8 points of allocation.
+SCARCE_NODE_GPUS = 0.05
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -397,20 +402,21 @@ class FragmentationIndex:
         return self._opening_cost(result, state, rows)
 
     def _opening_cost(self, lost: FloatArray, state: ClusterState, rows: IntArray) -> FloatArray:
-        """``lost`` plus the cost of breaking into a node whose GPUs are all untouched:
-        ``whole_node_penalty`` GPUs times the frequency of the multi-GPU shapes, times how
-        scarce the node's kind is among the untouched nodes (``_scarcity_of_nodes``). The
+        """``lost`` plus the cost of breaking into a node whose GPUs are all untouched, in GPUs:
+        ``whole_node_penalty`` times the frequency of the multi-GPU shapes, plus
+        ``SCARCE_NODE_GPUS`` times the node kind's scarcity (``_scarcity_of_nodes``). The
         expected loss above counts what the typical shapes lose now; an untouched node is also
-        what a multi-GPU pod will need when it comes, the more often the more such pods arrive
-        (0 when none do: nothing changes for one-GPU workloads), and the fewer other untouched
-        nodes could host whatever it could. Whether a node is untouched and its scarcity
-        depend only on its own state (free CPU, memory, GPUs) and on the other nodes, so nodes
-        of one class still score alike."""
+        what a multi-GPU pod will need when it comes, the more often the more such pods arrive,
+        and the fewer other untouched nodes could host whatever it could. The scarcity part
+        does not wait for multi-GPU shapes to be seen: on openb, 8-GPU pods of 120 CPUs fit
+        only the 39 nodes of 128 CPUs, and ordinary pods (which strand less CPU there) had
+        opened all 39 before the first multi-GPU pod arrived (seed 43: first 8-GPU refusal at
+        5.8 % arrived). Whether a node is untouched and its scarcity depend only on its own
+        state (free CPU, memory, GPUs) and on the untouched nodes: nodes of one class still
+        score alike, and ``update_node`` bumps ``version`` when the untouched nodes change."""
         if self.whole_node_penalty <= 0 or not len(self.weights):
             return lost
         wide = float(self.weights[self.s_gpus > 1].sum())
-        if wide <= 0:
-            return lost
         scarcity = self._scarcity
         if (
             scarcity is None
@@ -419,9 +425,9 @@ class FragmentationIndex:
         ):
             self._untouched = _untouched_nodes(state)
             scarcity = self._scarcity = _scarcity_of_nodes(state, self._untouched)
-        result: FloatArray = (
-            lost + self.whole_node_penalty * wide * state.gpu_units * scarcity[rows]
-        )
+        gpus = self.whole_node_penalty * wide * self._untouched[rows]
+        gpus = gpus + SCARCE_NODE_GPUS * scarcity[rows]
+        result: FloatArray = lost + state.gpu_units * gpus
         return result
 
 
@@ -434,12 +440,12 @@ def _untouched_nodes(state: ClusterState, rows: IntArray | None = None) -> BoolA
 
 
 def _scarcity_of_nodes(state: ClusterState, untouched: BoolArray) -> FloatArray:
-    """Per node: 0 when it is not untouched, else 1 + ln(U / D), where U counts the untouched
-    nodes and D those of them that could host whatever this one could (free CPU, free memory
-    and GPU compute each at least this node's). A node of the most common kind (every
-    untouched node at least as big) costs 1; the few nodes of the only kind able to hold the
-    largest whole-node pods (on openb: 8-GPU pods of 120 CPUs, which fit only the 39 nodes of
-    128 CPUs among 1,213) cost most, so ordinary pods open them last."""
+    """Per node: 0 when it is not untouched, else ln(U / D), where U counts the untouched nodes
+    and D those of them that could host whatever this one could (free CPU, free memory and
+    GPU compute each at least this node's, itself included). A node of the smallest common
+    kind scores 0; the nodes of the only kind able to hold the largest whole-node pods score
+    most (openb: the 39 nodes of 128 CPUs among 1,213, ln 31 = 3.4), so ordinary pods open
+    them last. Nodes are grouped into kinds first: a few dozen kinds, not U x U tests."""
     result: FloatArray = np.zeros(len(untouched))
     idx = np.flatnonzero(untouched)
     if not len(idx):
@@ -452,7 +458,7 @@ def _scarcity_of_nodes(state: ClusterState, untouched: BoolArray) -> FloatArray:
     )
     dominates = (kinds[None, :, :] >= kinds[:, None, :]).all(axis=2)  # [kind, by kind]
     hosts = dominates.astype(np.float64) @ counts.astype(np.float64)
-    result[idx] = 1.0 + np.log(len(idx) / hosts[inverse.reshape(-1)])
+    result[idx] = np.log(len(idx) / hosts[inverse.reshape(-1)])
     return result
 
 

@@ -7,7 +7,11 @@ from hypothesis import strategies as st
 
 from fracgpu.model import GPUAllocation
 from fracgpu.placement.candidates import CandidateFinder
-from fracgpu.placement.fragmentation import WHOLE_NODE_PENALTY, FragmentationIndex
+from fracgpu.placement.fragmentation import (
+    SCARCE_NODE_GPUS,
+    WHOLE_NODE_PENALTY,
+    FragmentationIndex,
+)
 from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
 from tests.placement.helpers import node, share
@@ -66,7 +70,9 @@ def test_lazy_recount_equals_a_fresh_index(
 def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     """A one-GPU share scored on every GPU: candidates on untouched nodes lose
     WHOLE_NODE_PENALTY x (frequency of multi-GPU shapes) GPUs more than without the
-    penalty; those on a node already in use lose the same."""
+    penalty, plus SCARCE_NODE_GPUS x ln(U / D) for the node's kind (U untouched nodes, D of
+    them with at least its GPUs: CPU and memory are alike here); those on a node already in
+    use lose the same."""
     state, index = counted(8)
     state.apply("n1", [GPUAllocation("n1-gpu0", 10, 0)], 0, 0, sign=1)  # n1 is in use
     plain = FragmentationIndex(whole_node_penalty=0.0)
@@ -81,7 +87,13 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     assert wide > 0
     used = np.array([state.node_names[r] == "n1" for r in cands.rows])
     assert np.allclose(extra[used], 0.0)
-    assert np.allclose(extra[~used], WHOLE_NODE_PENALTY * wide * state.gpu_units)
+    untouched_gpus = [i % 4 for i in range(8) if i % 4 > 0 and f"n{i}" != "n1"]
+    gpus = np.array([state.n_count[r] for r in cands.rows[~used]])
+    hosts = np.array([sum(1 for g in untouched_gpus if g >= n) for n in gpus])
+    scarcity = np.log(len(untouched_gpus) / hosts)
+    assert scarcity.max() > 0  # the 3-GPU nodes are scarcer than the 1-GPU ones
+    expected = (WHOLE_NODE_PENALTY * wide + SCARCE_NODE_GPUS * scarcity) * state.gpu_units
+    assert np.allclose(extra[~used], expected)
 
 
 def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
