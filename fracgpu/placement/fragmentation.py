@@ -453,9 +453,7 @@ def _scarcity_of_nodes(state: ClusterState, untouched: BoolArray) -> FloatArray:
     features = np.stack(
         [state.n_cpu_free[idx], state.n_mem_free[idx], state.n_unit_capacity[idx]], axis=1
     )
-    kinds, inverse, counts = np.unique(
-        features, axis=0, return_inverse=True, return_counts=True
-    )
+    kinds, inverse, counts = np.unique(features, axis=0, return_inverse=True, return_counts=True)
     dominates = (kinds[None, :, :] >= kinds[:, None, :]).all(axis=2)  # [kind, by kind]
     hosts = dominates.astype(np.float64) @ counts.astype(np.float64)
     result[idx] = np.log(len(idx) / hosts[inverse.reshape(-1)])
