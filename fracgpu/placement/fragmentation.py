@@ -32,6 +32,9 @@ WHOLE_NODE_PENALTY = 4.0
 # yet. 0.02-0.1 all kept the default trace's 120-CPU 8-GPU pods placeable (seeds 42-44);
 # 0.05 allocated most; 0.5 cost 0.8 points of allocation.
 SCARCE_NODE_GPUS = 0.05
+# Up to this many kinds of untouched node (free CPU, memory, GPUs), scarcity compares every
+# kind with every other; past it, a bound found by sorting keeps the cost O(U log U).
+MAX_EXACT_KINDS = 256
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -445,7 +448,8 @@ def _scarcity_of_nodes(state: ClusterState, untouched: BoolArray) -> FloatArray:
     GPU compute each at least this node's, itself included). A node of the smallest common
     kind scores 0; the nodes of the only kind able to hold the largest whole-node pods score
     most (openb: the 39 nodes of 128 CPUs among 1,213, ln 31 = 3.4), so ordinary pods open
-    them last. Nodes are grouped into kinds first: a few dozen kinds, not U x U tests."""
+    them last. Nodes are grouped into kinds first: a few dozen kinds, not U x U tests (tenants'
+    CPU-only pods on untouched nodes make more kinds: ``MAX_EXACT_KINDS`` bounds the cost)."""
     result: FloatArray = np.zeros(len(untouched))
     idx = np.flatnonzero(untouched)
     if not len(idx):
@@ -454,8 +458,18 @@ def _scarcity_of_nodes(state: ClusterState, untouched: BoolArray) -> FloatArray:
         [state.n_cpu_free[idx], state.n_mem_free[idx], state.n_unit_capacity[idx]], axis=1
     )
     kinds, inverse, counts = np.unique(features, axis=0, return_inverse=True, return_counts=True)
-    dominates = (kinds[None, :, :] >= kinds[:, None, :]).all(axis=2)  # [kind, by kind]
-    hosts = dominates.astype(np.float64) @ counts.astype(np.float64)
+    if len(kinds) <= MAX_EXACT_KINDS:
+        dominates = (kinds[None, :, :] >= kinds[:, None, :]).all(axis=2)  # [kind, by kind]
+        hosts = dominates.astype(np.float64) @ counts.astype(np.float64)
+    else:
+        # Pods' CPU and memory requests make the kinds: past the bound, D is taken as the
+        # fewest nodes at least as big in any one of the three, an upper bound on it found by
+        # sorting (O(U log U), no K x K table). Exact when the kinds are nested.
+        hosts = np.full(len(kinds), np.inf)
+        for column in kinds.T:
+            ordered = np.sort(np.repeat(column, counts))
+            at_least = len(ordered) - np.searchsorted(ordered, column, side="left")
+            hosts = np.minimum(hosts, at_least)
     result[idx] = np.log(len(idx) / hosts[inverse.reshape(-1)])
     return result
 

@@ -2,15 +2,18 @@
 index built from scratch over the same state."""
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fracgpu.model import GPUAllocation
 from fracgpu.placement.candidates import CandidateFinder
 from fracgpu.placement.fragmentation import (
+    MAX_EXACT_KINDS,
     SCARCE_NODE_GPUS,
     WHOLE_NODE_PENALTY,
     FragmentationIndex,
+    _scarcity_of_nodes,
 )
 from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
@@ -115,3 +118,19 @@ def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
     fresh.set_workload(typical, state)
     for name in ("usable_now", "pods_now", "usable", "pods", "effective_now", "elig", "s_cpu"):
         assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
+
+
+@pytest.mark.parametrize("nodes", [40, MAX_EXACT_KINDS + 40])
+def test_scarcity_ranks_untouched_nodes_by_what_they_could_host(nodes: int) -> None:
+    """Untouched nodes differing in free CPU only: D is the number at least as big, so
+    scarcity is ln(U / rank from the top); a node in use scores 0. Past MAX_EXACT_KINDS
+    kinds (tenants' CPU requests can make that many) the sorted bound gives the same here."""
+    state = ClusterState(100)
+    for i in range(nodes):
+        state.add_node(node(f"n{i}", 2, cpu_milli=1000 * (i + 1)), split_count=4)
+    state.apply("n0", [GPUAllocation("n0-gpu0", 10, 0)], 0, 0, sign=1)
+    untouched = state.n_free_units == state.n_unit_capacity
+    scarcity = _scarcity_of_nodes(state, untouched)
+    assert scarcity[0] == 0.0
+    at_least = np.arange(nodes - 1, 0, -1)  # n1 is matched by every untouched node
+    assert np.allclose(scarcity[1:], np.log((nodes - 1) / at_least))
