@@ -10,6 +10,7 @@
  * advice given for it (cuMemAdvise, read back with cuMemRangeGetAttribute).
  */
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,7 @@ struct alloc {
     int released;               /*   cuMemRelease called */
     unsigned maps;              /*   live cuMemMap mappings; freed when released and 0 */
     struct CUmemPoolHandle_st *pool; /* from a memory pool: a free returns it there */
+    unsigned char *bytes; /* its contents, mapped at the first copy or set (see backing) */
 };
 /* Virtual memory management: reserved address ranges and what is mapped in them. */
 struct vrange { uint64_t ptr, size, handle; };
@@ -254,6 +256,15 @@ static int take_alloc(uint64_t key, struct alloc *out)
     return rc;
 }
 
+/* The contents of an allocation: anonymous memory reserved without swap and mapped
+ * when a copy or set first reaches it, so untouched gigabytes cost nothing. */
+static void drop_bytes(struct alloc *a)
+{
+    if (a->bytes != NULL)
+        munmap(a->bytes, a->size);
+    a->bytes = NULL;
+}
+
 static uint64_t new_address(uint64_t size)
 {
     uint64_t span = (size + 0xfffffull) & ~0xfffffull;
@@ -379,6 +390,7 @@ static CUresult free_key(uint64_t key)
     struct alloc a;
     if (take_alloc(key, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    drop_bytes(&a);
     if (a.pool != NULL) {
         pool_free(a.pool, a.size);
         return CUDA_SUCCESS;
@@ -402,6 +414,7 @@ static void free_ctx_memory(struct CUctx_st *c)
             host += allocs[i].size;
         else
             dev_bytes[allocs[i].dev] += allocs[i].size;
+        drop_bytes(&allocs[i]);
         allocs[i] = allocs[--n_allocs];
     }
     for (int d = 0; d < FAKE_MAX_DEVICES; d++)
@@ -785,17 +798,48 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     return CUDA_SUCCESS;
 }
 
+/* Attributes of an sm_80 data-centre GPU (A100-like), indexed by CUdevice_attribute;
+ * 0 is a feature the device lacks, as the driver reports it. -1 marks values that come
+ * from the configuration. Attributes past ATTR_MAX (those newer drivers added) are
+ * CUDA_ERROR_INVALID_VALUE, as on a driver that does not know them. */
+#define ATTR_MAX 134
+#define ATTR_FROM_CONFIG (-1)
+static const int device_attrs[ATTR_MAX] = {
+    [1] = 1024, [2] = 1024, [3] = 1024, [4] = 64, [5] = 2147483647, [6] = 65535, [7] = 65535,
+    [8] = 49152, [9] = 65536, [10] = 32, [11] = 2147483647, [12] = 65536, [13] = 1410000,
+    [14] = 512, [15] = 1, [16] = ATTR_FROM_CONFIG, [19] = 1, [21] = 131072, [22] = 131072,
+    [23] = 65536, [24] = 16384, [25] = 16384, [26] = 16384, [27] = 32768, [28] = 32768,
+    [29] = 2048, [30] = 512, [31] = 1, [32] = 1, [33] = ATTR_FROM_CONFIG, [36] = 1215000,
+    [37] = 5120, [38] = 41943040, [39] = (int)THREADS_PER_SM, [40] = 3, [41] = 1,
+    [42] = 32768, [43] = 2048, [44] = 1, [45] = 32768, [46] = 32768, [47] = 8192, [48] = 8192,
+    [49] = 32768, [50] = ATTR_FROM_CONFIG, [51] = 32, [52] = 32768, [53] = 32768, [54] = 2046,
+    [55] = 32768, [56] = 131072, [57] = 65536, [58] = 16384, [59] = 16384, [60] = 16384,
+    [61] = 32768, [62] = 2048, [63] = 32768, [64] = 32768, [65] = 2048, [66] = 32768,
+    [67] = 32768, [68] = 2046, [69] = 268435456, [70] = 131072, [71] = 65000,
+    [72] = 2097120, [73] = 32768, [74] = 32768, [75] = 8, [76] = 0, [77] = 32768, [78] = 1,
+    [79] = 1, [80] = 1, [81] = 167936, [82] = 65536, [83] = 1, [87] = 2, [89] = 1, [90] = 1,
+    [92] = 1, [93] = 1, [95] = 1, [96] = 1, [97] = 166912, [99] = 1, [102] = 1, [103] = 1,
+    [106] = 32, [107] = 1, [108] = 31457280, [109] = 134213632, [110] = 1, [111] = 1024,
+    [112] = 1, [113] = 1, [114] = 1, [115] = 1, [119] = 1, [121] = 1, [122] = 1, [125] = 1,
+    [126] = 1,
+};
+
 EXPORT CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev)
 {
     CHECK_INIT("cuDeviceGetAttribute");
-    if (value == NULL || !valid_dev(dev))
+    if (value == NULL || !valid_dev(dev) || attrib <= 0 || attrib >= ATTR_MAX)
         return CUDA_ERROR_INVALID_VALUE;
+    const struct fake_dev *d = &cfg()->dev[dev];
+    unsigned domain = 0, bus = 0;
+    sscanf(d->pci_bus_id, "%x:%x", &domain, &bus);
     if (attrib == 16) /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
         *value = (int)cfg()->multiprocessor_count;
-    else if (attrib == 39) /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
-        *value = (int)THREADS_PER_SM;
+    else if (attrib == 33) /* CU_DEVICE_ATTRIBUTE_PCI_BUS_ID */
+        *value = (int)bus;
+    else if (attrib == 50) /* CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID */
+        *value = (int)domain;
     else
-        return CUDA_ERROR_INVALID_VALUE;
+        *value = device_attrs[attrib];
     return CUDA_SUCCESS;
 }
 
@@ -1068,6 +1112,143 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
     CHECK_INIT("cuMemFreeAsync_ptsz");
     return free_key(p);
 }
+
+/* ---- copies and sets: device memory holds real bytes ---- */
+
+/* The bytes behind [ptr, ptr + n) of one device or managed allocation of this process,
+ * or NULL when the range is not inside one (the driver's CUDA_ERROR_INVALID_VALUE). */
+static unsigned char *backing(uint64_t ptr, uint64_t n)
+{
+    unsigned char *out = NULL;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_allocs; i++) {
+        struct alloc *a = &allocs[i];
+        if (a->vmm || ptr < a->key || n > a->size || ptr - a->key > a->size - n)
+            continue;
+        if (a->bytes == NULL) {
+            void *m = mmap(NULL, a->size, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m == MAP_FAILED)
+                break;
+            a->bytes = m;
+        }
+        out = a->bytes + (ptr - a->key);
+        break;
+    }
+    pthread_mutex_unlock(&mu);
+    return out;
+}
+
+/* Which side of a cuMemcpy an address is on: device (or managed) memory this process
+ * allocated, or host memory. */
+static unsigned char *resolve_ptr(uint64_t p, uint64_t n)
+{
+    unsigned char *b = backing(p, n);
+    return b ? b : (unsigned char *)(uintptr_t)p;
+}
+
+/* A copy is done when it is submitted (no kernel here reads or writes memory, so
+ * nothing can observe the difference) and takes no time on the stream. */
+static CUresult copy_bytes(unsigned char *dst, const unsigned char *src, size_t n, CUstream s,
+                           int on_stream)
+{
+    if (dst == NULL || src == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (on_stream) {
+        struct CUstream_st *st = stream_of(s);
+        if (st == NULL)
+            return CUDA_ERROR_INVALID_HANDLE;
+        submit(st, 0);
+    }
+    if (n)
+        memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+#define COPY_FNS(name, dst, src, ...)                                                            \
+    EXPORT CUresult name(__VA_ARGS__)                                                            \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return copy_bytes(dst, src, n, NULL, 0);                                                 \
+    }                                                                                            \
+    EXPORT CUresult name##_ptds(__VA_ARGS__)                                                     \
+    {                                                                                            \
+        CHECK_INIT(#name "_ptds");                                                               \
+        return copy_bytes(dst, src, n, CU_STREAM_PER_THREAD, 0);                                 \
+    }
+#define COPY_ASYNC_FNS(name, dst, src, ...)                                                      \
+    EXPORT CUresult name(__VA_ARGS__, CUstream s)                                                \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return copy_bytes(dst, src, n, s, 1);                                                    \
+    }                                                                                            \
+    EXPORT CUresult name##_ptsz(__VA_ARGS__, CUstream s)                                         \
+    {                                                                                            \
+        CHECK_INIT(#name "_ptsz");                                                               \
+        return copy_bytes(dst, src, n, s == NULL ? CU_STREAM_PER_THREAD : s, 1);                 \
+    }
+
+COPY_FNS(cuMemcpyHtoD_v2, backing(d, n), (const unsigned char *)h, CUdeviceptr d, const void *h,
+         size_t n)
+COPY_FNS(cuMemcpyDtoH_v2, (unsigned char *)h, backing(d, n), void *h, CUdeviceptr d, size_t n)
+COPY_FNS(cuMemcpyDtoD_v2, backing(d, n), backing(sp, n), CUdeviceptr d, CUdeviceptr sp, size_t n)
+COPY_FNS(cuMemcpy, resolve_ptr(d, n), resolve_ptr(sp, n), CUdeviceptr d, CUdeviceptr sp, size_t n)
+COPY_ASYNC_FNS(cuMemcpyHtoDAsync_v2, backing(d, n), (const unsigned char *)h, CUdeviceptr d,
+               const void *h, size_t n)
+COPY_ASYNC_FNS(cuMemcpyDtoHAsync_v2, (unsigned char *)h, backing(d, n), void *h, CUdeviceptr d,
+               size_t n)
+COPY_ASYNC_FNS(cuMemcpyDtoDAsync_v2, backing(d, n), backing(sp, n), CUdeviceptr d,
+               CUdeviceptr sp, size_t n)
+COPY_ASYNC_FNS(cuMemcpyAsync, resolve_ptr(d, n), resolve_ptr(sp, n), CUdeviceptr d,
+               CUdeviceptr sp, size_t n)
+
+/* cuMemsetD8/16/32: n elements of 1, 2 or 4 bytes. */
+static CUresult set_bytes(CUdeviceptr d, unsigned v, size_t n, unsigned width, CUstream s,
+                          int on_stream)
+{
+    if (n > SIZE_MAX / width)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *b = backing(d, (uint64_t)n * width);
+    if (b == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = copy_bytes(b, b, 0, s, on_stream);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        memcpy(b + i * width, &v, width); /* little-endian: the low bytes of v */
+    return CUDA_SUCCESS;
+}
+
+#define SET_FNS(name, type, width)                                                               \
+    EXPORT CUresult name(CUdeviceptr d, type v, size_t n)                                        \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return set_bytes(d, v, n, width, NULL, 0);                                               \
+    }                                                                                            \
+    EXPORT CUresult name##_ptds(CUdeviceptr d, type v, size_t n)                                 \
+    {                                                                                            \
+        CHECK_INIT(#name "_ptds");                                                               \
+        return set_bytes(d, v, n, width, CU_STREAM_PER_THREAD, 0);                               \
+    }
+#define SET_ASYNC_FNS(name, type, width)                                                         \
+    EXPORT CUresult name(CUdeviceptr d, type v, size_t n, CUstream s)                            \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return set_bytes(d, v, n, width, s, 1);                                                  \
+    }                                                                                            \
+    EXPORT CUresult name##_ptsz(CUdeviceptr d, type v, size_t n, CUstream s)                     \
+    {                                                                                            \
+        CHECK_INIT(#name "_ptsz");                                                               \
+        return set_bytes(d, v, n, width, s == NULL ? CU_STREAM_PER_THREAD : s, 1);               \
+    }
+SET_FNS(cuMemsetD8_v2, unsigned char, 1)
+SET_FNS(cuMemsetD16_v2, unsigned short, 2)
+SET_FNS(cuMemsetD32_v2, unsigned int, 4)
+SET_ASYNC_FNS(cuMemsetD8Async, unsigned char, 1)
+SET_ASYNC_FNS(cuMemsetD16Async, unsigned short, 2)
+SET_ASYNC_FNS(cuMemsetD32Async, unsigned int, 4)
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
@@ -2002,6 +2183,34 @@ static const struct proc procs[] = {
     P("cuMemAdvise", 8000, cuMemAdvise),
     P("cuMemRangeGetAttribute", 8000, cuMemRangeGetAttribute),
     P("cuMemFree", 3020, cuMemFree_v2),
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+    PT("cuMemcpyHtoD", 7000, cuMemcpyHtoD_v2_ptds),
+    P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    PT("cuMemcpyDtoH", 7000, cuMemcpyDtoH_v2_ptds),
+    P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
+    PT("cuMemcpyDtoD", 7000, cuMemcpyDtoD_v2_ptds),
+    P("cuMemcpy", 4000, cuMemcpy),
+    PT("cuMemcpy", 7000, cuMemcpy_ptds),
+    P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
+    PT("cuMemcpyHtoDAsync", 7000, cuMemcpyHtoDAsync_v2_ptsz),
+    P("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
+    PT("cuMemcpyDtoHAsync", 7000, cuMemcpyDtoHAsync_v2_ptsz),
+    P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2),
+    PT("cuMemcpyDtoDAsync", 7000, cuMemcpyDtoDAsync_v2_ptsz),
+    P("cuMemcpyAsync", 4000, cuMemcpyAsync),
+    PT("cuMemcpyAsync", 7000, cuMemcpyAsync_ptsz),
+    P("cuMemsetD8", 3020, cuMemsetD8_v2),
+    PT("cuMemsetD8", 7000, cuMemsetD8_v2_ptds),
+    P("cuMemsetD16", 3020, cuMemsetD16_v2),
+    PT("cuMemsetD16", 7000, cuMemsetD16_v2_ptds),
+    P("cuMemsetD32", 3020, cuMemsetD32_v2),
+    PT("cuMemsetD32", 7000, cuMemsetD32_v2_ptds),
+    P("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    PT("cuMemsetD8Async", 7000, cuMemsetD8Async_ptsz),
+    P("cuMemsetD16Async", 3020, cuMemsetD16Async),
+    PT("cuMemsetD16Async", 7000, cuMemsetD16Async_ptsz),
+    P("cuMemsetD32Async", 3020, cuMemsetD32Async),
+    PT("cuMemsetD32Async", 7000, cuMemsetD32Async_ptsz),
     P("cuMemAllocAsync", 11020, cuMemAllocAsync),
     PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
     P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),

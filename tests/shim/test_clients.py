@@ -1,0 +1,74 @@
+"""CUDA clients written by others, run under the shim and the fake driver without
+Kubernetes: each sees its slice as the GPU's memory and gets CUDA's out-of-memory error
+past it. numba-cuda runs device arrays (its kernels need NVVM and libdevice, which are
+not here); the copies go through the fake driver's memcpy, which moves real bytes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .sandbox import GiB, Sandbox
+
+SLICE = GiB  # the slice the limits file gives; the fake GPU has 4 GiB
+
+
+def run_client(node: Sandbox, code: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=node.env(extra={"CUDA_PYTHON_DISABLE_MAJOR_VERSION_WARNING": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.splitlines()
+
+
+NUMBA = """
+import numpy as np
+from numba import cuda
+from numba.cuda.cudadrv.driver import CudaAPIError
+def alloc(n):
+    try:
+        return cuda.device_array(n, dtype=np.uint8), "ok"
+    except CudaAPIError as e:
+        return None, f"error {int(e.code)}"
+free, total = cuda.current_context().get_memory_info()
+print("info", free, total)
+print("over", alloc(total + 1)[1])
+a, ra = alloc(total // 2)
+b, rb = alloc(total // 2)
+print("half", ra, rb)
+print("more", alloc(1 << 20)[1])
+del a, b
+cuda.current_context().deallocations.clear()
+src = np.random.default_rng(7).integers(0, 256, 1 << 20, dtype=np.uint8)
+d = cuda.to_device(src)
+e = cuda.device_array_like(d)
+e.copy_to_device(d)
+print("roundtrip", int((e.copy_to_host() == src).sum()), src.size)
+cuda.driver.device_memset(e, 0x5A, 4096)
+out = e.copy_to_host()
+print("memset", int((out[:4096] == 0x5A).sum()), int((out[4096:] == src[4096:]).sum()))
+"""
+
+
+def test_numba_cuda_sees_the_slice_copies_bytes_and_runs_out_of_memory_past_it(
+    node: Sandbox,
+) -> None:
+    pytest.importorskip("numba.cuda")
+    lines = run_client(node, NUMBA)
+    rest = (1 << 20) - 4096
+    # 2 = CUDA_ERROR_OUT_OF_MEMORY
+    assert lines == [
+        f"info {SLICE} {SLICE}",
+        "over error 2",
+        "half ok ok",
+        "more error 2",
+        f"roundtrip {1 << 20} {1 << 20}",
+        f"memset 4096 {rest}",
+    ]
