@@ -32,7 +32,8 @@ struct CUctx_st { int dev; int primary; int destroyed; /* a destroyed context is
 /* capture: the graph a stream capture builds (cuStreamBeginCapture .. EndCapture). */
 struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH];
                      struct CUctx_st *ctx; /* the context it was created in */
-                     struct CUgraph_st *capture; };
+                     struct CUgraph_st *capture;
+                     unsigned flags; int priority; unsigned long long id; };
 struct CUevent_st { uint64_t ts; int recorded;
                     struct CUctx_st *ctx; /* an event belongs to the context it was created in */ };
 struct CUfunc_st { uint64_t dur_ns; };
@@ -1858,20 +1859,101 @@ EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value
 
 /* ---- streams and events ---- */
 
-EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+/* Stream priorities of an sm_80 GPU: 0 (least) to -5 (greatest); requests outside the
+ * range are clamped, as the driver does. */
+#define PRIORITY_LEAST 0
+#define PRIORITY_GREATEST (-5)
+static unsigned long long next_stream_id = 1;
+
+static CUresult stream_create(CUstream *s, unsigned int flags, int priority)
 {
-    (void)flags;
-    CHECK_INIT("cuStreamCreate");
     int dev;
     CUresult rc = need_ctx(&dev);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (s == NULL || flags > 1) /* CU_STREAM_DEFAULT 0, CU_STREAM_NON_BLOCKING 1 */
+        return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *st = calloc(1, sizeof *st);
+    if (st == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     st->dev = dev;
     st->ctx = cur_ctx;
+    st->flags = flags;
+    st->priority = priority > PRIORITY_LEAST       ? PRIORITY_LEAST
+                   : priority < PRIORITY_GREATEST ? PRIORITY_GREATEST
+                                                  : priority;
+    st->id = __atomic_fetch_add(&next_stream_id, 1, __ATOMIC_RELAXED);
     pthread_mutex_init(&st->mu, NULL);
     *s = st;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    CHECK_INIT("cuStreamCreate");
+    return stream_create(s, flags, PRIORITY_LEAST);
+}
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority)
+{
+    CHECK_INIT("cuStreamCreateWithPriority");
+    return stream_create(s, flags, priority);
+}
+
+EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+    CHECK_INIT("cuCtxGetStreamPriorityRange");
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (least)
+        *least = PRIORITY_LEAST;
+    if (greatest)
+        *greatest = PRIORITY_GREATEST;
+    return CUDA_SUCCESS;
+}
+
+static int builtin_stream(CUstream s)
+{
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+#define STREAM_GETTER(name, type, field, builtin_value)                                          \
+    EXPORT CUresult name(CUstream s, type *out)                                                  \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        if (out == NULL)                                                                         \
+            return CUDA_ERROR_INVALID_VALUE;                                                     \
+        if (stream_of(s) == NULL)                                                                \
+            return CUDA_ERROR_INVALID_CONTEXT;                                                   \
+        *out = builtin_stream(s) ? (builtin_value) : s->field;                                   \
+        return CUDA_SUCCESS;                                                                     \
+    }                                                                                            \
+    EXPORT CUresult name##_ptsz(CUstream s, type *out) { return name(s, out); }
+/* the built-in streams: default priority and flags; ids 0 (legacy) and 1 (per-thread) */
+STREAM_GETTER(cuStreamGetPriority, int, priority, PRIORITY_LEAST)
+STREAM_GETTER(cuStreamGetFlags, unsigned int, flags, 0)
+STREAM_GETTER(cuStreamGetId, unsigned long long, id, s == CU_STREAM_PER_THREAD ? 1 : 0)
+
+/* CUDA_ERROR_NOT_READY while work submitted to the stream is still on the timeline. */
+static CUresult stream_query(CUstream s)
+{
+    struct CUstream_st *st = stream_of(s);
+    if (st == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return fake_now_ns() >= __atomic_load_n(&st->tail, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS
+                                                                          : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuStreamQuery(CUstream s)
+{
+    CHECK_INIT("cuStreamQuery");
+    return stream_query(s);
+}
+
+EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
+{
+    CHECK_INIT("cuStreamQuery_ptsz");
+    return stream_query(s);
 }
 
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
@@ -2021,30 +2103,38 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+/* The driver's name and description of each error this double returns. */
+static const struct { CUresult code; const char *name, *text; } error_names[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+};
+
+static CUresult error_lookup(CUresult e, const char **s, int name)
 {
-    static const struct { CUresult code; const char *text; } names[] = {
-        {CUDA_SUCCESS, "no error"},
-        {CUDA_ERROR_INVALID_VALUE, "invalid argument"},
-        {CUDA_ERROR_OUT_OF_MEMORY, "out of memory"},
-        {CUDA_ERROR_NOT_INITIALIZED, "initialization error"},
-        {CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"},
-        {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
-        {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
-        {CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"},
-        {CUDA_ERROR_NOT_FOUND, "named symbol not found"},
-        {CUDA_ERROR_NOT_READY, "device not ready"},
-        {CUDA_ERROR_NOT_PERMITTED, "operation not permitted"},
-        {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (names[i].code == e) {
-            *s = names[i].text;
+    if (s == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof error_names / sizeof error_names[0]; i++)
+        if (error_names[i].code == e) {
+            *s = name ? error_names[i].name : error_names[i].text;
             return CUDA_SUCCESS;
         }
-    *s = "unknown error";
+    *s = NULL; /* the driver's answer for a code it does not know */
     return CUDA_ERROR_INVALID_VALUE;
 }
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { return error_lookup(e, s, 0); }
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) { return error_lookup(e, s, 1); }
 
 /* ---- launch entry points beyond cuLaunchKernel: deprecated, multi-device, and
  * the context stack they need (cuStreamGetCtx, cuCtxPush/PopCurrent) ---- */
@@ -2157,6 +2247,7 @@ static const struct proc procs[] = {
     P("cuGetProcAddress", 11030, cuGetProcAddress),
     P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
     P("cuGetErrorString", 6000, cuGetErrorString),
+    P("cuGetErrorName", 6000, cuGetErrorName),
     P("cuDeviceGet", 2000, cuDeviceGet),
     P("cuDeviceGetCount", 2000, cuDeviceGetCount),
     P("cuDeviceGetName", 2000, cuDeviceGetName),
@@ -2272,6 +2363,16 @@ static const struct proc procs[] = {
     P("cuGraphDestroy", 10000, cuGraphDestroy),
     P("cuStreamCreate", 2000, cuStreamCreate),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    P("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange),
+    P("cuStreamGetPriority", 5050, cuStreamGetPriority),
+    PT("cuStreamGetPriority", 7000, cuStreamGetPriority_ptsz),
+    P("cuStreamGetFlags", 5050, cuStreamGetFlags),
+    PT("cuStreamGetFlags", 7000, cuStreamGetFlags_ptsz),
+    P("cuStreamGetId", 12000, cuStreamGetId),
+    PT("cuStreamGetId", 12000, cuStreamGetId_ptsz),
+    P("cuStreamQuery", 2000, cuStreamQuery),
+    PT("cuStreamQuery", 7000, cuStreamQuery_ptsz),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),

@@ -72,3 +72,57 @@ def test_numba_cuda_sees_the_slice_copies_bytes_and_runs_out_of_memory_past_it(
         f"roundtrip {1 << 20} {1 << 20}",
         f"memset 4096 {rest}",
     ]
+
+
+CUDA_CORE = """
+import numpy as np
+from cuda.bindings import driver
+from cuda.core import Device
+from cuda.core._utils.cuda_utils import CUDAError
+dev = Device(0)
+dev.set_current()
+stream = dev.create_stream()
+pool = dev.memory_resource  # the device's memory pool
+def alloc(n):
+    try:
+        return pool.allocate(n, stream=stream), "ok"
+    except CUDAError as e:
+        return None, str(e).split(":")[0]
+_, free, total = driver.cuMemGetInfo()
+print("info", free, total)
+print("over", alloc(total + 1)[1])
+a, ra = alloc(total // 2)
+b, rb = alloc(total // 2)
+print("half", ra, rb)
+print("more", alloc(1 << 20)[1])
+a.close(stream)
+b.close(stream)
+stream.sync()
+# the pool keeps what was freed (cuda-core sets no release threshold) and serves it again
+print("reuse", alloc(total // 2)[1], driver.cuMemGetInfo()[1])
+x, _ = alloc(4096)
+y, _ = alloc(4096)
+x.fill(0x5A, stream=stream)
+y.copy_from(x, stream=stream)
+host = np.zeros(4096, np.uint8)
+stream.sync()
+driver.cuMemcpyDtoH(host.ctypes.data, int(y.handle), 4096)
+print("copy", int((host == 0x5A).sum()))
+event = stream.record()
+event.sync()
+print("event", event.is_done)
+"""
+
+
+def test_cuda_core_sees_the_slice_and_runs_out_of_memory_past_it(node: Sandbox) -> None:
+    pytest.importorskip("cuda.core")
+    lines = run_client(node, CUDA_CORE)
+    assert lines == [
+        f"info {SLICE} {SLICE}",
+        "over CUDA_ERROR_OUT_OF_MEMORY",
+        "half ok ok",
+        "more CUDA_ERROR_OUT_OF_MEMORY",
+        "reuse ok 0",
+        "copy 4096",
+        "event True",
+    ]
