@@ -126,3 +126,52 @@ def test_cuda_core_sees_the_slice_and_runs_out_of_memory_past_it(node: Sandbox) 
         "copy 4096",
         "event True",
     ]
+
+
+CUDA_BINDINGS = """
+import numpy as np
+import pynvml
+from cuda.bindings import driver as d
+def ok(result):
+    err = result[0] if isinstance(result, tuple) else result
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return result[1:] if isinstance(result, tuple) else ()
+ok(d.cuInit(0))
+dev, = ok(d.cuDeviceGet(0))
+ctx, = ok(d.cuDevicePrimaryCtxRetain(dev))
+ok(d.cuCtxPushCurrent(ctx))
+free, total = ok(d.cuMemGetInfo())
+print("info", int(free), int(total))
+print("over", int(d.cuMemAlloc(total + 1)[0]))
+a, = ok(d.cuMemAlloc(total // 2))
+b, = ok(d.cuMemAlloc(total // 2))
+print("more", int(d.cuMemAlloc(1 << 20)[0]))
+src = np.arange(1 << 18, dtype=np.uint32)
+back = np.zeros_like(src)
+ok(d.cuMemcpyHtoD(a, src.ctypes.data, src.nbytes))
+ok(d.cuMemcpyDtoD(int(b) + 4096, a, src.nbytes))
+ok(d.cuMemcpyDtoH(back.ctypes.data, int(b) + 4096, src.nbytes))
+print("copy", int((back == src).sum()))
+print("past", int(d.cuMemcpyHtoD(int(b) + total // 2 - 8, src.ctypes.data, 16)[0]))
+popped, = ok(d.cuCtxPopCurrent())
+print("popped", int(popped) == int(ctx), int(d.cuMemAlloc(1)[0]))
+pynvml.nvmlInit()
+info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+print("nvml", info.total, info.used, info.free)
+"""
+
+
+def test_cuda_bindings_and_pynvml_see_the_slice_and_run_out_of_memory_past_it(
+    node: Sandbox,
+) -> None:
+    lines = run_client(node, CUDA_BINDINGS)
+    # 2 = CUDA_ERROR_OUT_OF_MEMORY, 1 = CUDA_ERROR_INVALID_VALUE, 201 = INVALID_CONTEXT
+    assert lines == [
+        f"info {SLICE} {SLICE}",
+        "over 2",
+        "more 2",
+        f"copy {1 << 18}",
+        "past 1",
+        "popped True 201",
+        f"nvml {SLICE} {SLICE} 0",
+    ]
