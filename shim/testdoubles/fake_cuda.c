@@ -33,7 +33,10 @@ struct CUctx_st { int dev; int primary; int destroyed; /* a destroyed context is
 struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH];
                      struct CUctx_st *ctx; /* the context it was created in */
                      struct CUgraph_st *capture;
-                     unsigned flags; int priority; unsigned long long id; };
+                     unsigned flags; int priority; unsigned long long id;
+                     unsigned long long capture_id; /* of the capture in progress */
+                     struct CUgraphNode_st *capture_last; /* its last node: the dependency */
+                     unsigned char edge_data[8]; /* one default CUgraphEdgeData */ };
 struct CUevent_st { uint64_t ts; int recorded;
                     struct CUctx_st *ctx; /* an event belongs to the context it was created in */ };
 struct CUfunc_st { uint64_t dur_ns; };
@@ -323,7 +326,7 @@ static int captured_alloc(CUstream s, uint64_t n, CUdeviceptr *dptr, CUresult *r
         return 1;
     }
     struct CUgraph_st *g = s->capture;
-    if (add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, n, s->dev) == NULL) {
+    if ((s->capture_last = add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, n, s->dev)) == NULL) {
         *rc = CUDA_ERROR_OUT_OF_MEMORY;
         return 1;
     }
@@ -905,6 +908,22 @@ EXPORT CUresult cuMemAdvise(CUdeviceptr ptr, size_t count, CUmem_advise advice, 
         rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+/* 12.2's form: the location is a CUmemLocation {type, id} passed by value. */
+typedef struct { int type; int id; } fake_mem_location;
+EXPORT CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t count, CUmem_advise advice,
+                               fake_mem_location loc)
+{
+    CHECK_INIT("cuMemAdvise_v2");
+    CUdevice dev;
+    if (loc.type == 1) /* CU_MEM_LOCATION_TYPE_DEVICE */
+        dev = loc.id;
+    else if (loc.type == 2 || loc.type == 4) /* _HOST, _HOST_NUMA_CURRENT */
+        dev = CU_DEVICE_CPU;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAdvise(ptr, count, advice, dev);
 }
 
 EXPORT CUresult cuMemRangeGetAttribute(void *data, size_t size, CUmem_range_attribute attr,
@@ -1956,15 +1975,97 @@ EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
     return stream_query(s);
 }
 
+static unsigned long long next_capture_id = 1;
+
+static CUresult begin_capture(CUstream s)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture != NULL)
+        return CUDA_ERROR_INVALID_VALUE; /* the double captures created streams only */
+    s->capture = calloc(1, sizeof *s->capture);
+    if (s->capture == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->capture_id = __atomic_fetch_add(&next_capture_id, 1, __ATOMIC_RELAXED);
+    s->capture_last = NULL;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
 {
     (void)mode;
     CHECK_INIT("cuStreamBeginCapture_v2");
-    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture != NULL)
-        return CUDA_ERROR_INVALID_VALUE; /* the double captures created streams only */
-    s->capture = calloc(1, sizeof *s->capture);
-    return s->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return begin_capture(s);
 }
+
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s, int mode)
+{
+    (void)mode;
+    CHECK_INIT("cuStreamBeginCapture_ptsz");
+    return begin_capture(s);
+}
+
+/* CUDA 10.0's form, before capture modes: global mode. */
+EXPORT CUresult cuStreamBeginCapture(CUstream s)
+{
+    CHECK_INIT("cuStreamBeginCapture");
+    return begin_capture(s);
+}
+
+/* What every cuStreamGetCaptureInfo variant reports: status and id; the graph being
+ * built and the nodes the next captured operation will depend on (_v2); their edge
+ * data, all default (_v3). */
+static CUresult capture_info(CUstream s, int *status, cuuint64_t *id, CUgraph *graph,
+                             const CUgraphNode **deps, const void **edges, size_t *n_deps)
+{
+    if (stream_of(s) == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (status == NULL || (edges != NULL && deps == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    int capturing = !builtin_stream(s) && s->capture != NULL;
+    *status = capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!capturing)
+        return CUDA_SUCCESS; /* the other outputs are left as they were, like the driver */
+    if (id)
+        *id = s->capture_id;
+    if (graph)
+        *graph = s->capture;
+    size_t n = s->capture_last != NULL;
+    if (deps)
+        *deps = n ? (const CUgraphNode *)&s->capture_last : NULL;
+    if (edges) {
+        memset(s->edge_data, 0, sizeof s->edge_data);
+        *edges = n ? s->edge_data : NULL;
+    }
+    if (n_deps)
+        *n_deps = n;
+    return CUDA_SUCCESS;
+}
+
+#define CAPTURE_INFO_FNS(name, params, args)                                                     \
+    EXPORT CUresult name params                                                                  \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return capture_info args;                                                                \
+    }
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo, (CUstream s, int *st, cuuint64_t *id),
+                 (s, st, id, NULL, NULL, NULL, NULL))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_ptsz, (CUstream s, int *st, cuuint64_t *id),
+                 (s, st, id, NULL, NULL, NULL, NULL))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_v2,
+                 (CUstream s, int *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps,
+                  size_t *n),
+                 (s, st, id, g, deps, NULL, n))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_v2_ptsz,
+                 (CUstream s, int *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps,
+                  size_t *n),
+                 (s, st, id, g, deps, NULL, n))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_v3,
+                 (CUstream s, int *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps,
+                  const void **edges, size_t *n),
+                 (s, st, id, g, deps, edges, n))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_v3_ptsz,
+                 (CUstream s, int *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps,
+                  const void **edges, size_t *n),
+                 (s, st, id, g, deps, edges, n))
 
 EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph)
 {
@@ -2272,6 +2373,7 @@ static const struct proc procs[] = {
     P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
     P("cuMemAllocManaged", 6000, cuMemAllocManaged),
     P("cuMemAdvise", 8000, cuMemAdvise),
+    P("cuMemAdvise", 12020, cuMemAdvise_v2),
     P("cuMemRangeGetAttribute", 8000, cuMemRangeGetAttribute),
     P("cuMemFree", 3020, cuMemFree_v2),
     P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
@@ -2374,7 +2476,15 @@ static const struct proc procs[] = {
     P("cuStreamQuery", 2000, cuStreamQuery),
     PT("cuStreamQuery", 7000, cuStreamQuery_ptsz),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    P("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_ptsz),
+    P("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo),
+    PT("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo_ptsz),
+    P("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2),
+    PT("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2_ptsz),
+    P("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3),
+    PT("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3_ptsz),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
     PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
@@ -2406,7 +2516,9 @@ static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t 
     *pfn = NULL;
     for (int pass = want_ptds; pass >= 0 && best == NULL; pass--) {
         for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
-            if (strcmp(procs[i].base, symbol) != 0 || procs[i].ptds != pass)
+            /* a variant newer than the driver is one this driver does not have */
+            if (strcmp(procs[i].base, symbol) != 0 || procs[i].ptds != pass ||
+                procs[i].version > cfg()->cuda_version)
                 continue;
             known = 1;
             if (procs[i].version <= version && (best == NULL || procs[i].version > best->version))

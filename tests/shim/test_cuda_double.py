@@ -1,0 +1,156 @@
+"""cuGetProcAddress of the libcuda double answers as the real driver does: for each
+requested CUDA version the newest variant of the function that both the version and the
+driver know, the per-thread-default-stream variant when asked for it, and nothing newer
+than the driver itself (a 12.4 driver has no cuCtxCreate_v4)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .sandbox import Sandbox
+
+PTDS = 2  # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+
+RESOLVE = """
+import ctypes, json, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+out = []
+for name, version, flags in json.loads(sys.argv[1]):
+    fn = ctypes.c_void_p()
+    rc = cuda.cuGetProcAddress(name.encode(), ctypes.byref(fn), version, ctypes.c_uint64(flags))
+    found = [s for s in json.loads(sys.argv[2])
+             if ctypes.cast(getattr(cuda, s), ctypes.c_void_p).value == fn.value]
+    out.append([rc, found[0] if found else None])
+print(json.dumps(out))
+"""
+
+SYMBOLS = [
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuMemAdvise",
+    "cuMemAdvise_v2",
+    "cuStreamGetCaptureInfo",
+    "cuStreamGetCaptureInfo_v2",
+    "cuStreamGetCaptureInfo_v3",
+    "cuStreamGetCaptureInfo_v3_ptsz",
+    "cuStreamBeginCapture",
+    "cuStreamBeginCapture_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyHtoD_v2_ptds",
+    "cuMemcpyHtoDAsync_v2_ptsz",
+    "cuCtxCreate_v2",
+    "cuCtxCreate_v3",
+    "cuCtxCreate_v4",
+    "cuGetErrorName",
+]
+
+
+def resolve(node: Sandbox, queries: list[tuple[str, int, int]]) -> list[list[object]]:
+    done = subprocess.run(
+        [sys.executable, "-c", RESOLVE, json.dumps(queries), json.dumps(SYMBOLS)],
+        env=node.env(preload=None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: list[list[object]] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "flags", "expected"),
+    [
+        ("cuDevicePrimaryCtxRelease", 10020, 0, "cuDevicePrimaryCtxRelease"),
+        ("cuDevicePrimaryCtxRelease", 12000, 0, "cuDevicePrimaryCtxRelease_v2"),
+        ("cuMemAdvise", 11080, 0, "cuMemAdvise"),
+        ("cuMemAdvise", 12040, 0, "cuMemAdvise_v2"),
+        ("cuStreamGetCaptureInfo", 10010, 0, "cuStreamGetCaptureInfo"),
+        ("cuStreamGetCaptureInfo", 11080, 0, "cuStreamGetCaptureInfo_v2"),
+        ("cuStreamGetCaptureInfo", 13000, 0, "cuStreamGetCaptureInfo_v3"),
+        ("cuStreamGetCaptureInfo", 12040, PTDS, "cuStreamGetCaptureInfo_v3_ptsz"),
+        ("cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture"),
+        ("cuStreamBeginCapture", 12000, 0, "cuStreamBeginCapture_v2"),
+        ("cuMemcpyHtoD", 12000, 0, "cuMemcpyHtoD_v2"),
+        ("cuMemcpyHtoD", 12000, PTDS, "cuMemcpyHtoD_v2_ptds"),
+        ("cuMemcpyHtoDAsync", 12000, PTDS, "cuMemcpyHtoDAsync_v2_ptsz"),
+        ("cuGetErrorName", 12000, 0, "cuGetErrorName"),
+        # the default driver is 12.4: it has no cuCtxCreate_v4 (12.5) to give
+        ("cuCtxCreate", 13000, 0, "cuCtxCreate_v3"),
+        ("cuCtxCreate", 11000, 0, "cuCtxCreate_v2"),
+    ],
+)
+def test_versioned_resolution_gives_the_drivers_variant(
+    node: Sandbox, name: str, version: int, flags: int, expected: str
+) -> None:
+    assert resolve(node, [(name, version, flags)]) == [[0, expected]]
+
+
+def test_a_newer_driver_gives_its_newer_variants_and_an_older_one_does_not(
+    node: Sandbox,
+) -> None:
+    node.fake_extra.append("cuda_version=12050")
+    node.write_fake_config()
+    assert resolve(node, [("cuCtxCreate", 13000, 0)]) == [[0, "cuCtxCreate_v4"]]
+    node.fake_extra[-1] = "cuda_version=11080"
+    node.write_fake_config()
+    # 500 = CUDA_ERROR_NOT_FOUND: an 11.8 driver has no variant at all of a 12.x function
+    assert resolve(
+        node,
+        [
+            ("cuStreamGetCaptureInfo", 13000, 0),
+            ("cuMemAdvise", 13000, 0),
+            ("cuStreamGetId", 13000, 0),
+        ],
+    ) == [[0, "cuStreamGetCaptureInfo_v2"], [0, "cuMemAdvise"], [500, None]]
+
+
+CAPTURE = """
+from cuda.bindings import driver as d
+def ok(result):
+    err = result[0] if isinstance(result, tuple) else result
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return result[1:] if isinstance(result, tuple) else ()
+ok(d.cuInit(0))
+dev, = ok(d.cuDeviceGet(0))
+ctx, = ok(d.cuDevicePrimaryCtxRetain(dev))
+ok(d.cuCtxSetCurrent(ctx))
+s, = ok(d.cuStreamCreate(0))
+ok(d.cuStreamBeginCapture(s, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+st, cid, g, deps, edges, n = ok(d.cuStreamGetCaptureInfo(s))
+print("begin", int(st), int(cid) > 0, int(n))
+p, = ok(d.cuMemAllocAsync(1 << 20, s))
+st, cid2, g2, deps, edges, n = ok(d.cuStreamGetCaptureInfo(s))
+nodes, count = ok(d.cuGraphGetNodes(g2, 4))
+kind = int(d.cuGraphNodeGetType(deps[0])[1])
+print("alloc", int(st), int(cid2) == int(cid), int(n), int(deps[0]) == int(nodes[0]), kind)
+graph, = ok(d.cuStreamEndCapture(s))
+print("end", int(ok(d.cuStreamGetCaptureInfo(s))[0]), int(graph) == int(g2))
+print("free", int(ok(d.cuMemGetInfo())[0]) == int(ok(d.cuMemGetInfo())[1]))
+"""
+
+
+def test_stream_capture_queries_report_the_capture_as_it_grows(node: Sandbox) -> None:
+    """cuda-bindings asks for cuStreamGetCaptureInfo by its 12.3 signature (_v3)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CAPTURE],
+        env=node.env(extra={"CUDA_PYTHON_DISABLE_MAJOR_VERSION_WARNING": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # 1 = CU_STREAM_CAPTURE_STATUS_ACTIVE, 10 = CU_GRAPH_NODE_TYPE_MEM_ALLOC
+    assert done.stdout.splitlines() == [
+        "begin 1 True 0",
+        "alloc 1 True 1 True 10",
+        "end 0 True",
+        "free True",
+    ]
