@@ -19,6 +19,7 @@
 #include "fake.h"
 
 #define EXPORT __attribute__((visibility("default")))
+#define CUDA_ERROR_FILE_NOT_FOUND 301
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
@@ -1534,25 +1535,159 @@ EXPORT CUresult cuModuleUnload(CUmodule m)
 }
 
 /* "name_<N>us" runs N microseconds; other names run default_kernel_us. */
-EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+static uint64_t kernel_ns(const char *name)
 {
-    CHECK_INIT("cuModuleGetFunction");
-    if (f == NULL || m == NULL || name == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
     uint64_t us = cfg()->default_kernel_us;
     size_t n = strlen(name);
     const char *u = strrchr(name, '_');
     if (u != NULL && n >= 3 && strcmp(name + n - 2, "us") == 0 && u + 1 < name + n - 2) {
         uint64_t v = 0;
         const char *p = u + 1;
-        for (; p < name + n - 2 && *p >= '0' && *p <= '9'; p++)
+        for (; p < name + n - 2 && *p >= '0' && *p <= '9' && v < UINT64_MAX / 10000; p++)
             v = v * 10 + (uint64_t)(*p - '0');
         if (p == name + n - 2)
             us = v;
     }
+    return us * 1000;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    CHECK_INIT("cuModuleGetFunction");
+    if (f == NULL || m == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
     struct CUfunc_st *fn = calloc(1, sizeof *fn);
-    fn->dur_ns = us * 1000;
+    if (fn == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    fn->dur_ns = kernel_ns(name);
     *f = fn;
+    return CUDA_SUCCESS;
+}
+
+/* ---- context-independent loading (12.0): libraries and their kernels ----
+ * A CUkernel is a function of the library that any context may launch: the driver
+ * lets a program cast it to CUfunction, so here it is one. A library owns its kernels
+ * (unloading it frees them) and hands the same kernel for the same name. */
+#define LIB_KERNELS 256
+struct CUlib_st { struct CUmod_st mod; size_t n; char *names[LIB_KERNELS];
+                  struct CUfunc_st *kernels[LIB_KERNELS]; };
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUfunc_st *CUkernel;
+
+static CUresult library_new(CUlibrary *lib)
+{
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *lib = calloc(1, sizeof **lib);
+    return *lib ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, void *jit_opts,
+                                  void **jit_vals, unsigned n_jit, void *lib_opts,
+                                  void **lib_vals, unsigned n_lib)
+{
+    (void)jit_opts, (void)jit_vals, (void)n_jit, (void)lib_opts, (void)lib_vals, (void)n_lib;
+    CHECK_INIT("cuLibraryLoadData");
+    if (code == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return library_new(lib);
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, void *jit_opts,
+                                      void **jit_vals, unsigned n_jit, void *lib_opts,
+                                      void **lib_vals, unsigned n_lib)
+{
+    (void)jit_opts, (void)jit_vals, (void)n_jit, (void)lib_opts, (void)lib_vals, (void)n_lib;
+    CHECK_INIT("cuLibraryLoadFromFile");
+    if (path == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    fclose(f);
+    return library_new(lib);
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary lib)
+{
+    CHECK_INIT("cuLibraryUnload");
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (size_t i = 0; i < lib->n; i++) {
+        free(lib->names[i]);
+        free(lib->kernels[i]);
+    }
+    free(lib);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
+{
+    CHECK_INIT("cuLibraryGetKernel");
+    if (k == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = CUDA_SUCCESS;
+    size_t i = 0;
+    while (i < lib->n && strcmp(lib->names[i], name) != 0)
+        i++;
+    if (i == lib->n) {
+        struct CUfunc_st *fn = calloc(1, sizeof *fn);
+        char *copy = strdup(name);
+        if (lib->n == LIB_KERNELS || fn == NULL || copy == NULL) {
+            free(fn);
+            free(copy);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            fn->dur_ns = kernel_ns(name);
+            lib->names[i] = copy;
+            lib->kernels[i] = fn;
+            lib->n++;
+        }
+    }
+    if (rc == CUDA_SUCCESS)
+        *k = lib->kernels[i];
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT CUresult cuLibraryGetKernelCount(unsigned *count, CUlibrary lib)
+{
+    CHECK_INIT("cuLibraryGetKernelCount");
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *count = (unsigned)lib->n;
+    return CUDA_SUCCESS;
+}
+
+/* The kernel's function in the current context. */
+EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
+{
+    CHECK_INIT("cuKernelGetFunction");
+    if (f == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (k == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *f = k;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib)
+{
+    CHECK_INIT("cuLibraryGetModule");
+    if (m == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *m = &lib->mod;
     return CUDA_SUCCESS;
 }
 
@@ -2218,6 +2353,7 @@ static const struct { CUresult code; const char *name, *text; } error_names[] = 
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
 };
 
 static CUresult error_lookup(CUresult e, const char **s, int name)
@@ -2428,6 +2564,13 @@ static const struct proc procs[] = {
     P("cuModuleLoadData", 2000, cuModuleLoadData),
     P("cuModuleUnload", 2000, cuModuleUnload),
     P("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    P("cuLibraryLoadData", 12000, cuLibraryLoadData),
+    P("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile),
+    P("cuLibraryUnload", 12000, cuLibraryUnload),
+    P("cuLibraryGetKernel", 12000, cuLibraryGetKernel),
+    P("cuLibraryGetKernelCount", 12040, cuLibraryGetKernelCount),
+    P("cuLibraryGetModule", 12000, cuLibraryGetModule),
+    P("cuKernelGetFunction", 12000, cuKernelGetFunction),
     P("cuLaunchKernel", 4000, cuLaunchKernel),
     PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
     P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),

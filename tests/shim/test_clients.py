@@ -111,10 +111,20 @@ print("copy", int((host == 0x5A).sum()))
 event = stream.record()
 event.sync()
 print("event", event.is_done)
+# a kernel through cuLibraryLoadData/cuLibraryGetKernel: the fake driver runs it for the
+# time in its name, on the device's timeline, between two timing events
+from cuda.core import EventOptions, LaunchConfig, ObjectCode, launch
+kernel = ObjectCode.from_cubin(b"\\x7fELF", name="k").get_kernel("busy_20000us")
+timed = EventOptions(timing_enabled=True)
+start = stream.record(options=timed)
+launch(stream, LaunchConfig(grid=1, block=32), kernel)
+end = stream.record(options=timed)
+end.sync()
+print("kernel", round(end - start))
 """
 
 
-def test_cuda_core_sees_the_slice_and_runs_out_of_memory_past_it(node: Sandbox) -> None:
+def test_cuda_core_sees_the_slice_runs_out_of_memory_past_it_and_launches(node: Sandbox) -> None:
     pytest.importorskip("cuda.core")
     lines = run_client(node, CUDA_CORE)
     assert lines == [
@@ -125,6 +135,7 @@ def test_cuda_core_sees_the_slice_and_runs_out_of_memory_past_it(node: Sandbox) 
         "reuse ok 0",
         "copy 4096",
         "event True",
+        "kernel 20",
     ]
 
 
