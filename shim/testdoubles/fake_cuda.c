@@ -20,6 +20,8 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define CUDA_ERROR_FILE_NOT_FOUND 301
+#define CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
+#define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
@@ -72,7 +74,11 @@ struct alloc {
     unsigned maps;              /*   live cuMemMap mappings; freed when released and 0 */
     struct CUmemPoolHandle_st *pool; /* from a memory pool: a free returns it there */
     unsigned char *bytes; /* its contents, mapped at the first copy or set (see backing) */
+    int pinned; /* host memory: PINNED_ALLOCATED (cuMemHostAlloc) or PINNED_REGISTERED */
+    unsigned host_flags; /* the flags it was allocated or registered with */
 };
+#define PINNED_ALLOCATED 1
+#define PINNED_REGISTERED 2
 /* Virtual memory management: reserved address ranges and what is mapped in them. */
 struct vrange { uint64_t ptr, size, handle; };
 static struct vrange *vres, *vmaps;
@@ -245,12 +251,12 @@ static struct alloc *managed_range(uint64_t ptr, uint64_t count)
     return NULL;
 }
 
-static int take_alloc(uint64_t key, struct alloc *out)
+static int take_alloc(uint64_t key, int pinned, struct alloc *out)
 {
     int rc = -1;
     pthread_mutex_lock(&mu);
     for (size_t i = n_allocs; i-- > 0;) {
-        if (allocs[i].key == key) {
+        if (allocs[i].key == key && allocs[i].pinned == pinned) {
             *out = allocs[i];
             allocs[i] = allocs[--n_allocs];
             rc = 0;
@@ -393,7 +399,7 @@ static void pools_synchronised(void)
 static CUresult free_key(uint64_t key)
 {
     struct alloc a;
-    if (take_alloc(key, &a) != 0)
+    if (take_alloc(key, 0, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     drop_bytes(&a);
     if (a.pool != NULL) {
@@ -415,7 +421,11 @@ static void free_ctx_memory(struct CUctx_st *c)
     for (size_t i = n_allocs; i-- > 0;) {
         if (allocs[i].ctx != c || allocs[i].vmm)
             continue;
-        if (allocs[i].managed)
+        if (allocs[i].pinned == PINNED_ALLOCATED) {
+            host += allocs[i].size;
+            munmap((void *)(uintptr_t)allocs[i].key, allocs[i].size);
+        } else if (allocs[i].pinned == PINNED_REGISTERED) {
+        } else if (allocs[i].managed)
             host += allocs[i].size;
         else
             dev_bytes[allocs[i].dev] += allocs[i].size;
@@ -509,6 +519,22 @@ static CUresult launch(CUfunction f, CUstream s, uint64_t extra_ns)
 
 /* ---- initialisation, devices ---- */
 
+/* Device addresses come from 16 TiB of this process's address space reserved without
+ * access or swap, so no host pointer (which cuMemcpy and the pointer queries tell apart
+ * from device ones, as unified addressing does) can fall among them. */
+static void reserve_once(void)
+{
+    void *m = mmap(NULL, 1ull << 44, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m != MAP_FAILED)
+        __atomic_store_n(&next_addr, (uint64_t)(uintptr_t)m, __ATOMIC_RELAXED);
+}
+
+static void reserve_addresses(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, reserve_once);
+}
+
 EXPORT CUresult cuInit(unsigned int flags)
 {
     (void)flags;
@@ -524,6 +550,7 @@ EXPORT CUresult cuInit(unsigned int flags)
         default_stream[i].dev = (int)i;
         pthread_mutex_init(&default_stream[i].mu, NULL);
     }
+    reserve_addresses();
     __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
@@ -1144,7 +1171,7 @@ static unsigned char *backing(uint64_t ptr, uint64_t n)
     pthread_mutex_lock(&mu);
     for (size_t i = 0; i < n_allocs; i++) {
         struct alloc *a = &allocs[i];
-        if (a->vmm || ptr < a->key || n > a->size || ptr - a->key > a->size - n)
+        if (a->vmm || a->pinned || ptr < a->key || n > a->size || ptr - a->key > a->size - n)
             continue;
         if (a->bytes == NULL) {
             void *m = mmap(NULL, a->size, PROT_READ | PROT_WRITE,
@@ -1270,6 +1297,218 @@ SET_FNS(cuMemsetD32_v2, unsigned int, 4)
 SET_ASYNC_FNS(cuMemsetD8Async, unsigned char, 1)
 SET_ASYNC_FNS(cuMemsetD16Async, unsigned short, 2)
 SET_ASYNC_FNS(cuMemsetD32Async, unsigned int, 4)
+
+/* ---- page-locked host memory: host memory (host_memory_bytes), never device memory;
+ * with unified addressing its device pointer is its host pointer ---- */
+
+static CUresult host_alloc(void **pp, size_t n, unsigned flags)
+{
+    if (pp == NULL || n == 0 || flags > 7) /* PORTABLE 1, DEVICEMAP 2, WRITECOMBINED 4 */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (take_host_memory(n) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct alloc a = {(uint64_t)(uintptr_t)m, n, cur_ctx->dev, 0, CU_DEVICE_INVALID, 0, 0,
+                      cur_ctx, 0, 0, 0, NULL, NULL, PINNED_ALLOCATED, flags};
+    if (m == MAP_FAILED || put_alloc_rec(a) != 0) {
+        if (m != MAP_FAILED)
+            munmap(m, n);
+        give_host_memory(n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = m;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t n, unsigned int flags)
+{
+    CHECK_INIT("cuMemHostAlloc");
+    return host_alloc(pp, n, flags);
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t n)
+{
+    CHECK_INIT("cuMemAllocHost_v2");
+    return host_alloc(pp, n, 0);
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    CHECK_INIT("cuMemFreeHost");
+    struct alloc a;
+    if (take_alloc((uint64_t)(uintptr_t)p, PINNED_ALLOCATED, &a) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap(p, a.size);
+    give_host_memory(a.size);
+    return CUDA_SUCCESS;
+}
+
+/* Registering pins memory the program already has: it takes no more memory. */
+static CUresult host_register(void *p, size_t n, unsigned flags)
+{
+    if (p == NULL || n == 0 || flags > 15) /* PORTABLE 1, DEVICEMAP 2, IOMEMORY 4, READ_ONLY 8 */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t key = (uint64_t)(uintptr_t)p;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_allocs; i++)
+        if (allocs[i].pinned && key < allocs[i].key + allocs[i].size && allocs[i].key < key + n)
+            rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    pthread_mutex_unlock(&mu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct alloc a = {key, n, cur_ctx->dev, 0, CU_DEVICE_INVALID, 0, 0,
+                      cur_ctx, 0, 0, 0, NULL, NULL, PINNED_REGISTERED, flags};
+    return put_alloc_rec(a) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags)
+{
+    CHECK_INIT("cuMemHostRegister_v2");
+    return host_register(p, n, flags);
+}
+
+EXPORT CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags)
+{
+    CHECK_INIT("cuMemHostRegister");
+    return host_register(p, n, flags);
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    CHECK_INIT("cuMemHostUnregister");
+    struct alloc a;
+    if (take_alloc((uint64_t)(uintptr_t)p, PINNED_REGISTERED, &a) != 0)
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    return CUDA_SUCCESS;
+}
+
+/* The allocation of this process holding ptr (device, managed or pinned), copied out. */
+static int find_alloc(uint64_t ptr, struct alloc *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_allocs && !found; i++)
+        if (!allocs[i].vmm && ptr >= allocs[i].key && ptr - allocs[i].key < allocs[i].size) {
+            *out = allocs[i];
+            found = 1;
+        }
+    pthread_mutex_unlock(&mu);
+    return found;
+}
+
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags)
+{
+    CHECK_INIT("cuMemHostGetDevicePointer_v2");
+    struct alloc a;
+    if (d == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!find_alloc((uint64_t)(uintptr_t)p, &a) || !a.pinned)
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostGetFlags(unsigned int *flags, void *p)
+{
+    CHECK_INIT("cuMemHostGetFlags");
+    struct alloc a;
+    if (flags == NULL || !find_alloc((uint64_t)(uintptr_t)p, &a) || a.pinned != PINNED_ALLOCATED)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = a.host_flags;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    CHECK_INIT("cuMemGetAddressRange_v2");
+    struct alloc a;
+    if (!find_alloc(p, &a) || a.pinned)
+        return CUDA_ERROR_NOT_FOUND;
+    if (base)
+        *base = a.key;
+    if (size)
+        *size = (size_t)a.size;
+    return CUDA_SUCCESS;
+}
+
+/* One CUpointer_attribute of a known allocation, or of unknown memory (known = 0). */
+static CUresult pointer_attr(void *data, int attr, uint64_t p, const struct alloc *a, int known)
+{
+    int device = known && !a->pinned;
+    unsigned long long u = 0;
+    switch (attr) {
+    case 1: /* CONTEXT */
+        *(CUcontext *)data = known ? (CUcontext)a->ctx : NULL;
+        return CUDA_SUCCESS;
+    case 2: /* MEMORY_TYPE: CU_MEMORYTYPE_HOST 1, _DEVICE 2 */
+        *(unsigned *)data = known ? (device ? 2u : 1u) : 0u;
+        return CUDA_SUCCESS;
+    case 3: /* DEVICE_POINTER */
+    case 4: /* HOST_POINTER: device memory has none, pinned memory is one */
+        *(void **)data = known && (attr == 3 || !device || a->managed) ? (void *)(uintptr_t)p : NULL;
+        return CUDA_SUCCESS;
+    case 6: /* SYNC_MEMOPS */
+        *(int *)data = 0;
+        return CUDA_SUCCESS;
+    case 7: /* BUFFER_ID: the allocation's address is unique in this process */
+        u = known ? a->key : 0;
+        *(unsigned long long *)data = u;
+        return CUDA_SUCCESS;
+    case 8: /* IS_MANAGED */
+        *(int *)data = known && a->managed;
+        return CUDA_SUCCESS;
+    case 9: /* DEVICE_ORDINAL */
+        *(int *)data = known ? a->dev : -2;
+        return CUDA_SUCCESS;
+    case 11: /* RANGE_START_ADDR */
+        *(void **)data = known ? (void *)(uintptr_t)a->key : NULL;
+        return CUDA_SUCCESS;
+    case 12: /* RANGE_SIZE */
+        *(size_t *)data = known ? (size_t)a->size : 0;
+        return CUDA_SUCCESS;
+    case 13: /* MAPPED */
+        *(int *)data = known;
+        return CUDA_SUCCESS;
+    case 17: /* MEMPOOL_HANDLE */
+        *(CUmemoryPool *)data = known ? a->pool : NULL;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
+{
+    CHECK_INIT("cuPointerGetAttribute");
+    struct alloc a;
+    if (data == NULL || !find_alloc(p, &a))
+        return CUDA_ERROR_INVALID_VALUE;
+    return pointer_attr(data, attr, p, &a, 1);
+}
+
+/* Unlike cuPointerGetAttribute, memory CUDA does not know is not an error: every
+ * attribute gets its empty value. */
+EXPORT CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUdeviceptr p)
+{
+    CHECK_INIT("cuPointerGetAttributes");
+    if (attrs == NULL || data == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct alloc a;
+    int known = find_alloc(p, &a);
+    for (unsigned i = 0; i < n; i++) {
+        if (data[i] == NULL)
+            return CUDA_ERROR_INVALID_VALUE;
+        CUresult rc = pointer_attr(data[i], attrs[i], p, &a, known);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return CUDA_SUCCESS;
+}
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
@@ -2354,6 +2593,10 @@ static const struct { CUresult code; const char *name, *text; } error_names[] = 
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
 };
 
 static CUresult error_lookup(CUresult e, const char **s, int name)
@@ -2512,6 +2755,17 @@ static const struct proc procs[] = {
     P("cuMemAdvise", 12020, cuMemAdvise_v2),
     P("cuMemRangeGetAttribute", 8000, cuMemRangeGetAttribute),
     P("cuMemFree", 3020, cuMemFree_v2),
+    P("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    P("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    P("cuMemFreeHost", 2000, cuMemFreeHost),
+    P("cuMemHostRegister", 4000, cuMemHostRegister),
+    P("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    P("cuMemHostUnregister", 4000, cuMemHostUnregister),
+    P("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
+    P("cuMemHostGetFlags", 2030, cuMemHostGetFlags),
+    P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    P("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
     P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
     PT("cuMemcpyHtoD", 7000, cuMemcpyHtoD_v2_ptds),
     P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),

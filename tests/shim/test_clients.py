@@ -186,3 +186,45 @@ def test_cuda_bindings_and_pynvml_see_the_slice_and_run_out_of_memory_past_it(
         "popped True 201",
         f"nvml {SLICE} {SLICE} 0",
     ]
+
+
+NUMBA_PINNED = """
+import numpy as np
+from cuda.bindings import driver
+from numba import cuda
+from numba.cuda.cudadrv.driver import CudaAPIError
+pinned = cuda.pinned_array(1 << 16, dtype=np.uint32)
+pinned[:] = np.arange(1 << 16)
+dev = cuda.to_device(pinned)
+out = cuda.pinned_array_like(pinned)
+dev.copy_to_host(out)
+print("pinned", int((out == pinned).sum()))
+mapped = cuda.mapped_array(16, dtype=np.uint8)
+print("mapped", mapped.device_ctypes_pointer.value == mapped.ctypes.data)
+free, total = cuda.current_context().get_memory_info()
+print("device", total - free)
+inner = dev.device_ctypes_pointer.value + 8
+_, base, size = driver.cuMemGetAddressRange(inner)
+print("range", int(base) == dev.device_ctypes_pointer.value, size)
+try:
+    cuda.pinned_array(64 << 20, dtype=np.uint8)
+    print("host ok")
+except CudaAPIError as e:
+    print("host error", int(e.code))
+"""
+
+
+def test_numba_cuda_pinned_and_mapped_memory_take_host_memory_not_the_slice(
+    node: Sandbox,
+) -> None:
+    pytest.importorskip("numba.cuda")
+    node.fake_extra.append(f"host_memory_bytes={32 << 20}")
+    node.write_fake_config()
+    lines = run_client(node, NUMBA_PINNED)
+    assert lines == [
+        f"pinned {1 << 16}",
+        "mapped True",
+        f"device {(1 << 16) * 4}",  # the device array only
+        f"range True {(1 << 16) * 4}",
+        "host error 2",  # 64 MiB pinned past the host's 32 MiB
+    ]
