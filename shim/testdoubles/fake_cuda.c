@@ -28,7 +28,8 @@
 /* limit: cuCtxSetLimit values; limit_bytes: device memory they take beyond the defaults. */
 #define N_LIMITS 7
 struct CUctx_st { int dev; int primary; int destroyed; /* a destroyed context is kept, marked */
-                  uint64_t limit[N_LIMITS]; uint64_t limit_bytes; };
+                  uint64_t limit[N_LIMITS]; uint64_t limit_bytes;
+                  unsigned flags; unsigned long long id; /* cuCtxGetFlags, cuCtxGetId */ };
 #define QUEUE_DEPTH 1024
 /* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
  * still pending, like a hardware queue that is full. */
@@ -627,18 +628,25 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 /* ---- contexts ---- */
 
-static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
+static int valid_ctx_flags(unsigned flags);
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev, unsigned flags)
 {
     CHECK_INIT("cuCtxCreate");
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    if (pctx == NULL)
+    if (pctx == NULL || !valid_ctx_flags(flags))
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t n = cfg()->context_bytes;
     if (n && take_memory(dev, n) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        if (n)
+            give_memory(dev, n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     c->dev = dev;
+    c->flags = flags;
     cur_ctx = c;
     *pctx = c;
     return CUDA_SUCCESS;
@@ -646,20 +654,19 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    (void)flags;
-    return ctx_create(pctx, dev);
+    return ctx_create(pctx, dev, flags);
 }
 
 EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *p, int n, unsigned int flags, CUdevice dev)
 {
-    (void)p, (void)n, (void)flags;
-    return ctx_create(pctx, dev);
+    (void)p, (void)n;
+    return ctx_create(pctx, dev, flags);
 }
 
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *p, unsigned int flags, CUdevice dev)
 {
-    (void)p, (void)flags;
-    return ctx_create(pctx, dev);
+    (void)p;
+    return ctx_create(pctx, dev, flags);
 }
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -726,6 +733,155 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     }
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+/* ---- context flags, ids and the primary context's state ---- */
+
+#define CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE 708
+static unsigned primary_flags[FAKE_MAX_DEVICES];
+static unsigned long long next_ctx_id = 1;
+
+/* CU_CTX_SCHED_AUTO 0, SPIN 1, YIELD 2, BLOCKING_SYNC 4 (one of them), MAP_HOST 0x8,
+ * LMEM_RESIZE_TO_MAX 0x10, COREDUMP_ENABLE 0x20, USER_COREDUMP_ENABLE 0x40,
+ * SYNC_MEMOPS 0x80. */
+static int valid_ctx_flags(unsigned flags)
+{
+    unsigned sched = flags & 7u;
+    return (flags & ~0xffu) == 0 && (sched == 0 || sched == 1 || sched == 2 || sched == 4);
+}
+
+static CUresult primary_set_flags(CUdevice dev, unsigned flags, int while_active)
+{
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!valid_ctx_flags(flags))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = CUDA_SUCCESS;
+    if (primary_refs[dev] && !while_active)
+        rc = CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE; /* before 11.0 flags were fixed once active */
+    else
+        primary_flags[dev] = flags;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
+{
+    CHECK_INIT("cuDevicePrimaryCtxSetFlags");
+    return primary_set_flags(dev, flags, 0);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    CHECK_INIT("cuDevicePrimaryCtxSetFlags_v2");
+    return primary_set_flags(dev, flags, 1);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CHECK_INIT("cuDevicePrimaryCtxGetState");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (flags == NULL || active == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *flags = primary_flags[dev];
+    *active = primary_refs[dev] > 0;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    CHECK_INIT("cuCtxGetFlags");
+    if (flags == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *flags = cur_ctx->primary ? primary_flags[cur_ctx->dev] : cur_ctx->flags;
+    return CUDA_SUCCESS;
+}
+
+/* ctx NULL: the current context. */
+static struct CUctx_st *ctx_or_current(CUcontext ctx)
+{
+    struct CUctx_st *c = ctx ? ctx : cur_ctx;
+    return c == NULL || c->destroyed ? NULL : c;
+}
+
+/* Contexts made through the _v2 API (all of them here) have API version 3020. */
+EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    CHECK_INIT("cuCtxGetApiVersion");
+    if (version == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ctx_or_current(ctx) == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 3020;
+    return CUDA_SUCCESS;
+}
+
+/* A context's id is unique for the life of the process; given at first ask. */
+EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+    CHECK_INIT("cuCtxGetId");
+    if (id == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = ctx_or_current(ctx);
+    if (c == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    if (c->id == 0)
+        c->id = next_ctx_id++;
+    *id = c->id;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+/* PCI addresses as CUDA writes them: "%04x:%02x:%02x.%x" (domain, bus, device, function). */
+static int parse_pci(const char *text, unsigned v[4])
+{
+    char end;
+    return sscanf(text, "%x:%x:%x.%x%c", &v[0], &v[1], &v[2], &v[3], &end) == 4;
+}
+
+EXPORT CUresult cuDeviceGetPCIBusId(char *out, int len, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetPCIBusId");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    unsigned v[4];
+    if (out == NULL || len <= 0 || !parse_pci(cfg()->dev[dev].pci_bus_id, v))
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(out, (size_t)len, "%04x:%02x:%02x.%x", v[0], v[1], v[2], v[3]);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
+{
+    CHECK_INIT("cuDeviceGetByPCIBusId");
+    unsigned want[4], have[4];
+    if (dev == NULL || bus_id == NULL || !parse_pci(bus_id, want))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < cfg()->device_count; i++)
+        if (parse_pci(cfg()->dev[i].pci_bus_id, have) && memcmp(want, have, sizeof want) == 0) {
+            *dev = (CUdevice)i;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* Every pair of distinct GPUs here can reach each other (as over NVLink). */
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    CHECK_INIT("cuDeviceCanAccessPeer");
+    if (can == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev) || !valid_dev(peer))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer;
+    return CUDA_SUCCESS;
 }
 
 static void drop_primary(CUdevice dev)
@@ -2593,6 +2749,7 @@ static const struct { CUresult code; const char *name, *text; } error_names[] = 
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {708, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
     {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
      "part or all of the requested memory range is already mapped"},
     {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
@@ -2743,6 +2900,15 @@ static const struct proc procs[] = {
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxSetFlags", 7000, cuDevicePrimaryCtxSetFlags),
+    P("cuDevicePrimaryCtxSetFlags", 11000, cuDevicePrimaryCtxSetFlags_v2),
+    P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    P("cuCtxGetFlags", 7000, cuCtxGetFlags),
+    P("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion),
+    P("cuCtxGetId", 12000, cuCtxGetId),
+    P("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
+    P("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId),
+    P("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
     P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),

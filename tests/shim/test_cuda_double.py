@@ -154,3 +154,59 @@ def test_stream_capture_queries_report_the_capture_as_it_grows(node: Sandbox) ->
         "end 0 True",
         "free True",
     ]
+
+
+CONTEXTS = """
+import ctypes
+from cuda.bindings import driver as d
+def ok(result):
+    err = result[0] if isinstance(result, tuple) else result
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return result[1:] if isinstance(result, tuple) else ()
+ok(d.cuInit(0))
+dev, = ok(d.cuDeviceGet(0))
+ok(d.cuDevicePrimaryCtxSetFlags(dev, 4))  # CU_CTX_SCHED_BLOCKING_SYNC
+print("idle", *[int(x) for x in ok(d.cuDevicePrimaryCtxGetState(dev))])
+ctx, = ok(d.cuDevicePrimaryCtxRetain(dev))
+ok(d.cuCtxSetCurrent(ctx))
+state = [int(x) for x in ok(d.cuDevicePrimaryCtxGetState(dev))]
+print("active", *state, int(ok(d.cuCtxGetFlags())[0]))
+print("bad flags", int(d.cuDevicePrimaryCtxSetFlags(dev, 3)[0]))
+# the 7.0 form refuses while the context is active: 708 = PRIMARY_CONTEXT_ACTIVE
+cuda = ctypes.CDLL("libcuda.so.1")
+print("v1 active", cuda.cuDevicePrimaryCtxSetFlags(0, 1))
+pid1, = ok(d.cuCtxGetId(ctx))
+other, = ok(d.cuCtxCreate(None, 8, dev))  # CU_CTX_MAP_HOST
+pid2, = ok(d.cuCtxGetId(other))
+same = int(ok(d.cuCtxGetId(ctx))[0]) == int(pid1)
+print("created", int(ok(d.cuCtxGetFlags())[0]), int(pid1) != int(pid2), same)
+bus, = ok(d.cuDeviceGetPCIBusId(32, dev))
+bus = bus.split(b"\\0")[0].decode()
+back = int(ok(d.cuDeviceGetByPCIBusId(bus.encode()))[0])
+print("pci", bus, back, int(d.cuDeviceGetByPCIBusId(b"0000:99:00.0")[0]))
+"""
+
+
+def test_context_flags_ids_and_pci_addresses_are_kept(node: Sandbox) -> None:
+    # cuda-bindings 13 calls cuCtxCreate with 12.5's signature (_v4): a 12.5 driver
+    node.fake_extra.append("cuda_version=12050")
+    node.write_fake_config()
+    done = subprocess.run(
+        [sys.executable, "-c", CONTEXTS],
+        env=node.env(extra={"CUDA_PYTHON_DISABLE_MAJOR_VERSION_WARNING": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # 4 = CU_CTX_SCHED_BLOCKING_SYNC, 8 = CU_CTX_MAP_HOST, 1 = CUDA_ERROR_INVALID_VALUE,
+    # 708 = CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, 101 = CUDA_ERROR_INVALID_DEVICE
+    assert done.stdout.splitlines() == [
+        "idle 4 0",
+        "active 4 1 4",
+        "bad flags 1",
+        "v1 active 708",
+        "created 8 True True",
+        "pci 0000:10:00.0 0 101",
+    ]
