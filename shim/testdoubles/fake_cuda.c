@@ -2483,6 +2483,39 @@ STREAM_GETTER(cuStreamGetPriority, int, priority, PRIORITY_LEAST)
 STREAM_GETTER(cuStreamGetFlags, unsigned int, flags, 0)
 STREAM_GETTER(cuStreamGetId, unsigned long long, id, s == CU_STREAM_PER_THREAD ? 1 : 0)
 
+/* Work submitted to the stream after this starts no earlier than the event's point on
+ * its device's timeline (an event recorded on another GPU included). An event never
+ * recorded is complete: nothing to wait for, as with the driver. */
+static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags)
+{
+    struct CUstream_st *st = stream_of(s);
+    if (st == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (e == NULL || (e->ctx != NULL && e->ctx->destroyed))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (flags > 1) /* CU_EVENT_WAIT_DEFAULT 0, CU_EVENT_WAIT_EXTERNAL 1 */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!e->recorded)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&st->mu);
+    if (__atomic_load_n(&st->tail, __ATOMIC_ACQUIRE) < e->ts)
+        __atomic_store_n(&st->tail, e->ts, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&st->mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
+{
+    CHECK_INIT("cuStreamWaitEvent");
+    return stream_wait_event(s, e, flags);
+}
+
+EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags)
+{
+    CHECK_INIT("cuStreamWaitEvent_ptsz");
+    return stream_wait_event(s, e, flags);
+}
+
 /* CUDA_ERROR_NOT_READY while work submitted to the stream is still on the timeline. */
 static CUresult stream_query(CUstream s)
 {
@@ -3037,6 +3070,8 @@ static const struct proc procs[] = {
     P("cuStreamGetId", 12000, cuStreamGetId),
     PT("cuStreamGetId", 12000, cuStreamGetId_ptsz),
     P("cuStreamQuery", 2000, cuStreamQuery),
+    P("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
+    PT("cuStreamWaitEvent", 7000, cuStreamWaitEvent_ptsz),
     PT("cuStreamQuery", 7000, cuStreamQuery_ptsz),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
     P("cuStreamBeginCapture", 10000, cuStreamBeginCapture),

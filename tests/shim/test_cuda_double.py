@@ -210,3 +210,48 @@ def test_context_flags_ids_and_pci_addresses_are_kept(node: Sandbox) -> None:
         "created 8 True True",
         "pci 0000:10:00.0 0 101",
     ]
+
+
+WAIT = """
+from cuda.bindings import driver as d
+def ok(result):
+    err = result[0] if isinstance(result, tuple) else result
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return result[1:] if isinstance(result, tuple) else ()
+ok(d.cuInit(0))
+ctx0, = ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0))[0]))
+ctx1, = ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(1))[0]))
+ok(d.cuCtxSetCurrent(ctx0))
+s0, = ok(d.cuStreamCreate(0))
+mod, = ok(d.cuModuleLoadData(b"image"))
+fn, = ok(d.cuModuleGetFunction(mod, b"busy_20000us"))
+done0, = ok(d.cuEventCreate(0))
+ok(d.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, s0, 0, 0))
+ok(d.cuEventRecord(done0, s0))
+ok(d.cuCtxSetCurrent(ctx1))
+s1, = ok(d.cuStreamCreate(0))
+start, = ok(d.cuEventCreate(0))
+end, = ok(d.cuEventCreate(0))
+ok(d.cuEventRecord(start, s1))
+ok(d.cuStreamWaitEvent(s1, done0, 0))  # GPU 1's stream waits for GPU 0's kernel
+ok(d.cuEventRecord(end, s1))
+ok(d.cuEventSynchronize(end))
+print("waited", round(ok(d.cuEventElapsedTime(start, end))[0]))
+"""
+
+
+def test_a_stream_waits_for_an_event_of_another_gpu(node: Sandbox) -> None:
+    node.device_count = 2
+    node.write_fake_config()
+    node.write_limits(devices=2)
+    done = subprocess.run(
+        [sys.executable, "-c", WAIT],
+        env=node.env(extra={"CUDA_PYTHON_DISABLE_MAJOR_VERSION_WARNING": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # GPU 1 is idle: without the wait its two events would be 0 ms apart
+    assert done.stdout.splitlines() == ["waited 20"]
