@@ -1055,8 +1055,17 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flag
         return CUDA_ERROR_INVALID_VALUE;
     if ((rc = take_host_memory(n)) != CUDA_SUCCESS)
         return rc;
-    uint64_t a = new_address(n);
-    if (put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0, cur_ctx, 0, 0, 0}) != 0) {
+    /* With unified addressing the host reads and writes managed memory at its device
+     * address: it is host memory, mapped without swap reservation (untouched pages cost
+     * nothing), and the same bytes the copies and sets of the device side see. */
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    uint64_t a = (uint64_t)(uintptr_t)m;
+    if (m == MAP_FAILED ||
+        put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0, cur_ctx, 0, 0, 0,
+                                     NULL, m}) != 0) {
+        if (m != MAP_FAILED)
+            munmap(m, n);
         give_host_memory(n);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }

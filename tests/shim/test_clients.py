@@ -206,6 +206,12 @@ print("device", total - free)
 inner = dev.device_ctypes_pointer.value + 8
 _, base, size = driver.cuMemGetAddressRange(inner)
 print("range", int(base) == dev.device_ctypes_pointer.value, size)
+managed = cuda.managed_array(1024, dtype=np.uint32)
+managed[:] = np.arange(1024)  # the host writes managed memory at its device address
+seen = np.zeros(1024, dtype=np.uint32)
+driver.cuMemcpyDtoH(seen.ctypes.data, managed.device_ctypes_pointer.value, seen.nbytes)
+free, total = cuda.current_context().get_memory_info()
+print("managed", int((seen == np.arange(1024)).sum()), total - free)
 try:
     cuda.pinned_array(64 << 20, dtype=np.uint8)
     print("host ok")
@@ -226,5 +232,7 @@ def test_numba_cuda_pinned_and_mapped_memory_take_host_memory_not_the_slice(
         "mapped True",
         f"device {(1 << 16) * 4}",  # the device array only
         f"range True {(1 << 16) * 4}",
+        # the shim counts managed memory against the slice (the GPU may page it in)
+        f"managed 1024 {(1 << 16) * 4 + 4096}",
         "host error 2",  # 64 MiB pinned past the host's 32 MiB
     ]
