@@ -10,6 +10,7 @@
  * advice given for it (cuMemAdvise, read back with cuMemRangeGetAttribute).
  */
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,20 +19,28 @@
 #include "fake.h"
 
 #define EXPORT __attribute__((visibility("default")))
+#define CUDA_ERROR_FILE_NOT_FOUND 301
+#define CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
+#define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 /* limit: cuCtxSetLimit values; limit_bytes: device memory they take beyond the defaults. */
 #define N_LIMITS 7
 struct CUctx_st { int dev; int primary; int destroyed; /* a destroyed context is kept, marked */
-                  uint64_t limit[N_LIMITS]; uint64_t limit_bytes; };
+                  uint64_t limit[N_LIMITS]; uint64_t limit_bytes;
+                  unsigned flags; unsigned long long id; /* cuCtxGetFlags, cuCtxGetId */ };
 #define QUEUE_DEPTH 1024
 /* A launch blocks while QUEUE_DEPTH earlier operations of its stream are
  * still pending, like a hardware queue that is full. */
 /* capture: the graph a stream capture builds (cuStreamBeginCapture .. EndCapture). */
 struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; uint64_t ends[QUEUE_DEPTH];
                      struct CUctx_st *ctx; /* the context it was created in */
-                     struct CUgraph_st *capture; };
+                     struct CUgraph_st *capture;
+                     unsigned flags; int priority; unsigned long long id;
+                     unsigned long long capture_id; /* of the capture in progress */
+                     struct CUgraphNode_st *capture_last; /* its last node: the dependency */
+                     unsigned char edge_data[8]; /* one default CUgraphEdgeData */ };
 struct CUevent_st { uint64_t ts; int recorded;
                     struct CUctx_st *ctx; /* an event belongs to the context it was created in */ };
 struct CUfunc_st { uint64_t dur_ns; };
@@ -65,7 +74,12 @@ struct alloc {
     int released;               /*   cuMemRelease called */
     unsigned maps;              /*   live cuMemMap mappings; freed when released and 0 */
     struct CUmemPoolHandle_st *pool; /* from a memory pool: a free returns it there */
+    unsigned char *bytes; /* its contents, mapped at the first copy or set (see backing) */
+    int pinned; /* host memory: PINNED_ALLOCATED (cuMemHostAlloc) or PINNED_REGISTERED */
+    unsigned host_flags; /* the flags it was allocated or registered with */
 };
+#define PINNED_ALLOCATED 1
+#define PINNED_REGISTERED 2
 /* Virtual memory management: reserved address ranges and what is mapped in them. */
 struct vrange { uint64_t ptr, size, handle; };
 static struct vrange *vres, *vmaps;
@@ -238,12 +252,12 @@ static struct alloc *managed_range(uint64_t ptr, uint64_t count)
     return NULL;
 }
 
-static int take_alloc(uint64_t key, struct alloc *out)
+static int take_alloc(uint64_t key, int pinned, struct alloc *out)
 {
     int rc = -1;
     pthread_mutex_lock(&mu);
     for (size_t i = n_allocs; i-- > 0;) {
-        if (allocs[i].key == key) {
+        if (allocs[i].key == key && allocs[i].pinned == pinned) {
             *out = allocs[i];
             allocs[i] = allocs[--n_allocs];
             rc = 0;
@@ -252,6 +266,15 @@ static int take_alloc(uint64_t key, struct alloc *out)
     }
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+/* The contents of an allocation: anonymous memory reserved without swap and mapped
+ * when a copy or set first reaches it, so untouched gigabytes cost nothing. */
+static void drop_bytes(struct alloc *a)
+{
+    if (a->bytes != NULL)
+        munmap(a->bytes, a->size);
+    a->bytes = NULL;
 }
 
 static uint64_t new_address(uint64_t size)
@@ -311,7 +334,7 @@ static int captured_alloc(CUstream s, uint64_t n, CUdeviceptr *dptr, CUresult *r
         return 1;
     }
     struct CUgraph_st *g = s->capture;
-    if (add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, n, s->dev) == NULL) {
+    if ((s->capture_last = add_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, n, s->dev)) == NULL) {
         *rc = CUDA_ERROR_OUT_OF_MEMORY;
         return 1;
     }
@@ -377,8 +400,9 @@ static void pools_synchronised(void)
 static CUresult free_key(uint64_t key)
 {
     struct alloc a;
-    if (take_alloc(key, &a) != 0)
+    if (take_alloc(key, 0, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    drop_bytes(&a);
     if (a.pool != NULL) {
         pool_free(a.pool, a.size);
         return CUDA_SUCCESS;
@@ -398,10 +422,15 @@ static void free_ctx_memory(struct CUctx_st *c)
     for (size_t i = n_allocs; i-- > 0;) {
         if (allocs[i].ctx != c || allocs[i].vmm)
             continue;
-        if (allocs[i].managed)
+        if (allocs[i].pinned == PINNED_ALLOCATED) {
+            host += allocs[i].size;
+            munmap((void *)(uintptr_t)allocs[i].key, allocs[i].size);
+        } else if (allocs[i].pinned == PINNED_REGISTERED) {
+        } else if (allocs[i].managed)
             host += allocs[i].size;
         else
             dev_bytes[allocs[i].dev] += allocs[i].size;
+        drop_bytes(&allocs[i]);
         allocs[i] = allocs[--n_allocs];
     }
     for (int d = 0; d < FAKE_MAX_DEVICES; d++)
@@ -491,6 +520,22 @@ static CUresult launch(CUfunction f, CUstream s, uint64_t extra_ns)
 
 /* ---- initialisation, devices ---- */
 
+/* Device addresses come from 16 TiB of this process's address space reserved without
+ * access or swap, so no host pointer (which cuMemcpy and the pointer queries tell apart
+ * from device ones, as unified addressing does) can fall among them. */
+static void reserve_once(void)
+{
+    void *m = mmap(NULL, 1ull << 44, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m != MAP_FAILED)
+        __atomic_store_n(&next_addr, (uint64_t)(uintptr_t)m, __ATOMIC_RELAXED);
+}
+
+static void reserve_addresses(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, reserve_once);
+}
+
 EXPORT CUresult cuInit(unsigned int flags)
 {
     (void)flags;
@@ -506,6 +551,7 @@ EXPORT CUresult cuInit(unsigned int flags)
         default_stream[i].dev = (int)i;
         pthread_mutex_init(&default_stream[i].mu, NULL);
     }
+    reserve_addresses();
     __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
@@ -582,18 +628,25 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 /* ---- contexts ---- */
 
-static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
+static int valid_ctx_flags(unsigned flags);
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev, unsigned flags)
 {
     CHECK_INIT("cuCtxCreate");
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    if (pctx == NULL)
+    if (pctx == NULL || !valid_ctx_flags(flags))
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t n = cfg()->context_bytes;
     if (n && take_memory(dev, n) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        if (n)
+            give_memory(dev, n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     c->dev = dev;
+    c->flags = flags;
     cur_ctx = c;
     *pctx = c;
     return CUDA_SUCCESS;
@@ -601,20 +654,19 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    (void)flags;
-    return ctx_create(pctx, dev);
+    return ctx_create(pctx, dev, flags);
 }
 
 EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *p, int n, unsigned int flags, CUdevice dev)
 {
-    (void)p, (void)n, (void)flags;
-    return ctx_create(pctx, dev);
+    (void)p, (void)n;
+    return ctx_create(pctx, dev, flags);
 }
 
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *p, unsigned int flags, CUdevice dev)
 {
-    (void)p, (void)flags;
-    return ctx_create(pctx, dev);
+    (void)p;
+    return ctx_create(pctx, dev, flags);
 }
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -681,6 +733,155 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     }
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+/* ---- context flags, ids and the primary context's state ---- */
+
+#define CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE 708
+static unsigned primary_flags[FAKE_MAX_DEVICES];
+static unsigned long long next_ctx_id = 1;
+
+/* CU_CTX_SCHED_AUTO 0, SPIN 1, YIELD 2, BLOCKING_SYNC 4 (one of them), MAP_HOST 0x8,
+ * LMEM_RESIZE_TO_MAX 0x10, COREDUMP_ENABLE 0x20, USER_COREDUMP_ENABLE 0x40,
+ * SYNC_MEMOPS 0x80. */
+static int valid_ctx_flags(unsigned flags)
+{
+    unsigned sched = flags & 7u;
+    return (flags & ~0xffu) == 0 && (sched == 0 || sched == 1 || sched == 2 || sched == 4);
+}
+
+static CUresult primary_set_flags(CUdevice dev, unsigned flags, int while_active)
+{
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!valid_ctx_flags(flags))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = CUDA_SUCCESS;
+    if (primary_refs[dev] && !while_active)
+        rc = CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE; /* before 11.0 flags were fixed once active */
+    else
+        primary_flags[dev] = flags;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
+{
+    CHECK_INIT("cuDevicePrimaryCtxSetFlags");
+    return primary_set_flags(dev, flags, 0);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    CHECK_INIT("cuDevicePrimaryCtxSetFlags_v2");
+    return primary_set_flags(dev, flags, 1);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CHECK_INIT("cuDevicePrimaryCtxGetState");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (flags == NULL || active == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *flags = primary_flags[dev];
+    *active = primary_refs[dev] > 0;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetFlags(unsigned int *flags)
+{
+    CHECK_INIT("cuCtxGetFlags");
+    if (flags == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *flags = cur_ctx->primary ? primary_flags[cur_ctx->dev] : cur_ctx->flags;
+    return CUDA_SUCCESS;
+}
+
+/* ctx NULL: the current context. */
+static struct CUctx_st *ctx_or_current(CUcontext ctx)
+{
+    struct CUctx_st *c = ctx ? ctx : cur_ctx;
+    return c == NULL || c->destroyed ? NULL : c;
+}
+
+/* Contexts made through the _v2 API (all of them here) have API version 3020. */
+EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
+{
+    CHECK_INIT("cuCtxGetApiVersion");
+    if (version == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ctx_or_current(ctx) == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 3020;
+    return CUDA_SUCCESS;
+}
+
+/* A context's id is unique for the life of the process; given at first ask. */
+EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+    CHECK_INIT("cuCtxGetId");
+    if (id == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = ctx_or_current(ctx);
+    if (c == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    if (c->id == 0)
+        c->id = next_ctx_id++;
+    *id = c->id;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+/* PCI addresses as CUDA writes them: "%04x:%02x:%02x.%x" (domain, bus, device, function). */
+static int parse_pci(const char *text, unsigned v[4])
+{
+    char end;
+    return sscanf(text, "%x:%x:%x.%x%c", &v[0], &v[1], &v[2], &v[3], &end) == 4;
+}
+
+EXPORT CUresult cuDeviceGetPCIBusId(char *out, int len, CUdevice dev)
+{
+    CHECK_INIT("cuDeviceGetPCIBusId");
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    unsigned v[4];
+    if (out == NULL || len <= 0 || !parse_pci(cfg()->dev[dev].pci_bus_id, v))
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(out, (size_t)len, "%04x:%02x:%02x.%x", v[0], v[1], v[2], v[3]);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
+{
+    CHECK_INIT("cuDeviceGetByPCIBusId");
+    unsigned want[4], have[4];
+    if (dev == NULL || bus_id == NULL || !parse_pci(bus_id, want))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < cfg()->device_count; i++)
+        if (parse_pci(cfg()->dev[i].pci_bus_id, have) && memcmp(want, have, sizeof want) == 0) {
+            *dev = (CUdevice)i;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* Every pair of distinct GPUs here can reach each other (as over NVLink). */
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    CHECK_INIT("cuDeviceCanAccessPeer");
+    if (can == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev) || !valid_dev(peer))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer;
+    return CUDA_SUCCESS;
 }
 
 static void drop_primary(CUdevice dev)
@@ -785,17 +986,48 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     return CUDA_SUCCESS;
 }
 
+/* Attributes of an sm_80 data-centre GPU (A100-like), indexed by CUdevice_attribute;
+ * 0 is a feature the device lacks, as the driver reports it. -1 marks values that come
+ * from the configuration. Attributes past ATTR_MAX (those newer drivers added) are
+ * CUDA_ERROR_INVALID_VALUE, as on a driver that does not know them. */
+#define ATTR_MAX 134
+#define ATTR_FROM_CONFIG (-1)
+static const int device_attrs[ATTR_MAX] = {
+    [1] = 1024, [2] = 1024, [3] = 1024, [4] = 64, [5] = 2147483647, [6] = 65535, [7] = 65535,
+    [8] = 49152, [9] = 65536, [10] = 32, [11] = 2147483647, [12] = 65536, [13] = 1410000,
+    [14] = 512, [15] = 1, [16] = ATTR_FROM_CONFIG, [19] = 1, [21] = 131072, [22] = 131072,
+    [23] = 65536, [24] = 16384, [25] = 16384, [26] = 16384, [27] = 32768, [28] = 32768,
+    [29] = 2048, [30] = 512, [31] = 1, [32] = 1, [33] = ATTR_FROM_CONFIG, [36] = 1215000,
+    [37] = 5120, [38] = 41943040, [39] = (int)THREADS_PER_SM, [40] = 3, [41] = 1,
+    [42] = 32768, [43] = 2048, [44] = 1, [45] = 32768, [46] = 32768, [47] = 8192, [48] = 8192,
+    [49] = 32768, [50] = ATTR_FROM_CONFIG, [51] = 32, [52] = 32768, [53] = 32768, [54] = 2046,
+    [55] = 32768, [56] = 131072, [57] = 65536, [58] = 16384, [59] = 16384, [60] = 16384,
+    [61] = 32768, [62] = 2048, [63] = 32768, [64] = 32768, [65] = 2048, [66] = 32768,
+    [67] = 32768, [68] = 2046, [69] = 268435456, [70] = 131072, [71] = 65000,
+    [72] = 2097120, [73] = 32768, [74] = 32768, [75] = 8, [76] = 0, [77] = 32768, [78] = 1,
+    [79] = 1, [80] = 1, [81] = 167936, [82] = 65536, [83] = 1, [87] = 2, [89] = 1, [90] = 1,
+    [92] = 1, [93] = 1, [95] = 1, [96] = 1, [97] = 166912, [99] = 1, [102] = 1, [103] = 1,
+    [106] = 32, [107] = 1, [108] = 31457280, [109] = 134213632, [110] = 1, [111] = 1024,
+    [112] = 1, [113] = 1, [114] = 1, [115] = 1, [119] = 1, [121] = 1, [122] = 1, [125] = 1,
+    [126] = 1,
+};
+
 EXPORT CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev)
 {
     CHECK_INIT("cuDeviceGetAttribute");
-    if (value == NULL || !valid_dev(dev))
+    if (value == NULL || !valid_dev(dev) || attrib <= 0 || attrib >= ATTR_MAX)
         return CUDA_ERROR_INVALID_VALUE;
+    const struct fake_dev *d = &cfg()->dev[dev];
+    unsigned domain = 0, bus = 0;
+    sscanf(d->pci_bus_id, "%x:%x", &domain, &bus);
     if (attrib == 16) /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
         *value = (int)cfg()->multiprocessor_count;
-    else if (attrib == 39) /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
-        *value = (int)THREADS_PER_SM;
+    else if (attrib == 33) /* CU_DEVICE_ATTRIBUTE_PCI_BUS_ID */
+        *value = (int)bus;
+    else if (attrib == 50) /* CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID */
+        *value = (int)domain;
     else
-        return CUDA_ERROR_INVALID_VALUE;
+        *value = device_attrs[attrib];
     return CUDA_SUCCESS;
 }
 
@@ -823,8 +1055,17 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flag
         return CUDA_ERROR_INVALID_VALUE;
     if ((rc = take_host_memory(n)) != CUDA_SUCCESS)
         return rc;
-    uint64_t a = new_address(n);
-    if (put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0, cur_ctx, 0, 0, 0}) != 0) {
+    /* With unified addressing the host reads and writes managed memory at its device
+     * address: it is host memory, mapped without swap reservation (untouched pages cost
+     * nothing), and the same bytes the copies and sets of the device side see. */
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    uint64_t a = (uint64_t)(uintptr_t)m;
+    if (m == MAP_FAILED ||
+        put_alloc_rec((struct alloc){a, n, dev, 1, CU_DEVICE_INVALID, 0, 0, cur_ctx, 0, 0, 0,
+                                     NULL, m}) != 0) {
+        if (m != MAP_FAILED)
+            munmap(m, n);
         give_host_memory(n);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -860,6 +1101,22 @@ EXPORT CUresult cuMemAdvise(CUdeviceptr ptr, size_t count, CUmem_advise advice, 
         rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+/* 12.2's form: the location is a CUmemLocation {type, id} passed by value. */
+typedef struct { int type; int id; } fake_mem_location;
+EXPORT CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t count, CUmem_advise advice,
+                               fake_mem_location loc)
+{
+    CHECK_INIT("cuMemAdvise_v2");
+    CUdevice dev;
+    if (loc.type == 1) /* CU_MEM_LOCATION_TYPE_DEVICE */
+        dev = loc.id;
+    else if (loc.type == 2 || loc.type == 4) /* _HOST, _HOST_NUMA_CURRENT */
+        dev = CU_DEVICE_CPU;
+    else
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAdvise(ptr, count, advice, dev);
 }
 
 EXPORT CUresult cuMemRangeGetAttribute(void *data, size_t size, CUmem_range_attribute attr,
@@ -1067,6 +1324,355 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
     (void)s;
     CHECK_INIT("cuMemFreeAsync_ptsz");
     return free_key(p);
+}
+
+/* ---- copies and sets: device memory holds real bytes ---- */
+
+/* The bytes behind [ptr, ptr + n) of one device or managed allocation of this process,
+ * or NULL when the range is not inside one (the driver's CUDA_ERROR_INVALID_VALUE). */
+static unsigned char *backing(uint64_t ptr, uint64_t n)
+{
+    unsigned char *out = NULL;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_allocs; i++) {
+        struct alloc *a = &allocs[i];
+        if (a->vmm || a->pinned || ptr < a->key || n > a->size || ptr - a->key > a->size - n)
+            continue;
+        if (a->bytes == NULL) {
+            void *m = mmap(NULL, a->size, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m == MAP_FAILED)
+                break;
+            a->bytes = m;
+        }
+        out = a->bytes + (ptr - a->key);
+        break;
+    }
+    pthread_mutex_unlock(&mu);
+    return out;
+}
+
+/* Which side of a cuMemcpy an address is on: device (or managed) memory this process
+ * allocated, or host memory. */
+static unsigned char *resolve_ptr(uint64_t p, uint64_t n)
+{
+    unsigned char *b = backing(p, n);
+    return b ? b : (unsigned char *)(uintptr_t)p;
+}
+
+/* A copy is done when it is submitted (no kernel here reads or writes memory, so
+ * nothing can observe the difference) and takes no time on the stream. */
+static CUresult copy_bytes(unsigned char *dst, const unsigned char *src, size_t n, CUstream s,
+                           int on_stream)
+{
+    if (dst == NULL || src == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (on_stream) {
+        struct CUstream_st *st = stream_of(s);
+        if (st == NULL)
+            return CUDA_ERROR_INVALID_HANDLE;
+        submit(st, 0);
+    }
+    if (n)
+        memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+#define COPY_FNS(name, dst, src, ...)                                                            \
+    EXPORT CUresult name(__VA_ARGS__)                                                            \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return copy_bytes(dst, src, n, NULL, 0);                                                 \
+    }                                                                                            \
+    EXPORT CUresult name##_ptds(__VA_ARGS__)                                                     \
+    {                                                                                            \
+        CHECK_INIT(#name "_ptds");                                                               \
+        return copy_bytes(dst, src, n, CU_STREAM_PER_THREAD, 0);                                 \
+    }
+#define COPY_ASYNC_FNS(name, dst, src, ...)                                                      \
+    EXPORT CUresult name(__VA_ARGS__, CUstream s)                                                \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return copy_bytes(dst, src, n, s, 1);                                                    \
+    }                                                                                            \
+    EXPORT CUresult name##_ptsz(__VA_ARGS__, CUstream s)                                         \
+    {                                                                                            \
+        CHECK_INIT(#name "_ptsz");                                                               \
+        return copy_bytes(dst, src, n, s == NULL ? CU_STREAM_PER_THREAD : s, 1);                 \
+    }
+
+COPY_FNS(cuMemcpyHtoD_v2, backing(d, n), (const unsigned char *)h, CUdeviceptr d, const void *h,
+         size_t n)
+COPY_FNS(cuMemcpyDtoH_v2, (unsigned char *)h, backing(d, n), void *h, CUdeviceptr d, size_t n)
+COPY_FNS(cuMemcpyDtoD_v2, backing(d, n), backing(sp, n), CUdeviceptr d, CUdeviceptr sp, size_t n)
+COPY_FNS(cuMemcpy, resolve_ptr(d, n), resolve_ptr(sp, n), CUdeviceptr d, CUdeviceptr sp, size_t n)
+COPY_ASYNC_FNS(cuMemcpyHtoDAsync_v2, backing(d, n), (const unsigned char *)h, CUdeviceptr d,
+               const void *h, size_t n)
+COPY_ASYNC_FNS(cuMemcpyDtoHAsync_v2, (unsigned char *)h, backing(d, n), void *h, CUdeviceptr d,
+               size_t n)
+COPY_ASYNC_FNS(cuMemcpyDtoDAsync_v2, backing(d, n), backing(sp, n), CUdeviceptr d,
+               CUdeviceptr sp, size_t n)
+COPY_ASYNC_FNS(cuMemcpyAsync, resolve_ptr(d, n), resolve_ptr(sp, n), CUdeviceptr d,
+               CUdeviceptr sp, size_t n)
+
+/* cuMemsetD8/16/32: n elements of 1, 2 or 4 bytes. */
+static CUresult set_bytes(CUdeviceptr d, unsigned v, size_t n, unsigned width, CUstream s,
+                          int on_stream)
+{
+    if (n > SIZE_MAX / width)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *b = backing(d, (uint64_t)n * width);
+    if (b == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = copy_bytes(b, b, 0, s, on_stream);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        memcpy(b + i * width, &v, width); /* little-endian: the low bytes of v */
+    return CUDA_SUCCESS;
+}
+
+#define SET_FNS(name, type, width)                                                               \
+    EXPORT CUresult name(CUdeviceptr d, type v, size_t n)                                        \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return set_bytes(d, v, n, width, NULL, 0);                                               \
+    }                                                                                            \
+    EXPORT CUresult name##_ptds(CUdeviceptr d, type v, size_t n)                                 \
+    {                                                                                            \
+        CHECK_INIT(#name "_ptds");                                                               \
+        return set_bytes(d, v, n, width, CU_STREAM_PER_THREAD, 0);                               \
+    }
+#define SET_ASYNC_FNS(name, type, width)                                                         \
+    EXPORT CUresult name(CUdeviceptr d, type v, size_t n, CUstream s)                            \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return set_bytes(d, v, n, width, s, 1);                                                  \
+    }                                                                                            \
+    EXPORT CUresult name##_ptsz(CUdeviceptr d, type v, size_t n, CUstream s)                     \
+    {                                                                                            \
+        CHECK_INIT(#name "_ptsz");                                                               \
+        return set_bytes(d, v, n, width, s == NULL ? CU_STREAM_PER_THREAD : s, 1);               \
+    }
+SET_FNS(cuMemsetD8_v2, unsigned char, 1)
+SET_FNS(cuMemsetD16_v2, unsigned short, 2)
+SET_FNS(cuMemsetD32_v2, unsigned int, 4)
+SET_ASYNC_FNS(cuMemsetD8Async, unsigned char, 1)
+SET_ASYNC_FNS(cuMemsetD16Async, unsigned short, 2)
+SET_ASYNC_FNS(cuMemsetD32Async, unsigned int, 4)
+
+/* ---- page-locked host memory: host memory (host_memory_bytes), never device memory;
+ * with unified addressing its device pointer is its host pointer ---- */
+
+static CUresult host_alloc(void **pp, size_t n, unsigned flags)
+{
+    if (pp == NULL || n == 0 || flags > 7) /* PORTABLE 1, DEVICEMAP 2, WRITECOMBINED 4 */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (take_host_memory(n) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct alloc a = {(uint64_t)(uintptr_t)m, n, cur_ctx->dev, 0, CU_DEVICE_INVALID, 0, 0,
+                      cur_ctx, 0, 0, 0, NULL, NULL, PINNED_ALLOCATED, flags};
+    if (m == MAP_FAILED || put_alloc_rec(a) != 0) {
+        if (m != MAP_FAILED)
+            munmap(m, n);
+        give_host_memory(n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = m;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t n, unsigned int flags)
+{
+    CHECK_INIT("cuMemHostAlloc");
+    return host_alloc(pp, n, flags);
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t n)
+{
+    CHECK_INIT("cuMemAllocHost_v2");
+    return host_alloc(pp, n, 0);
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    CHECK_INIT("cuMemFreeHost");
+    struct alloc a;
+    if (take_alloc((uint64_t)(uintptr_t)p, PINNED_ALLOCATED, &a) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap(p, a.size);
+    give_host_memory(a.size);
+    return CUDA_SUCCESS;
+}
+
+/* Registering pins memory the program already has: it takes no more memory. */
+static CUresult host_register(void *p, size_t n, unsigned flags)
+{
+    if (p == NULL || n == 0 || flags > 15) /* PORTABLE 1, DEVICEMAP 2, IOMEMORY 4, READ_ONLY 8 */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t key = (uint64_t)(uintptr_t)p;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_allocs; i++)
+        if (allocs[i].pinned && key < allocs[i].key + allocs[i].size && allocs[i].key < key + n)
+            rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    pthread_mutex_unlock(&mu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct alloc a = {key, n, cur_ctx->dev, 0, CU_DEVICE_INVALID, 0, 0,
+                      cur_ctx, 0, 0, 0, NULL, NULL, PINNED_REGISTERED, flags};
+    return put_alloc_rec(a) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags)
+{
+    CHECK_INIT("cuMemHostRegister_v2");
+    return host_register(p, n, flags);
+}
+
+EXPORT CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags)
+{
+    CHECK_INIT("cuMemHostRegister");
+    return host_register(p, n, flags);
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    CHECK_INIT("cuMemHostUnregister");
+    struct alloc a;
+    if (take_alloc((uint64_t)(uintptr_t)p, PINNED_REGISTERED, &a) != 0)
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    return CUDA_SUCCESS;
+}
+
+/* The allocation of this process holding ptr (device, managed or pinned), copied out. */
+static int find_alloc(uint64_t ptr, struct alloc *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_allocs && !found; i++)
+        if (!allocs[i].vmm && ptr >= allocs[i].key && ptr - allocs[i].key < allocs[i].size) {
+            *out = allocs[i];
+            found = 1;
+        }
+    pthread_mutex_unlock(&mu);
+    return found;
+}
+
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags)
+{
+    CHECK_INIT("cuMemHostGetDevicePointer_v2");
+    struct alloc a;
+    if (d == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!find_alloc((uint64_t)(uintptr_t)p, &a) || !a.pinned)
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostGetFlags(unsigned int *flags, void *p)
+{
+    CHECK_INIT("cuMemHostGetFlags");
+    struct alloc a;
+    if (flags == NULL || !find_alloc((uint64_t)(uintptr_t)p, &a) || a.pinned != PINNED_ALLOCATED)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = a.host_flags;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    CHECK_INIT("cuMemGetAddressRange_v2");
+    struct alloc a;
+    if (!find_alloc(p, &a) || a.pinned)
+        return CUDA_ERROR_NOT_FOUND;
+    if (base)
+        *base = a.key;
+    if (size)
+        *size = (size_t)a.size;
+    return CUDA_SUCCESS;
+}
+
+/* One CUpointer_attribute of a known allocation, or of unknown memory (known = 0). */
+static CUresult pointer_attr(void *data, int attr, uint64_t p, const struct alloc *a, int known)
+{
+    int device = known && !a->pinned;
+    unsigned long long u = 0;
+    switch (attr) {
+    case 1: /* CONTEXT */
+        *(CUcontext *)data = known ? (CUcontext)a->ctx : NULL;
+        return CUDA_SUCCESS;
+    case 2: /* MEMORY_TYPE: CU_MEMORYTYPE_HOST 1, _DEVICE 2 */
+        *(unsigned *)data = known ? (device ? 2u : 1u) : 0u;
+        return CUDA_SUCCESS;
+    case 3: /* DEVICE_POINTER */
+    case 4: /* HOST_POINTER: device memory has none, pinned memory is one */
+        *(void **)data = known && (attr == 3 || !device || a->managed) ? (void *)(uintptr_t)p : NULL;
+        return CUDA_SUCCESS;
+    case 6: /* SYNC_MEMOPS */
+        *(int *)data = 0;
+        return CUDA_SUCCESS;
+    case 7: /* BUFFER_ID: the allocation's address is unique in this process */
+        u = known ? a->key : 0;
+        *(unsigned long long *)data = u;
+        return CUDA_SUCCESS;
+    case 8: /* IS_MANAGED */
+        *(int *)data = known && a->managed;
+        return CUDA_SUCCESS;
+    case 9: /* DEVICE_ORDINAL */
+        *(int *)data = known ? a->dev : -2;
+        return CUDA_SUCCESS;
+    case 11: /* RANGE_START_ADDR */
+        *(void **)data = known ? (void *)(uintptr_t)a->key : NULL;
+        return CUDA_SUCCESS;
+    case 12: /* RANGE_SIZE */
+        *(size_t *)data = known ? (size_t)a->size : 0;
+        return CUDA_SUCCESS;
+    case 13: /* MAPPED */
+        *(int *)data = known;
+        return CUDA_SUCCESS;
+    case 17: /* MEMPOOL_HANDLE */
+        *(CUmemoryPool *)data = known ? a->pool : NULL;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
+{
+    CHECK_INIT("cuPointerGetAttribute");
+    struct alloc a;
+    if (data == NULL || !find_alloc(p, &a))
+        return CUDA_ERROR_INVALID_VALUE;
+    return pointer_attr(data, attr, p, &a, 1);
+}
+
+/* Unlike cuPointerGetAttribute, memory CUDA does not know is not an error: every
+ * attribute gets its empty value. */
+EXPORT CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUdeviceptr p)
+{
+    CHECK_INIT("cuPointerGetAttributes");
+    if (attrs == NULL || data == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct alloc a;
+    int known = find_alloc(p, &a);
+    for (unsigned i = 0; i < n; i++) {
+        if (data[i] == NULL)
+            return CUDA_ERROR_INVALID_VALUE;
+        CUresult rc = pointer_attr(data[i], attrs[i], p, &a, known);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -1333,25 +1939,159 @@ EXPORT CUresult cuModuleUnload(CUmodule m)
 }
 
 /* "name_<N>us" runs N microseconds; other names run default_kernel_us. */
-EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+static uint64_t kernel_ns(const char *name)
 {
-    CHECK_INIT("cuModuleGetFunction");
-    if (f == NULL || m == NULL || name == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
     uint64_t us = cfg()->default_kernel_us;
     size_t n = strlen(name);
     const char *u = strrchr(name, '_');
     if (u != NULL && n >= 3 && strcmp(name + n - 2, "us") == 0 && u + 1 < name + n - 2) {
         uint64_t v = 0;
         const char *p = u + 1;
-        for (; p < name + n - 2 && *p >= '0' && *p <= '9'; p++)
+        for (; p < name + n - 2 && *p >= '0' && *p <= '9' && v < UINT64_MAX / 10000; p++)
             v = v * 10 + (uint64_t)(*p - '0');
         if (p == name + n - 2)
             us = v;
     }
+    return us * 1000;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    CHECK_INIT("cuModuleGetFunction");
+    if (f == NULL || m == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
     struct CUfunc_st *fn = calloc(1, sizeof *fn);
-    fn->dur_ns = us * 1000;
+    if (fn == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    fn->dur_ns = kernel_ns(name);
     *f = fn;
+    return CUDA_SUCCESS;
+}
+
+/* ---- context-independent loading (12.0): libraries and their kernels ----
+ * A CUkernel is a function of the library that any context may launch: the driver
+ * lets a program cast it to CUfunction, so here it is one. A library owns its kernels
+ * (unloading it frees them) and hands the same kernel for the same name. */
+#define LIB_KERNELS 256
+struct CUlib_st { struct CUmod_st mod; size_t n; char *names[LIB_KERNELS];
+                  struct CUfunc_st *kernels[LIB_KERNELS]; };
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUfunc_st *CUkernel;
+
+static CUresult library_new(CUlibrary *lib)
+{
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *lib = calloc(1, sizeof **lib);
+    return *lib ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, void *jit_opts,
+                                  void **jit_vals, unsigned n_jit, void *lib_opts,
+                                  void **lib_vals, unsigned n_lib)
+{
+    (void)jit_opts, (void)jit_vals, (void)n_jit, (void)lib_opts, (void)lib_vals, (void)n_lib;
+    CHECK_INIT("cuLibraryLoadData");
+    if (code == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return library_new(lib);
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, void *jit_opts,
+                                      void **jit_vals, unsigned n_jit, void *lib_opts,
+                                      void **lib_vals, unsigned n_lib)
+{
+    (void)jit_opts, (void)jit_vals, (void)n_jit, (void)lib_opts, (void)lib_vals, (void)n_lib;
+    CHECK_INIT("cuLibraryLoadFromFile");
+    if (path == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    fclose(f);
+    return library_new(lib);
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary lib)
+{
+    CHECK_INIT("cuLibraryUnload");
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (size_t i = 0; i < lib->n; i++) {
+        free(lib->names[i]);
+        free(lib->kernels[i]);
+    }
+    free(lib);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
+{
+    CHECK_INIT("cuLibraryGetKernel");
+    if (k == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&mu);
+    CUresult rc = CUDA_SUCCESS;
+    size_t i = 0;
+    while (i < lib->n && strcmp(lib->names[i], name) != 0)
+        i++;
+    if (i == lib->n) {
+        struct CUfunc_st *fn = calloc(1, sizeof *fn);
+        char *copy = strdup(name);
+        if (lib->n == LIB_KERNELS || fn == NULL || copy == NULL) {
+            free(fn);
+            free(copy);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            fn->dur_ns = kernel_ns(name);
+            lib->names[i] = copy;
+            lib->kernels[i] = fn;
+            lib->n++;
+        }
+    }
+    if (rc == CUDA_SUCCESS)
+        *k = lib->kernels[i];
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+EXPORT CUresult cuLibraryGetKernelCount(unsigned *count, CUlibrary lib)
+{
+    CHECK_INIT("cuLibraryGetKernelCount");
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *count = (unsigned)lib->n;
+    return CUDA_SUCCESS;
+}
+
+/* The kernel's function in the current context. */
+EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
+{
+    CHECK_INIT("cuKernelGetFunction");
+    if (f == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (k == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *f = k;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib)
+{
+    CHECK_INIT("cuLibraryGetModule");
+    if (m == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (lib == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *m = &lib->mod;
     return CUDA_SUCCESS;
 }
 
@@ -1677,19 +2417,147 @@ EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value
 
 /* ---- streams and events ---- */
 
-EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+/* Stream priorities of an sm_80 GPU: 0 (least) to -5 (greatest); requests outside the
+ * range are clamped, as the driver does. */
+#define PRIORITY_LEAST 0
+#define PRIORITY_GREATEST (-5)
+static unsigned long long next_stream_id = 1;
+
+static CUresult stream_create(CUstream *s, unsigned int flags, int priority)
 {
-    (void)flags;
-    CHECK_INIT("cuStreamCreate");
     int dev;
     CUresult rc = need_ctx(&dev);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (s == NULL || flags > 1) /* CU_STREAM_DEFAULT 0, CU_STREAM_NON_BLOCKING 1 */
+        return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *st = calloc(1, sizeof *st);
+    if (st == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     st->dev = dev;
     st->ctx = cur_ctx;
+    st->flags = flags;
+    st->priority = priority > PRIORITY_LEAST       ? PRIORITY_LEAST
+                   : priority < PRIORITY_GREATEST ? PRIORITY_GREATEST
+                                                  : priority;
+    st->id = __atomic_fetch_add(&next_stream_id, 1, __ATOMIC_RELAXED);
     pthread_mutex_init(&st->mu, NULL);
     *s = st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    CHECK_INIT("cuStreamCreate");
+    return stream_create(s, flags, PRIORITY_LEAST);
+}
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority)
+{
+    CHECK_INIT("cuStreamCreateWithPriority");
+    return stream_create(s, flags, priority);
+}
+
+EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+    CHECK_INIT("cuCtxGetStreamPriorityRange");
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (least)
+        *least = PRIORITY_LEAST;
+    if (greatest)
+        *greatest = PRIORITY_GREATEST;
+    return CUDA_SUCCESS;
+}
+
+static int builtin_stream(CUstream s)
+{
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+#define STREAM_GETTER(name, type, field, builtin_value)                                          \
+    EXPORT CUresult name(CUstream s, type *out)                                                  \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        if (out == NULL)                                                                         \
+            return CUDA_ERROR_INVALID_VALUE;                                                     \
+        if (stream_of(s) == NULL)                                                                \
+            return CUDA_ERROR_INVALID_CONTEXT;                                                   \
+        *out = builtin_stream(s) ? (builtin_value) : s->field;                                   \
+        return CUDA_SUCCESS;                                                                     \
+    }                                                                                            \
+    EXPORT CUresult name##_ptsz(CUstream s, type *out) { return name(s, out); }
+/* the built-in streams: default priority and flags; ids 0 (legacy) and 1 (per-thread) */
+STREAM_GETTER(cuStreamGetPriority, int, priority, PRIORITY_LEAST)
+STREAM_GETTER(cuStreamGetFlags, unsigned int, flags, 0)
+STREAM_GETTER(cuStreamGetId, unsigned long long, id, s == CU_STREAM_PER_THREAD ? 1 : 0)
+
+/* Work submitted to the stream after this starts no earlier than the event's point on
+ * its device's timeline (an event recorded on another GPU included). An event never
+ * recorded is complete: nothing to wait for, as with the driver. */
+static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags)
+{
+    struct CUstream_st *st = stream_of(s);
+    if (st == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (e == NULL || (e->ctx != NULL && e->ctx->destroyed))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (flags > 1) /* CU_EVENT_WAIT_DEFAULT 0, CU_EVENT_WAIT_EXTERNAL 1 */
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!e->recorded)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&st->mu);
+    if (__atomic_load_n(&st->tail, __ATOMIC_ACQUIRE) < e->ts)
+        __atomic_store_n(&st->tail, e->ts, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&st->mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
+{
+    CHECK_INIT("cuStreamWaitEvent");
+    return stream_wait_event(s, e, flags);
+}
+
+EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags)
+{
+    CHECK_INIT("cuStreamWaitEvent_ptsz");
+    return stream_wait_event(s, e, flags);
+}
+
+/* CUDA_ERROR_NOT_READY while work submitted to the stream is still on the timeline. */
+static CUresult stream_query(CUstream s)
+{
+    struct CUstream_st *st = stream_of(s);
+    if (st == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return fake_now_ns() >= __atomic_load_n(&st->tail, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS
+                                                                          : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuStreamQuery(CUstream s)
+{
+    CHECK_INIT("cuStreamQuery");
+    return stream_query(s);
+}
+
+EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
+{
+    CHECK_INIT("cuStreamQuery_ptsz");
+    return stream_query(s);
+}
+
+static unsigned long long next_capture_id = 1;
+
+static CUresult begin_capture(CUstream s)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture != NULL)
+        return CUDA_ERROR_INVALID_VALUE; /* the double captures created streams only */
+    s->capture = calloc(1, sizeof *s->capture);
+    if (s->capture == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->capture_id = __atomic_fetch_add(&next_capture_id, 1, __ATOMIC_RELAXED);
+    s->capture_last = NULL;
     return CUDA_SUCCESS;
 }
 
@@ -1697,11 +2565,79 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
 {
     (void)mode;
     CHECK_INIT("cuStreamBeginCapture_v2");
-    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->capture != NULL)
-        return CUDA_ERROR_INVALID_VALUE; /* the double captures created streams only */
-    s->capture = calloc(1, sizeof *s->capture);
-    return s->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return begin_capture(s);
 }
+
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s, int mode)
+{
+    (void)mode;
+    CHECK_INIT("cuStreamBeginCapture_ptsz");
+    return begin_capture(s);
+}
+
+/* CUDA 10.0's form, before capture modes: global mode. */
+EXPORT CUresult cuStreamBeginCapture(CUstream s)
+{
+    CHECK_INIT("cuStreamBeginCapture");
+    return begin_capture(s);
+}
+
+/* What every cuStreamGetCaptureInfo variant reports: status and id; the graph being
+ * built and the nodes the next captured operation will depend on (_v2); their edge
+ * data, all default (_v3). */
+static CUresult capture_info(CUstream s, int *status, cuuint64_t *id, CUgraph *graph,
+                             const CUgraphNode **deps, const void **edges, size_t *n_deps)
+{
+    if (stream_of(s) == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (status == NULL || (edges != NULL && deps == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    int capturing = !builtin_stream(s) && s->capture != NULL;
+    *status = capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!capturing)
+        return CUDA_SUCCESS; /* the other outputs are left as they were, like the driver */
+    if (id)
+        *id = s->capture_id;
+    if (graph)
+        *graph = s->capture;
+    size_t n = s->capture_last != NULL;
+    if (deps)
+        *deps = n ? (const CUgraphNode *)&s->capture_last : NULL;
+    if (edges) {
+        memset(s->edge_data, 0, sizeof s->edge_data);
+        *edges = n ? s->edge_data : NULL;
+    }
+    if (n_deps)
+        *n_deps = n;
+    return CUDA_SUCCESS;
+}
+
+#define CAPTURE_INFO_FNS(name, params, args)                                                     \
+    EXPORT CUresult name params                                                                  \
+    {                                                                                            \
+        CHECK_INIT(#name);                                                                       \
+        return capture_info args;                                                                \
+    }
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo, (CUstream s, int *st, cuuint64_t *id),
+                 (s, st, id, NULL, NULL, NULL, NULL))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_ptsz, (CUstream s, int *st, cuuint64_t *id),
+                 (s, st, id, NULL, NULL, NULL, NULL))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_v2,
+                 (CUstream s, int *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps,
+                  size_t *n),
+                 (s, st, id, g, deps, NULL, n))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_v2_ptsz,
+                 (CUstream s, int *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps,
+                  size_t *n),
+                 (s, st, id, g, deps, NULL, n))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_v3,
+                 (CUstream s, int *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps,
+                  const void **edges, size_t *n),
+                 (s, st, id, g, deps, edges, n))
+CAPTURE_INFO_FNS(cuStreamGetCaptureInfo_v3_ptsz,
+                 (CUstream s, int *st, cuuint64_t *id, CUgraph *g, const CUgraphNode **deps,
+                  const void **edges, size_t *n),
+                 (s, st, id, g, deps, edges, n))
 
 EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph)
 {
@@ -1840,30 +2776,44 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+/* The driver's name and description of each error this double returns. */
+static const struct { CUresult code; const char *name, *text; } error_names[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {708, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
+};
+
+static CUresult error_lookup(CUresult e, const char **s, int name)
 {
-    static const struct { CUresult code; const char *text; } names[] = {
-        {CUDA_SUCCESS, "no error"},
-        {CUDA_ERROR_INVALID_VALUE, "invalid argument"},
-        {CUDA_ERROR_OUT_OF_MEMORY, "out of memory"},
-        {CUDA_ERROR_NOT_INITIALIZED, "initialization error"},
-        {CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"},
-        {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
-        {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
-        {CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"},
-        {CUDA_ERROR_NOT_FOUND, "named symbol not found"},
-        {CUDA_ERROR_NOT_READY, "device not ready"},
-        {CUDA_ERROR_NOT_PERMITTED, "operation not permitted"},
-        {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (names[i].code == e) {
-            *s = names[i].text;
+    if (s == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof error_names / sizeof error_names[0]; i++)
+        if (error_names[i].code == e) {
+            *s = name ? error_names[i].name : error_names[i].text;
             return CUDA_SUCCESS;
         }
-    *s = "unknown error";
+    *s = NULL; /* the driver's answer for a code it does not know */
     return CUDA_ERROR_INVALID_VALUE;
 }
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) { return error_lookup(e, s, 0); }
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) { return error_lookup(e, s, 1); }
 
 /* ---- launch entry points beyond cuLaunchKernel: deprecated, multi-device, and
  * the context stack they need (cuStreamGetCtx, cuCtxPush/PopCurrent) ---- */
@@ -1976,6 +2926,7 @@ static const struct proc procs[] = {
     P("cuGetProcAddress", 11030, cuGetProcAddress),
     P("cuGetProcAddress", 12000, cuGetProcAddress_v2),
     P("cuGetErrorString", 6000, cuGetErrorString),
+    P("cuGetErrorName", 6000, cuGetErrorName),
     P("cuDeviceGet", 2000, cuDeviceGet),
     P("cuDeviceGetCount", 2000, cuDeviceGetCount),
     P("cuDeviceGetName", 2000, cuDeviceGetName),
@@ -1991,6 +2942,15 @@ static const struct proc procs[] = {
     P("cuCtxGetDevice", 2000, cuCtxGetDevice),
     P("cuCtxSynchronize", 2000, cuCtxSynchronize),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxSetFlags", 7000, cuDevicePrimaryCtxSetFlags),
+    P("cuDevicePrimaryCtxSetFlags", 11000, cuDevicePrimaryCtxSetFlags_v2),
+    P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    P("cuCtxGetFlags", 7000, cuCtxGetFlags),
+    P("cuCtxGetApiVersion", 3020, cuCtxGetApiVersion),
+    P("cuCtxGetId", 12000, cuCtxGetId),
+    P("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
+    P("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId),
+    P("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
     P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
@@ -2000,8 +2960,48 @@ static const struct proc procs[] = {
     P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
     P("cuMemAllocManaged", 6000, cuMemAllocManaged),
     P("cuMemAdvise", 8000, cuMemAdvise),
+    P("cuMemAdvise", 12020, cuMemAdvise_v2),
     P("cuMemRangeGetAttribute", 8000, cuMemRangeGetAttribute),
     P("cuMemFree", 3020, cuMemFree_v2),
+    P("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    P("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    P("cuMemFreeHost", 2000, cuMemFreeHost),
+    P("cuMemHostRegister", 4000, cuMemHostRegister),
+    P("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    P("cuMemHostUnregister", 4000, cuMemHostUnregister),
+    P("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
+    P("cuMemHostGetFlags", 2030, cuMemHostGetFlags),
+    P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    P("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
+    P("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+    PT("cuMemcpyHtoD", 7000, cuMemcpyHtoD_v2_ptds),
+    P("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    PT("cuMemcpyDtoH", 7000, cuMemcpyDtoH_v2_ptds),
+    P("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
+    PT("cuMemcpyDtoD", 7000, cuMemcpyDtoD_v2_ptds),
+    P("cuMemcpy", 4000, cuMemcpy),
+    PT("cuMemcpy", 7000, cuMemcpy_ptds),
+    P("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
+    PT("cuMemcpyHtoDAsync", 7000, cuMemcpyHtoDAsync_v2_ptsz),
+    P("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
+    PT("cuMemcpyDtoHAsync", 7000, cuMemcpyDtoHAsync_v2_ptsz),
+    P("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2),
+    PT("cuMemcpyDtoDAsync", 7000, cuMemcpyDtoDAsync_v2_ptsz),
+    P("cuMemcpyAsync", 4000, cuMemcpyAsync),
+    PT("cuMemcpyAsync", 7000, cuMemcpyAsync_ptsz),
+    P("cuMemsetD8", 3020, cuMemsetD8_v2),
+    PT("cuMemsetD8", 7000, cuMemsetD8_v2_ptds),
+    P("cuMemsetD16", 3020, cuMemsetD16_v2),
+    PT("cuMemsetD16", 7000, cuMemsetD16_v2_ptds),
+    P("cuMemsetD32", 3020, cuMemsetD32_v2),
+    PT("cuMemsetD32", 7000, cuMemsetD32_v2_ptds),
+    P("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    PT("cuMemsetD8Async", 7000, cuMemsetD8Async_ptsz),
+    P("cuMemsetD16Async", 3020, cuMemsetD16Async),
+    PT("cuMemsetD16Async", 7000, cuMemsetD16Async_ptsz),
+    P("cuMemsetD32Async", 3020, cuMemsetD32Async),
+    PT("cuMemsetD32Async", 7000, cuMemsetD32Async_ptsz),
     P("cuMemAllocAsync", 11020, cuMemAllocAsync),
     PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
     P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
@@ -2026,6 +3026,13 @@ static const struct proc procs[] = {
     P("cuModuleLoadData", 2000, cuModuleLoadData),
     P("cuModuleUnload", 2000, cuModuleUnload),
     P("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    P("cuLibraryLoadData", 12000, cuLibraryLoadData),
+    P("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile),
+    P("cuLibraryUnload", 12000, cuLibraryUnload),
+    P("cuLibraryGetKernel", 12000, cuLibraryGetKernel),
+    P("cuLibraryGetKernelCount", 12040, cuLibraryGetKernelCount),
+    P("cuLibraryGetModule", 12000, cuLibraryGetModule),
+    P("cuKernelGetFunction", 12000, cuKernelGetFunction),
     P("cuLaunchKernel", 4000, cuLaunchKernel),
     PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
     P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
@@ -2063,8 +3070,28 @@ static const struct proc procs[] = {
     P("cuGraphDestroy", 10000, cuGraphDestroy),
     P("cuStreamCreate", 2000, cuStreamCreate),
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    P("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange),
+    P("cuStreamGetPriority", 5050, cuStreamGetPriority),
+    PT("cuStreamGetPriority", 7000, cuStreamGetPriority_ptsz),
+    P("cuStreamGetFlags", 5050, cuStreamGetFlags),
+    PT("cuStreamGetFlags", 7000, cuStreamGetFlags_ptsz),
+    P("cuStreamGetId", 12000, cuStreamGetId),
+    PT("cuStreamGetId", 12000, cuStreamGetId_ptsz),
+    P("cuStreamQuery", 2000, cuStreamQuery),
+    P("cuStreamWaitEvent", 3020, cuStreamWaitEvent),
+    PT("cuStreamWaitEvent", 7000, cuStreamWaitEvent_ptsz),
+    PT("cuStreamQuery", 7000, cuStreamQuery_ptsz),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    P("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
     P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_ptsz),
+    P("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo),
+    PT("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo_ptsz),
+    P("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2),
+    PT("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2_ptsz),
+    P("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3),
+    PT("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3_ptsz),
     P("cuStreamEndCapture", 10000, cuStreamEndCapture),
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
     PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
@@ -2096,7 +3123,9 @@ static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t 
     *pfn = NULL;
     for (int pass = want_ptds; pass >= 0 && best == NULL; pass--) {
         for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
-            if (strcmp(procs[i].base, symbol) != 0 || procs[i].ptds != pass)
+            /* a variant newer than the driver is one this driver does not have */
+            if (strcmp(procs[i].base, symbol) != 0 || procs[i].ptds != pass ||
+                procs[i].version > cfg()->cuda_version)
                 continue;
             known = 1;
             if (procs[i].version <= version && (best == NULL || procs[i].version > best->version))

@@ -25,6 +25,14 @@ static void need(void *p, const char *name)
     }
 }
 
+/* The version each entry point is asked for: 12.4, except cuCtxCreate, which the
+ * harness calls with the v2 signature (flags, device): 12.4 would give _v3, whose
+ * signature differs, so ask for it as a program built before 11.4 does. */
+static int api_version(const char *base)
+{
+    return strcmp(base, "cuCtxCreate") == 0 ? 11000 : 12040;
+}
+
 void harness_resolve(void)
 {
     const char *m = harness_lookup();
@@ -55,7 +63,7 @@ void harness_resolve(void)
 #define API(base, sym, params)                                                                   \
     {                                                                                            \
         void *p_ = NULL;                                                                         \
-        gpa(#base, &p_, 12040, flags, &st);                                                      \
+        gpa(#base, &p_, api_version(#base), flags, &st);                                         \
         need(p_, #base);                                                                         \
         A.base = (CUresult(*) params)p_;                                                         \
     }
