@@ -27,14 +27,6 @@ from fracgpu.placement.workload import Shape
 TIE_TOLERANCE = 1e-7
 # Breaking into an untouched node costs this many GPUs times the frequency of multi-GPU shapes.
 WHOLE_NODE_PENALTY = 4.0
-# Opening an untouched node costs this many GPUs times ln(U / D) (``_scarcity_of_nodes``),
-# whatever shapes have been seen: the pods that need the scarce kind whole may not have come
-# yet. 0.02-0.1 all kept the default trace's 120-CPU 8-GPU pods placeable (seeds 42-44);
-# 0.05 allocated most; 0.5 cost 0.8 points of allocation.
-SCARCE_NODE_GPUS = 0.05
-# Up to this many kinds of untouched node (free CPU, memory, GPUs), scarcity compares every
-# kind with every other; past it, a bound found by sorting keeps the cost O(U log U).
-MAX_EXACT_KINDS = 256
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -57,9 +49,6 @@ class FragmentationIndex:
         # Bumped whenever scores could change other than through a node's state: new shapes,
         # new weights, a rebuild. Caches of scores by class compare it.
         self.version = 0
-        # Per node: whether all its GPUs are untouched, and (when so) how scarce its kind is.
-        self._untouched: BoolArray = np.zeros(0, np.bool_)
-        self._scarcity: FloatArray | None = None
         self._empty_state()
 
     def _empty_state(self) -> None:
@@ -154,8 +143,6 @@ class FragmentationIndex:
         if not self.shapes:
             return
         self._count(state)
-        self._untouched = _untouched_nodes(state)
-        self._scarcity = None
         if self._classes_topology != state.topology_version:
             self._classes.rebuild(state)
             self._classes_topology = state.topology_version
@@ -217,14 +204,6 @@ class FragmentationIndex:
         # most decisions are answered from scores cached by class and read none.
         self._stale.add(row)
         self._classes.update_node(state, row, changed)
-        if self.whole_node_penalty > 0 and row < len(self._untouched):
-            untouched = bool(_untouched_nodes(state, np.array([row]))[0])
-            if untouched or self._untouched[row]:
-                # The opening cost of other nodes reads which nodes are untouched and their
-                # free CPU and memory: scores cached by class are stale.
-                self._untouched[row] = untouched
-                self._scarcity = None
-                self.version += 1
 
     def _refresh(self, state: ClusterState) -> None:
         """Recount the nodes ``update_node`` marked, all in one pass. Per node it sums whole
@@ -405,73 +384,21 @@ class FragmentationIndex:
         return self._opening_cost(result, state, rows)
 
     def _opening_cost(self, lost: FloatArray, state: ClusterState, rows: IntArray) -> FloatArray:
-        """``lost`` plus the cost of breaking into a node whose GPUs are all untouched, in GPUs:
-        ``whole_node_penalty`` times the frequency of the multi-GPU shapes, plus
-        ``SCARCE_NODE_GPUS`` times the node kind's scarcity (``_scarcity_of_nodes``). The
-        expected loss above counts what the typical shapes lose now; an untouched node is also
-        what a multi-GPU pod will need when it comes, the more often the more such pods arrive,
-        and the fewer other untouched nodes could host whatever it could. The scarcity part
-        does not wait for multi-GPU shapes to be seen: on openb, 8-GPU pods of 120 CPUs fit
-        only the 39 nodes of 128 CPUs, and ordinary pods (which strand less CPU there) had
-        opened all 39 before the first multi-GPU pod arrived (seed 43: first 8-GPU refusal at
-        5.8 % arrived). Whether a node is untouched and its scarcity depend only on its own
-        state (free CPU, memory, GPUs) and on the untouched nodes: nodes of one class still
-        score alike, and ``update_node`` bumps ``version`` when the untouched nodes change."""
+        """``lost`` plus the cost of breaking into a node whose GPUs are all untouched:
+        ``whole_node_penalty`` GPUs times the frequency of the multi-GPU shapes. The expected
+        loss above counts what the typical shapes lose now; an untouched node is also what
+        a multi-GPU pod will need when it comes, the more often the more such pods arrive
+        (0 when none do: nothing changes for one-GPU workloads). Whether a node is untouched
+        depends only on its GPUs' state, so nodes of one class still score alike."""
         if self.whole_node_penalty <= 0 or not len(self.weights):
             return lost
         wide = float(self.weights[self.s_gpus > 1].sum())
-        scarcity = self._scarcity
-        if (
-            scarcity is None
-            or len(scarcity) != len(state.n_first)
-            or (_untouched_nodes(state, rows) != self._untouched[rows]).any()
-        ):
-            self._untouched = _untouched_nodes(state)
-            scarcity = self._scarcity = _scarcity_of_nodes(state, self._untouched)
-        gpus = self.whole_node_penalty * wide * self._untouched[rows]
-        gpus = gpus + SCARCE_NODE_GPUS * scarcity[rows]
-        result: FloatArray = lost + state.gpu_units * gpus
+        if wide <= 0:
+            return lost
+        capacity = state.n_unit_capacity[rows]
+        untouched = (state.n_free_units[rows] == capacity) & (capacity > 0)
+        result: FloatArray = lost + self.whole_node_penalty * wide * state.gpu_units * untouched
         return result
-
-
-def _untouched_nodes(state: ClusterState, rows: IntArray | None = None) -> BoolArray:
-    """Nodes (all, or ``rows``) with GPUs, none of them in use."""
-    capacity = state.n_unit_capacity if rows is None else state.n_unit_capacity[rows]
-    free = state.n_free_units if rows is None else state.n_free_units[rows]
-    result: BoolArray = (free == capacity) & (capacity > 0)
-    return result
-
-
-def _scarcity_of_nodes(state: ClusterState, untouched: BoolArray) -> FloatArray:
-    """Per node: 0 when it is not untouched, else ln(U / D), where U counts the untouched nodes
-    and D those of them that could host whatever this one could (free CPU, free memory and
-    GPU compute each at least this node's, itself included). A node of the smallest common
-    kind scores 0; the nodes of the only kind able to hold the largest whole-node pods score
-    most (openb: the 39 nodes of 128 CPUs among 1,213, ln 31 = 3.4), so ordinary pods open
-    them last. Nodes are grouped into kinds first: a few dozen kinds, not U x U tests (tenants'
-    CPU-only pods on untouched nodes make more kinds: ``MAX_EXACT_KINDS`` bounds the cost)."""
-    result: FloatArray = np.zeros(len(untouched))
-    idx = np.flatnonzero(untouched)
-    if not len(idx):
-        return result
-    features = np.stack(
-        [state.n_cpu_free[idx], state.n_mem_free[idx], state.n_unit_capacity[idx]], axis=1
-    )
-    kinds, inverse, counts = np.unique(features, axis=0, return_inverse=True, return_counts=True)
-    if len(kinds) <= MAX_EXACT_KINDS:
-        dominates = (kinds[None, :, :] >= kinds[:, None, :]).all(axis=2)  # [kind, by kind]
-        hosts = dominates.astype(np.float64) @ counts.astype(np.float64)
-    else:
-        # Pods' CPU and memory requests make the kinds: past the bound, D is taken as the
-        # fewest nodes at least as big in any one of the three, an upper bound on it found by
-        # sorting (O(U log U), no K x K table). Exact when the kinds are nested.
-        hosts = np.full(len(kinds), np.inf)
-        for column in kinds.T:
-            ordered = np.sort(np.repeat(column, counts))
-            at_least = len(ordered) - np.searchsorted(ordered, column, side="left")
-            hosts = np.minimum(hosts, at_least)
-    result[idx] = np.log(len(idx) / hosts[inverse.reshape(-1)])
-    return result
 
 
 def _sum_by_candidate(values: FloatArray, pair_cand: IntArray, n: int) -> FloatArray:

@@ -2,19 +2,12 @@
 index built from scratch over the same state."""
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fracgpu.model import GPUAllocation
 from fracgpu.placement.candidates import CandidateFinder
-from fracgpu.placement.fragmentation import (
-    MAX_EXACT_KINDS,
-    SCARCE_NODE_GPUS,
-    WHOLE_NODE_PENALTY,
-    FragmentationIndex,
-    _scarcity_of_nodes,
-)
+from fracgpu.placement.fragmentation import WHOLE_NODE_PENALTY, FragmentationIndex
 from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
 from tests.placement.helpers import node, share
@@ -73,9 +66,7 @@ def test_lazy_recount_equals_a_fresh_index(
 def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     """A one-GPU share scored on every GPU: candidates on untouched nodes lose
     WHOLE_NODE_PENALTY x (frequency of multi-GPU shapes) GPUs more than without the
-    penalty, plus SCARCE_NODE_GPUS x ln(U / D) for the node's kind (U untouched nodes, D of
-    them with at least its GPUs: CPU and memory are alike here); those on a node already in
-    use lose the same."""
+    penalty; those on a node already in use lose the same."""
     state, index = counted(8)
     state.apply("n1", [GPUAllocation("n1-gpu0", 10, 0)], 0, 0, sign=1)  # n1 is in use
     plain = FragmentationIndex(whole_node_penalty=0.0)
@@ -90,13 +81,7 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     assert wide > 0
     used = np.array([state.node_names[r] == "n1" for r in cands.rows])
     assert np.allclose(extra[used], 0.0)
-    untouched_gpus = [i % 4 for i in range(8) if i % 4 > 0 and f"n{i}" != "n1"]
-    gpus = np.array([state.n_count[r] for r in cands.rows[~used]])
-    hosts = np.array([sum(1 for g in untouched_gpus if g >= n) for n in gpus])
-    scarcity = np.log(len(untouched_gpus) / hosts)
-    assert scarcity.max() > 0  # the 3-GPU nodes are scarcer than the 1-GPU ones
-    expected = (WHOLE_NODE_PENALTY * wide + SCARCE_NODE_GPUS * scarcity) * state.gpu_units
-    assert np.allclose(extra[~used], expected)
+    assert np.allclose(extra[~used], WHOLE_NODE_PENALTY * wide * state.gpu_units)
 
 
 def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
@@ -118,19 +103,3 @@ def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
     fresh.set_workload(typical, state)
     for name in ("usable_now", "pods_now", "usable", "pods", "effective_now", "elig", "s_cpu"):
         assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
-
-
-@pytest.mark.parametrize("nodes", [40, MAX_EXACT_KINDS + 40])
-def test_scarcity_ranks_untouched_nodes_by_what_they_could_host(nodes: int) -> None:
-    """Untouched nodes differing in free CPU only: D is the number at least as big, so
-    scarcity is ln(U / rank from the top); a node in use scores 0. Past MAX_EXACT_KINDS
-    kinds (tenants' CPU requests can make that many) the sorted bound gives the same here."""
-    state = ClusterState(100)
-    for i in range(nodes):
-        state.add_node(node(f"n{i}", 2, cpu_milli=1000 * (i + 1)), split_count=4)
-    state.apply("n0", [GPUAllocation("n0-gpu0", 10, 0)], 0, 0, sign=1)
-    untouched = state.n_free_units == state.n_unit_capacity
-    scarcity = _scarcity_of_nodes(state, untouched)
-    assert scarcity[0] == 0.0
-    at_least = np.arange(nodes - 1, 0, -1)  # n1 is matched by every untouched node
-    assert np.allclose(scarcity[1:], np.log((nodes - 1) / at_least))
