@@ -32,7 +32,7 @@ from webhook.review import parse_review
 _UNDER_CALLGRIND = "FRACGPU_BENCH_UNDER_CALLGRIND"
 
 
-def _admit_all(cluster: Path, warmup: int, admissions: int, count_instructions: bool) -> float:
+def admit_all(cluster: Path, warmup: int, admissions: int, count_instructions: bool) -> float:
     """Seconds of CPU per admission over ``admissions`` admissions, after a warm-up."""
     parser = argparse.ArgumentParser()
     settings.add_arguments(parser)
@@ -94,13 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(options.nodes, options.gpus, options.admissions) < 1 or options.warmup < 0:
         parser.error("--nodes, --gpus and --admissions: use 1 or more each; --warmup 0 or more")
     if os.environ.get(_UNDER_CALLGRIND):
-        _admit_all(options.cluster, options.warmup, options.admissions, count_instructions=True)
+        admit_all(options.cluster, options.warmup, options.admissions, count_instructions=True)
         return 0
     with tempfile.TemporaryDirectory(prefix="fracgpu-bench-") as tmp:
         work = Path(tmp)
         cluster = work / "cluster.yaml"
         _cluster_file(cluster, options.nodes, options.gpus)
-        cpu = _admit_all(cluster, options.warmup, options.admissions, count_instructions=False)
+        cpu = admit_all(cluster, options.warmup, options.admissions, count_instructions=False)
         print(f"CPU per admission: {cpu * 1e6:.1f} us ({options.admissions} admissions)")
         if shutil.which("valgrind") is None:
             print("instructions per admission: valgrind is not installed, not counted")

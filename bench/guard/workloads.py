@@ -5,24 +5,16 @@ shared machine, not the wall clock). The guard divides each by the reference loo
 measured in the same run, so a slower or busier machine moves all of them together.
 """
 
-import argparse
-import asyncio
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
-
-from bench.admission.cli import _cluster_file, _review
+from bench.admission.cli import _cluster_file
+from bench.admission.cost import admit_all
 from fracgpu.model import ContainerRequest, GPUAllocation, GPUDevice, MemoryRequest, NodeInventory
 from fracgpu.placement.api import Constraints, NoFit, PodDemand, Policy
 from fracgpu.placement.view import ClusterView
-from webhook import responses, settings
-from webhook.admission import Admission
-from webhook.embedded import EmbeddedState
-from webhook.metrics import Metrics
-from webhook.review import parse_review
 
 # Placement cluster: NODES nodes of GPUS GPUs, two models and two pools, a seeded part full.
 NODES = 400
@@ -50,28 +42,8 @@ def reference(rounds: int) -> float:
 
 def admission(cluster: Path, warmup: int, admissions: int) -> float:
     """CPU seconds per admission: review bytes -> ``Admission.mutate`` -> response bytes, on
-    the embedded back end (reservations really taken), as ``admission-cost`` measures it."""
-    parser = argparse.ArgumentParser()
-    settings.add_arguments(parser)
-    config = settings.load(parser.parse_args(["--cluster-file", str(cluster)]), {})
-    state = EmbeddedState.from_file(
-        cluster, config.split_count, config.reservation_ttl_seconds, config.memory_scaling
-    )
-    admitter = Admission(config, state, Metrics())
-    bodies = [orjson.dumps(_review(i)) for i in range(warmup + admissions)]
-
-    async def admit(batch: list[bytes]) -> None:
-        for body in batch:
-            review = parse_review(body, "application/json", config.max_body_bytes)
-            verdict = await admitter.mutate(review)
-            if not verdict.patch:
-                raise RuntimeError(f"the guard's pod was not placed: {verdict.message}")
-            orjson.dumps(responses.to_review(review.uid, verdict))
-
-    asyncio.run(admit(bodies[:warmup]))
-    started = time.process_time()
-    asyncio.run(admit(bodies[warmup:]))
-    return (time.process_time() - started) / admissions
+    the embedded back end (reservations really taken): ``admission-cost``'s own loop."""
+    return admit_all(cluster, warmup, admissions, count_instructions=False)
 
 
 def write_cluster(path: Path, nodes: int, gpus: int) -> None:
