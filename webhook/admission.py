@@ -44,7 +44,7 @@ from webhook.state import (
     RejectKind,
     ReserveRejected,
 )
-from webhook.tolerations import untolerated_nodes
+from webhook.tolerations import Taint, untolerated_taints
 
 log = logging.getLogger(__name__)
 # Sub-resources whose object is the pod and may carry containers (kubectl debug).
@@ -271,12 +271,13 @@ class Admission:
         allowed: set[str] | None = None
         if self._labels is not None:
             allowed = allowed_nodes(pod, await self._labels.node_labels(), self._node_index)
+        kept_off: dict[str, list[Taint]] = {}
         if self._taints is not None:
             # Most nodes carry no taint: find the few excluded ones rather than the many allowed.
-            excluded = untolerated_nodes(pod, await self._taints.node_taints())
-            if excluded:
+            kept_off = untolerated_taints(pod, await self._taints.node_taints())
+            if kept_off:
                 everyone = {n.name for n in view.nodes()} if allowed is None else allowed
-                allowed = everyone - excluded
+                allowed = everyone - kept_off.keys()
         if allowed is None or view.covers_all_nodes(allowed):
             return demand, ""  # every GPU node is allowed: nothing to narrow
         wanted = frozenset(demand.constraints.include_uuids)
@@ -285,7 +286,7 @@ class Admission:
             if wanted
             else not allowed.isdisjoint(n.name for n in view.nodes())
         )
-        taints = await self._taint_note(pod, allowed)
+        taints = _taint_note(kept_off)
         if not usable:
             return (
                 f"none of the {len(view.nodes())} GPU nodes matches this pod's nodeSelector, "
@@ -302,24 +303,6 @@ class Admission:
             f"{', '.join(shown)}{' and more' if len(allowed) > len(shown) else ''}{taints})"
         )
         return dataclasses.replace(demand, constraints=constraints), note
-
-    async def _taint_note(self, pod: Mapping[str, Any], allowed: set[str]) -> str:
-        """The taints that keep the pod off GPU nodes (the first few nodes), for a denial."""
-        if self._taints is None:
-            return ""
-        node_taints = await self._taints.node_taints()
-        excluded = sorted(untolerated_nodes(pod, node_taints) - allowed)
-        parts = []
-        for node in excluded[:MAX_NODES_NAMED]:
-            kept_off = [t for t in node_taints[node] if untolerated_nodes(pod, {node: (t,)})]
-            shown = ", ".join(
-                f"{t.key}{'=' + t.value if t.value else ''}:{t.effect}" for t in kept_off
-            )
-            parts.append(f"{node} has taint {shown}")
-        if not parts:
-            return ""
-        more = len(excluded) - len(parts)
-        return f"; not tolerated: {'; '.join(parts)}" + (f" and {more} more nodes" if more else "")
 
     def _quota_denial(self, over: quotalib.QuotaExceeded) -> responses.Verdict:
         self._metrics.placement_failure("quota")
@@ -597,3 +580,17 @@ def _warnings(ask: PodAsk, assignment: Assignment, dialects: DialectConfig) -> l
 
 def _best_effort(request: ContainerRequest) -> bool:
     return request.cores == 0
+
+
+def _taint_note(kept_off: Mapping[str, Sequence[Taint]]) -> str:
+    """The taints that keep the pod off GPU nodes (the first few nodes), for a denial."""
+    nodes = sorted(kept_off)
+    parts = [
+        f"{node} has taint "
+        + ", ".join(f"{t.key}{'=' + t.value if t.value else ''}:{t.effect}" for t in kept_off[node])
+        for node in nodes[:MAX_NODES_NAMED]
+    ]
+    if not parts:
+        return ""
+    more = len(nodes) - len(parts)
+    return f"; not tolerated: {'; '.join(parts)}" + (f" and {more} more nodes" if more else "")

@@ -48,18 +48,26 @@ def untolerated_nodes(
     pod: Mapping[str, Any], node_taints: Mapping[str, Sequence[Taint]]
 ) -> set[str]:
     """Nodes with a blocking taint the pod does not tolerate (untainted nodes never are)."""
+    return set(untolerated_taints(pod, node_taints))
+
+
+def untolerated_taints(
+    pod: Mapping[str, Any], node_taints: Mapping[str, Sequence[Taint]]
+) -> dict[str, list[Taint]]:
+    """Per node with a blocking taint the pod does not tolerate: those taints (for the
+    denial's words too, from the same one index of the pod's tolerations)."""
     blocking = {
         node: [t for t in taints if t.effect in BLOCKING_EFFECTS]
         for node, taints in node_taints.items()
     }
     if not any(blocking.values()):
-        return set()
+        return {}
     tolerations = _tolerations(pod)
-    return {
-        node
+    kept_off = {
+        node: [taint for taint in taints if not tolerations.tolerate(taint)]
         for node, taints in blocking.items()
-        if not all(tolerations.tolerate(taint) for taint in taints)
     }
+    return {node: taints for node, taints in kept_off.items() if taints}
 
 
 def _tolerations(pod: Mapping[str, Any]) -> _Tolerations:
