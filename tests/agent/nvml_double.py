@@ -12,6 +12,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SHIM_BUILD = REPO / "shim" / "build"
 NVML_DOUBLE = SHIM_BUILD / "doubles" / "libnvidia-ml.so.1"
@@ -82,3 +84,17 @@ _loaded: list[ctypes.CDLL] = []
 def load_into_this_process() -> None:
     if not _loaded:
         _loaded.append(ctypes.CDLL(str(NVML_DOUBLE), mode=ctypes.RTLD_GLOBAL))
+
+
+def double_in_this_process(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, **settings: str | int
+) -> NvmlDouble:
+    """The NVML double loaded into this test process, configured with ``settings`` and named
+    by this process's environment (what the agent's own NVML calls then find)."""
+    ensure_shim_built()
+    load_into_this_process()
+    fake = NvmlDouble(directory)
+    fake.configure(**settings)
+    for key, value in fake.env().items():
+        monkeypatch.setenv(key, value)
+    return fake

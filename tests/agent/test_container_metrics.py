@@ -30,8 +30,7 @@ from tests.agent.kubelet import ContainerRef
 from tests.agent.nvml_double import (
     SHIM_BUILD,
     NvmlDouble,
-    ensure_shim_built,
-    load_into_this_process,
+    double_in_this_process,
 )
 
 GIB = 1 << 30
@@ -42,19 +41,15 @@ SHIM_TEST_LIBRARY = SHIM_BUILD / "libfracgpu-test.so"
 
 @pytest.fixture
 def double(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlDouble:
-    ensure_shim_built()
-    load_into_this_process()
-    fake = NvmlDouble(short_dir)
-    fake.configure(
+    return double_in_this_process(
+        short_dir,
+        monkeypatch,
         device_count=2,
         device__0__uuid=GPU_A.uuid,
         device__0__memory_bytes=24 * GIB,
         device__1__uuid=GPU_B.uuid,
         device__1__memory_bytes=24 * GIB,
     )
-    for key, value in fake.env().items():
-        monkeypatch.setenv(key, value)
-    return fake
 
 
 @pytest.fixture

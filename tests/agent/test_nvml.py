@@ -13,7 +13,10 @@ from agent.health import HealthMonitor
 from agent.metrics import AgentCollector, build_registry
 from agent.nvml_backend import NvmlError, PynvmlBackend
 from fracgpu.shim_abi import DeviceLimits, Limits
-from tests.agent.nvml_double import NvmlDouble, ensure_shim_built, load_into_this_process
+from tests.agent.nvml_double import (
+    NvmlDouble,
+    double_in_this_process,
+)
 
 UUID0 = "GPU-11111111-2222-4333-8444-555555555500"
 UUID1 = "GPU-11111111-2222-4333-8444-555555555501"
@@ -22,10 +25,9 @@ GIB = 1 << 30
 
 @pytest.fixture
 def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlDouble:
-    ensure_shim_built()
-    load_into_this_process()
-    fake = NvmlDouble(tmp_path)
-    fake.configure(
+    return double_in_this_process(
+        tmp_path,
+        monkeypatch,
         device_count=2,
         driver_version="535.129.03",
         cuda_version=12020,
@@ -39,9 +41,6 @@ def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlDouble:
         device__1__memory_bytes=40 * GIB,
         device__1__mig_mode=1,
     )
-    for key, value in fake.env().items():
-        monkeypatch.setenv(key, value)
-    return fake
 
 
 @pytest.fixture

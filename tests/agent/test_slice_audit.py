@@ -31,8 +31,7 @@ from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import (
     SHIM_BUILD,
     NvmlDouble,
-    ensure_shim_built,
-    load_into_this_process,
+    double_in_this_process,
 )
 
 GIB = 1 << 30
@@ -50,18 +49,14 @@ def state_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def double(short_dir: Path, state_file: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlDouble:
-    ensure_shim_built()
-    load_into_this_process()
-    fake = NvmlDouble(short_dir)
-    fake.configure(
+    return double_in_this_process(
+        short_dir,
+        monkeypatch,
         state_file=str(state_file),
         device_count=1,
         device__0__uuid=GPU,
         device__0__memory_bytes=24 * GIB,
     )
-    for key, value in fake.env().items():
-        monkeypatch.setenv(key, value)
-    return fake
 
 
 @pytest.fixture

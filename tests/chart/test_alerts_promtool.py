@@ -33,7 +33,10 @@ from agent.discovery import discover
 from agent.metrics import AgentCollector, build_registry
 from agent.nvml_backend import PynvmlBackend
 from fracgpu.shim_abi import DeviceLimits, Limits
-from tests.agent.nvml_double import NvmlDouble, ensure_shim_built, load_into_this_process
+from tests.agent.nvml_double import (
+    NvmlDouble,
+    double_in_this_process,
+)
 from tests.chart.test_monitoring import RULES
 from tests.webhook.support import cluster_state, gpu_pod, plain_pod, start_webhook, stop_webhook
 
@@ -87,10 +90,9 @@ def promtool() -> str:
 
 @pytest.fixture
 def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlDouble:
-    ensure_shim_built()
-    load_into_this_process()
-    fake = NvmlDouble(tmp_path)
-    fake.configure(
+    return double_in_this_process(
+        tmp_path,
+        monkeypatch,
         device_count=2,
         driver_version="535.129.03",
         cuda_version=12020,
@@ -102,9 +104,6 @@ def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlDouble:
         device__1__name="NVIDIA A10",
         device__1__memory_bytes=24 * GIB,
     )
-    for key, value in fake.env().items():
-        monkeypatch.setenv(key, value)
-    return fake
 
 
 @pytest.fixture
