@@ -88,14 +88,12 @@ def discover_command() -> int:
 
 
 def _host_files(settings: AgentSettings, gpus: list[str]) -> tuple[AllocationFiles, BoardLoop]:
-    """The per-container files, and the node's priority boards rewritten from every
-    container's region by a running loop (the node directory emptied first)."""
+    """The per-container files, and the loop that rewrites the node's priority boards from
+    every container's region (the node directory emptied first; started with the rest)."""
     files = AllocationFiles(settings.host_state_dir)
     prepare_node_dir(settings.host_node_dir)
     publisher = BoardPublisher(settings.host_node_dir, lambda: gpus, allocation_sources(files))
-    boards = BoardLoop(publisher, settings.board_publish_seconds)
-    boards.start()
-    return files, boards
+    return files, BoardLoop(publisher, settings.board_publish_seconds)
 
 
 class _Background(Protocol):
@@ -179,15 +177,19 @@ class Agent:
             )
             inventory = InventoryLoop(publisher, gpus, health.snapshot, s.inventory_resync_seconds)
             health.add_listener(inventory.health_changed)
+
+        def containers() -> list[LiveContainer]:
+            return live_containers(pod_resources, resources, files)
+
         collector = AgentCollector(
             backend,
             lambda: state.gpus().values(),
             health.snapshot,
-            lambda: live_containers(pod_resources, resources, files),
+            containers,
             gpu_manager_metrics=s.gpu_manager_metrics,
             node_name=s.node_name,
         )
-        audit = _slice_audit(s, backend, lambda: live_containers(pod_resources, resources, files))
+        audit = _slice_audit(s, backend, containers)
         http_server, http_thread = start_http_server(
             s.metrics_port, s.metrics_address, registry=build_registry(collector, audit)
         )
@@ -195,7 +197,12 @@ class Agent:
         http_server.readiness = manager.readiness  # /readyz: registered with kubelet yet?
 
         # Started in this order, stopped in the reverse one.
-        background: list[_Background] = [health, manager, *([inventory] if inventory else [])]
+        background: list[_Background] = [
+            boards,  # first: a container started by the plugins finds its GPU's board
+            health,
+            manager,
+            *([inventory] if inventory else []),
+        ]
         background.append(SliceAuditLoop(audit, s.slice_audit_seconds))
         for part in background:
             part.start()
@@ -216,7 +223,6 @@ class Agent:
             log.info("shutting down")
             for part in reversed(background):
                 part.stop()
-            boards.stop()
             http_server.shutdown()
             http_thread.join(timeout=5)
             backend.shutdown()
