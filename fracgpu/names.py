@@ -35,6 +35,10 @@ ANNOTATION_ASSIGNMENT: Final = f"{GROUP}/assignment"
 ANNOTATION_RESERVATION_ID: Final = f"{GROUP}/reservation-id"
 LABEL_ASSIGNED_NODE: Final = f"{GROUP}/node"
 LABEL_MANAGED: Final = f"{GROUP}/assigned"
+# Queue mode: admission charged quota but placed nothing; the pod waits for the scheduler
+# named below (stock kube-scheduler calling fracgpu's extender), which places it at bind.
+ANNOTATION_QUEUED: Final = f"{GROUP}/queued"
+DEFAULT_SCHEDULER_NAME: Final = "fracgpu-scheduler"
 
 # Annotations users may set to steer placement.
 ANNOTATION_POLICY: Final = f"{GROUP}/policy"
