@@ -21,17 +21,17 @@ import yaml
 from fracgpu import __version__
 from webhook import demo, documents, server, settings
 from webhook.admission import Admission
+from webhook.backend import StateBackend
 from webhook.client import build_review
 from webhook.cluster.apiclient import Endpoint, endpoint_from_kubeconfig
+from webhook.cluster.kubestate import KubeStateSettings
 from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
-from webhook.cluster.state import KubeStateSettings
 from webhook.embedded import ClusterFileError, EmbeddedState
 from webhook.forward import LeaderForwarder
 from webhook.gcpause import freeze_when_ready
 from webhook.metrics import Metrics
 from webhook.review import parse_review
-from webhook.state import ClusterState
 from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
 
 # Bind addresses that name no reachable address of this replica.
@@ -161,7 +161,7 @@ async def _serve(config: settings.Settings) -> int:
 
 async def _serve_until_signal(
     config: settings.Settings,
-    state: ClusterState,
+    state: StateBackend,
     reloader: CertificateReloader,
     forwarder: LeaderForwarder | None = None,
     runtime: ClusterRuntime | None = None,

@@ -1,4 +1,4 @@
-"""Cluster mode start-up: the Kubernetes ClusterState plus its leader-elected controllers."""
+"""Cluster mode start-up: the Kubernetes state back end plus its leader-elected controllers."""
 
 import asyncio
 import contextlib
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.controllers import Controllers
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import LeaderElector, LeaseSettings
-from webhook.cluster.state import KubeState, KubeStateSettings
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
         state = KubeState(
             api, mode.state, leadership=elector.leadership, find_leader=elector.refresh_leader
         )
-        controllers = Controllers(api, state, mode.state, mode.controller_interval_s)
+        controllers = Controllers(api, state, mode.controller_interval_s)
         caches = asyncio.create_task(state.run(), name="watch-caches")
         runtime = ClusterRuntime(state, elector, controllers)
         try:
@@ -67,7 +67,7 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
                 runtime.election.cancel()  # stops placing and the controllers
                 await asyncio.gather(runtime.election, return_exceptions=True)
             if was_leader:
-                if await state.flush(mode.handover_timeout_s):
+                if await state.writer.flush(mode.handover_timeout_s):
                     await elector.release()
                 else:
                     log.warning("could not write every reservation: the next leader will wait")

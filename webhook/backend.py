@@ -56,7 +56,7 @@ class Claim:
     models: Mapping[str, str] = field(default_factory=dict)
 
 
-class ClusterState(Protocol):
+class StateBackend(Protocol):
     def ready(self) -> bool:
         """Whether the state is complete enough to admit pods (``/readyz``)."""
         ...
