@@ -220,6 +220,7 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
             settle_s=config.settle_seconds,
             write_behind_s=config.write_behind_seconds,
             admission_window_s=config.admission_window_seconds,
+            self_check_s=config.self_check_interval_seconds,
         ),
         lease=LeaseSettings(
             config.lease_namespace,

@@ -18,7 +18,13 @@ from aiohttp import web
 
 from webhook import responses
 from webhook.admission import Admission
-from webhook.backend import ForwardToLeader, QuotaListing, StateBackend, StateUnavailable
+from webhook.backend import (
+    ForwardToLeader,
+    QuotaListing,
+    SelfChecked,
+    StateBackend,
+    StateUnavailable,
+)
 from webhook.forward import FORWARDED_BY_HEADER, ForwardError, LeaderForwarder
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
@@ -58,6 +64,8 @@ def build_app(
     metrics.watch_placing(state.placing)
     if isinstance(state, QuotaListing):
         metrics.watch_quotas(state.all_quotas)
+    if isinstance(state, SelfChecked):
+        metrics.watch_drift(state.drift_counts)
     app.router.add_post("/mutate", _admission_handler("mutate", Admission.mutate))
     app.router.add_post("/validate", _admission_handler("validate", Admission.validate))
     app.router.add_get("/healthz", _healthz)

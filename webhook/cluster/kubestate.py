@@ -2,7 +2,8 @@
 
 ``KubeState`` composes parts with one job each: the watch caches (watchcache.py), the
 leader's claim ledger (ledger.py), pod liveness (liveness.py), the write-behind writer
-(writebehind.py) and the view sync (viewsync.py). It owns what joins them: who may place
+(writebehind.py), the view sync (viewsync.py) and the leader's self-check of them against
+a recount (selfcheck.py). It owns what joins them: who may place
 (``Leadership``), reserving, releasing, and the admission window.
 
 Safety across replicas rests on one rule: only the leader (``Leadership``) places. It holds
@@ -41,7 +42,7 @@ from fracgpu import names
 from fracgpu.model import Quota, Reservation
 from fracgpu.placement import ClusterView
 from webhook import quota as quotalib
-from webhook.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
+from webhook.backend import Claim, DriftCounts, ForwardToLeader, RejectKind, ReserveRejected
 from webhook.capacity import capacity_problem
 from webhook.cluster import paths
 from webhook.cluster.apiclient import ApiError, KubeApi
@@ -58,6 +59,7 @@ from webhook.cluster.records import (
     pod_record,
     quota_record,
 )
+from webhook.cluster.selfcheck import LedgerSelfCheck
 from webhook.cluster.viewsync import ViewSync
 from webhook.cluster.watchcache import WatchCache, WatchSettings
 from webhook.cluster.writebehind import WriteBehind
@@ -80,6 +82,8 @@ class KubeStateSettings:
     write_retry_s: float = 1.0
     # How long a reservation waits for its confirmation, and a confirmed one for its pod.
     admission_window_s: float = 30.0
+    # How often the leader compares its bookkeeping with a recount (selfcheck.py).
+    self_check_s: float = 60.0
     watch: WatchSettings = field(default_factory=WatchSettings)
 
 
@@ -134,6 +138,15 @@ class KubeState:
             write_behind_s=settings.write_behind_s,
             write_retry_s=settings.write_retry_s,
             write_retries=settings.write_retries,
+            clock=clock,
+        )
+        self.self_check = LedgerSelfCheck(
+            pods=self.pods,
+            gpunodes=self.gpunodes,
+            ledger=self.ledger,
+            liveness=self.liveness,
+            sync=self.sync,
+            interval_s=settings.self_check_s,
             clock=clock,
         )
         self._last_forget = 0.0
@@ -326,6 +339,10 @@ class KubeState:
         # Claims that could never be written (their GPUNode went away) stop counting.
         for node in self.ledger.forget_before(horizon, now):
             self.sync.changed(node)
+
+    def drift_counts(self) -> DriftCounts:
+        check = self.self_check
+        return DriftCounts(check.checks, dict(check.repairs), dict(check.drifted))
 
     def bookkeeping_sizes(self) -> tuple[int, int]:
         """(departed, charged) entries held now; both stay bounded by one TTL of traffic."""

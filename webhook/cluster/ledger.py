@@ -158,6 +158,10 @@ class ClaimLedger:
             del self._confirmed[rid]
         return taken
 
+    def in_window(self) -> set[str]:
+        """Reservations whose admission window is open (confirmed or not)."""
+        return self._unconfirmed.keys() | self._confirmed.keys()
+
     def end_window(self, reservation_id: str) -> None:
         self._unconfirmed.pop(reservation_id, None)
         self._confirmed.pop(reservation_id, None)

@@ -46,6 +46,23 @@ class PodLiveness:
             self._live_since.pop(old.reservation_id, None)
         return departed
 
+    def live_pods(self) -> dict[str, str]:
+        """Pod key -> node of every pod followed as live."""
+        return {key: node for node, keys in self._pods_by_node.items() for key in keys}
+
+    def forget_pod(self, key: str, departed: bool) -> set[str]:
+        """Stop following a pod as live (the self-check found the pod cache disagrees);
+        ``departed``: its reservation counts as come and gone. The nodes it was on."""
+        nodes = {node for node, keys in self._pods_by_node.items() if key in keys}
+        for node in nodes:
+            self._pods_by_node[node].discard(key)
+        for rid in [rid for rid, owner in self._live.items() if owner == key]:
+            del self._live[rid]
+            self._live_since.pop(rid, None)
+            if departed:
+                self._departed[rid] = self._clock()
+        return nodes
+
     def pods_on(self, node: str) -> Iterable[str]:
         """Keys of the live pods on ``node``."""
         return self._pods_by_node.get(node, ())

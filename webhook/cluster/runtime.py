@@ -42,8 +42,12 @@ class ClusterRuntime:
             self.elector.leadership.own_url = url
         if self.election is None:
             self.election = asyncio.create_task(
-                self.elector.run(self.controllers.run), name="leader-election"
+                self.elector.run(self._lead), name="leader-election"
             )
+
+    async def _lead(self) -> None:
+        """What the leader runs besides placing: the controllers and the self-check."""
+        await asyncio.gather(self.controllers.run(), self.state.self_check.run(self.state.ready))
 
 
 @contextlib.asynccontextmanager

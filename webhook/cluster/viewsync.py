@@ -8,7 +8,9 @@ went or changed).
 """
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
+from fracgpu.model import NodeInventory, virtual_memory_mib
 from fracgpu.placement import ClusterView, Usage
 from webhook.backend import Claim
 from webhook.cluster.ledger import ClaimLedger
@@ -16,6 +18,16 @@ from webhook.cluster.liveness import PodLiveness
 from webhook.cluster.records import GPUNodeRecord, NodeRecord, PodRecord
 from webhook.cluster.watchcache import WatchCache
 from webhook.tolerations import Taint
+
+
+@dataclass(frozen=True)
+class NodeUse:
+    """What is counted on one node: CPU millicores, memory MiB, and per GPU UUID (cores,
+    memory MiB, containers)."""
+
+    cpu_milli: int
+    memory_mib: int
+    gpus: Mapping[str, tuple[int, int, int]]
 
 
 class ViewSync:
@@ -136,9 +148,9 @@ class ViewSync:
                 # usual case: a pod or reservation came or went) only recounts the node.
                 self._view.remove_node(name)
                 self._view.add_node(inventory)
-            self._view.set_usage(name, self._usage_on(name, record, now))
+            self._view.set_usage(name, self.usage_on(name, record, now))
 
-    def _usage_on(self, name: str, record: GPUNodeRecord, now: float) -> Iterator[Usage]:
+    def usage_on(self, name: str, record: GPUNodeRecord, now: float) -> Iterator[Usage]:
         """What holds capacity on a node: live pods, open reservations, claims in flight."""
         holds = self._liveness.holds_capacity
         for key in self._liveness.pods_on(name):
@@ -156,3 +168,51 @@ class ViewSync:
             held = claim.reservation
             if held.node == name and held.id not in recorded and holds(held, now):
                 yield held.allocations, claim.cpu_milli, claim.memory_mib
+
+    # -- what the self-check compares ----------------------------------------------------------
+    def expected_inventory(self, name: str) -> NodeInventory | None:
+        """The node as the caches describe it, or None where the view must not have it."""
+        record = self._gpunodes.get(name)
+        node = self._nodes.get(name)
+        if record is None or record.unschedulable or node is None:
+            return None
+        return record.inventory(node)
+
+    def counted_use(self, name: str) -> NodeUse | None:
+        """What the view counts on ``name`` now (None: not in the view)."""
+        inventory = self._view.inventory(name)
+        if inventory is None:
+            return None
+        cpu_free, memory_free = self._view.node_free(name)
+        scaling = self._view.memory_scaling(name)
+        units = self._view.gpu_units
+        gpus = {}
+        for device in inventory.devices:
+            cores_free, gpu_memory_free, containers = self._view.gpu_free(name, device.uuid)
+            offered = virtual_memory_mib(device.memory_mib, scaling)
+            gpus[device.uuid] = (units - cores_free, offered - gpu_memory_free, containers)
+        return NodeUse(inventory.cpu_milli - cpu_free, inventory.memory_mib - memory_free, gpus)
+
+    def recounted_use(self, inventory: NodeInventory, now: float) -> NodeUse:
+        """What a recount from scratch counts on the node (GPUs it does not have ignored, as
+        the view ignores them)."""
+        record = self._gpunodes.get(inventory.name)
+        gpus = {d.uuid: [0, 0, 0] for d in inventory.devices}
+        cpu = memory = 0
+        uses = self.usage_on(inventory.name, record, now) if record is not None else ()
+        for allocations, cpu_milli, memory_mib in uses:
+            cpu += cpu_milli
+            memory += memory_mib
+            for alloc in allocations:
+                counted = gpus.get(alloc.uuid)
+                if counted is not None:
+                    counted[0] += alloc.cores
+                    counted[1] += alloc.memory_mib
+                    counted[2] += 1
+        return NodeUse(cpu, memory, {uuid: (c[0], c[1], c[2]) for uuid, c in gpus.items()})
+
+    def counted_inventory(self, name: str) -> NodeInventory | None:
+        return self._view.inventory(name)
+
+    def view_node_names(self) -> set[str]:
+        return {inventory.name for inventory in self._view.nodes()}
