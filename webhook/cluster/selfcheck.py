@@ -173,7 +173,7 @@ class LedgerSelfCheck:
         for held in self._ledger.inflight_claims():
             if held.claim.reservation.expires_at <= now:
                 self._sync.changed(held.claim.reservation.node)
-        self._sync.view()  # recount what is already known to have changed
+        self._sync.view(now)  # recount what is already known to have changed
         drifts = []
         names = self._sync.view_node_names() | {name for name, _ in self._gpunodes.items()}
         for name in sorted(names):
@@ -181,7 +181,7 @@ class LedgerSelfCheck:
             if found:
                 drifts.extend(found)
                 self._sync.changed(name)
-        self._sync.view()
+        self._sync.view(now)
         return drifts
 
     def _node_drift(self, name: str, now: float) -> list[Drift]:
