@@ -10,6 +10,7 @@ from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.controllers import Controllers
 from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import LeaderElector, LeaseSettings
+from webhook.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +20,25 @@ class ClusterMode:
     endpoint: Endpoint
     state: KubeStateSettings
     lease: LeaseSettings
-    controller_interval_s: float = 5.0
+    controller_interval_s: float
     # How long a leader shutting down may take to write what it holds before handing over.
     handover_timeout_s: float = 10.0
+
+    @classmethod
+    def from_settings(cls, config: Settings, endpoint: Endpoint) -> "ClusterMode":
+        """Cluster mode as the operator's settings describe it (their one home)."""
+        return cls(
+            endpoint=endpoint,
+            state=KubeStateSettings.from_settings(config),
+            lease=LeaseSettings(
+                config.lease_namespace,
+                config.lease_name,
+                config.identity,
+                takeover_grace_s=config.takeover_grace_seconds,
+                handover_wait_s=config.settle_seconds,
+            ),
+            controller_interval_s=config.controller_interval_seconds,
+        )
 
 
 @dataclass
