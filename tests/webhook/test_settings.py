@@ -258,3 +258,12 @@ def test_admit_reads_no_variable_of_a_setting_it_does_not_use() -> None:
     assert config.port == settings.Settings().port
     with pytest.raises(settings.SettingsError, match="FRACGPU_PORT='not-a-port'"):
         settings.load(None, {"FRACGPU_PORT": "not-a-port"}, settings.SERVE_SCOPES)
+
+
+def test_lease_timings_must_nest() -> None:
+    # A leader must renew before it stops placing, and stop before another may take over.
+    with pytest.raises(ValueError, match=r"renew_deadline_s \(20\) < lease_duration_s \(15\)"):
+        LeaseSettings(
+            "ns", "lease", "me", renew_deadline_s=20, takeover_grace_s=30, handover_wait_s=5
+        )
+    LeaseSettings("ns", "lease", "me", takeover_grace_s=30, handover_wait_s=5)
