@@ -573,11 +573,6 @@ RELATIONS: Final[tuple[Relation, ...]] = (
         "crash (claims possibly unwritten) it must wait at least as long",
         or_equal=True,
     ),
-    Relation(
-        "screen_body_bytes",
-        "max_body_bytes",
-        "larger reviews are refused before they could be screened, so screening would never run",
-    ),
 )
 
 
