@@ -51,7 +51,6 @@ from webhook.cluster.ledger import ClaimLedger, quota_key
 from webhook.cluster.liveness import PodLiveness
 from webhook.cluster.records import (
     GPUNodeRecord,
-    NodeRecord,
     PodRecord,
     gpunode_record,
     namespace_opted_out,
@@ -363,9 +362,6 @@ class KubeState:
     def bookkeeping_sizes(self) -> tuple[int, int]:
         """(departed, charged) entries held now; both stay bounded by one TTL of traffic."""
         return self.liveness.departed_count(), self.ledger.charged_count()
-
-    def node(self, name: str) -> NodeRecord | None:
-        return self.nodes.get(name)
 
     # -- pod events ---------------------------------------------------------------------------
     def _on_pod(self, key: str, old: PodRecord | None, new: PodRecord | None) -> None:
