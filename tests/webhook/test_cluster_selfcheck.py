@@ -168,3 +168,16 @@ async def test_the_periodic_check_lets_admissions_run_between_batches_of_nodes(
     assert {(d.kind, d.where) for d in drifts} == {("gpu", "node n3 GPU n3-g0")}
     assert ran_meanwhile == [0, 0, 0]  # all while the check was under way
     assert state.drift_counts().repairs["gpu"] == 1
+
+
+async def test_a_node_the_view_lost_is_counted_again() -> None:
+    now = [NOW]
+    state = one_node(now)
+    before = await free(state, "n1")
+    (await state.view()).remove_node("n1")  # as if its GPUNode event had been mishandled
+    assert (await state.view()).inventory("n1") is None
+    drifts = state.self_check.check_once()
+    assert [(d.kind, d.where, d.ledger, d.recount) for d in drifts] == [
+        ("node", "node n1", "lacks the node", "has it")
+    ]
+    assert await free(state, "n1") == before
