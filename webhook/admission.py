@@ -1,4 +1,4 @@
-"""Admission decisions: the mutating and validating rules over a ``ClusterState``.
+"""Admission decisions: the mutating and validating rules over a ``StateBackend``.
 
 Mutation (CREATE): opted-out namespaces and non-pod objects pass untouched; a pod without
 GPUs gets ``NVIDIA_VISIBLE_DEVICES=void``; a GPU pod is checked (dialect, tampering),
@@ -28,6 +28,14 @@ from fracgpu.placement import ClusterView, NoFit, NoFitReason, PodDemand
 from webhook import assignments, ephemeral, grants, responses, shimguard, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
+from webhook.backend import (
+    Claim,
+    NodeLabels,
+    NodeTaints,
+    RejectKind,
+    ReserveRejected,
+    StateBackend,
+)
 from webhook.demand import PodAsk, gpu_container_names, read_ask
 from webhook.metrics import Metrics
 from webhook.mutate import canonical_resources, patch_for
@@ -36,14 +44,6 @@ from webhook.podbounds import gpu_containers_problem
 from webhook.podbounds import problem as pod_problem
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
-from webhook.state import (
-    Claim,
-    ClusterState,
-    NodeLabels,
-    NodeTaints,
-    RejectKind,
-    ReserveRejected,
-)
 from webhook.tolerations import Taint, untolerated_taints
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Admission:
     def __init__(
         self,
         settings: Settings,
-        state: ClusterState,
+        state: StateBackend,
         metrics: Metrics,
         new_id: Callable[[], str] | None = None,
     ) -> None:

@@ -8,11 +8,17 @@ import pytest
 from fracgpu import codec, names
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Reservation
 from fracgpu.placement import ClusterView
+from webhook.backend import Claim
 from webhook.cluster.apiclient import Endpoint, KubeApi
-from webhook.cluster.state import KubeState, KubeStateSettings
-from webhook.state import Claim
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
+from webhook.settings import Settings
 
 TTL = 60
+
+
+def kube_settings(**overrides: Any) -> KubeStateSettings:
+    """The cluster back end's settings as the webhook's defaults make them, then these."""
+    return replace(KubeStateSettings.from_settings(Settings()), **overrides)
 
 
 def pod(name: str, reservation: str, phase: str = "Running") -> dict[str, Any]:
@@ -32,7 +38,7 @@ def test_departed_reservations_are_forgotten_after_one_ttl_on_every_replica() ->
     # never opened: these tests feed the caches directly and make no API call
     state = KubeState(
         KubeApi(Endpoint("https://127.0.0.1:1")),
-        KubeStateSettings(reservation_ttl_s=TTL),
+        kube_settings(reservation_ttl_s=TTL),
         clock=lambda: now[0],
     )
     for i in range(200):
@@ -50,7 +56,7 @@ def cluster_state(now: list[float], settle_s: float = 5.0) -> KubeState:
     # never opened: the caches are fed directly and no API call is made
     return KubeState(
         KubeApi(Endpoint("https://127.0.0.1:1")),
-        KubeStateSettings(reservation_ttl_s=TTL, settle_s=settle_s),
+        kube_settings(reservation_ttl_s=TTL, settle_s=settle_s),
         clock=lambda: now[0],
     )
 
@@ -141,27 +147,29 @@ def test_prunable_reservations_settled_expired_or_departed() -> None:
     live, gone = held("r-live", "n1", 0, 10, expires), held("r-gone", "n1", 0, 10, expires)
     waiting = held("r-wait", "n1", 0, 10, expires)
     # the settle time runs from the pod's appearance: other replicas may not see it yet
-    assert not state.prunable(live, now[0] + 4.9)
+    assert not state.liveness.prunable(live, now[0] + 4.9)
     now[0] += 3.0
     state.pods.put({**placed_pod("live", "r-live", "n1", 0, 10), "status": {"phase": "Pending"}})
-    assert not state.prunable(live, now[0] + 1.9)  # an update of the pod does not restart it
-    assert state.prunable(live, now[0] + 2.0)
-    assert state.prunable(gone, now[0])
-    assert not state.prunable(waiting, expires - 1)
-    assert state.prunable(waiting, expires)
+    assert not state.liveness.prunable(
+        live, now[0] + 1.9
+    )  # an update of the pod does not restart it
+    assert state.liveness.prunable(live, now[0] + 2.0)
+    assert state.liveness.prunable(gone, now[0])
+    assert not state.liveness.prunable(waiting, expires - 1)
+    assert state.liveness.prunable(waiting, expires)
 
 
 def test_changed_nodes_are_taken_once() -> None:
     now = [1_000.0]
     state = cluster_state(now)
     state.gpunodes.put(gpunode("n1", "1", []))
-    assert state.take_changed_nodes() is None  # the first round looks at every node
+    assert state.sync.take_changed_nodes() is None  # the first round looks at every node
     state.gpunodes.put(gpunode("n2", "1", []))
     state.pods.put(placed_pod("p", "r", "n1", 0, 10))
-    assert state.take_changed_nodes() == {"n1", "n2"}
-    assert state.take_changed_nodes() == set()
-    state.requeue_changed_nodes(["n2"])
-    assert state.take_changed_nodes() == {"n2"}
+    assert state.sync.take_changed_nodes() == {"n1", "n2"}
+    assert state.sync.take_changed_nodes() == set()
+    state.sync.requeue_changed_nodes(["n2"])
+    assert state.sync.take_changed_nodes() == {"n2"}
 
 
 def test_an_object_version_already_cached_is_not_decoded_again() -> None:
@@ -188,7 +196,7 @@ def test_a_written_gpunode_is_cached_as_written_without_decoding_the_answer() ->
     assert record is not None
     mine = held("r1", "n1", 0, 10, now[0] + TTL)
     # the API server's answer to the guarded patch: the object at its new version
-    state.store_written(record, gpunode("n1", "4", [mine]), (mine,))
+    state.writer.store_written(record, gpunode("n1", "4", [mine]), (mine,))
     cached = state.gpunodes.get("n1")
     assert cached is not None
     assert (cached.resource_version, cached.reservations, cached.devices) == (
@@ -255,7 +263,9 @@ async def test_a_pod_that_takes_over_its_claim_is_not_recounted(
     now = [1_000.0]
     state = await one_counted_node(now)
     reservation = held("r1", "n1", 0, 30, now[0] + TTL)
-    state._hold_inflight(Claim(reservation, 2000, 0))
+    claim = Claim(reservation, 2000, 0)
+    state.ledger.hold(claim, (), now[0])
+    state.sync.allocate(claim)
     recounted = record_recounts(monkeypatch)
     pod = placed_pod("p1", "r1", "n1", 0, 30)
     pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = pod_cpu

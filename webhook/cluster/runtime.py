@@ -1,4 +1,4 @@
-"""Cluster mode start-up: the Kubernetes ClusterState plus its leader-elected controllers."""
+"""Cluster mode start-up: the Kubernetes state back end plus its leader-elected controllers."""
 
 import asyncio
 import contextlib
@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.controllers import Controllers
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import LeaderElector, LeaseSettings
-from webhook.cluster.state import KubeState, KubeStateSettings
+from webhook.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +20,25 @@ class ClusterMode:
     endpoint: Endpoint
     state: KubeStateSettings
     lease: LeaseSettings
-    controller_interval_s: float = 5.0
+    controller_interval_s: float
     # How long a leader shutting down may take to write what it holds before handing over.
     handover_timeout_s: float = 10.0
+
+    @classmethod
+    def from_settings(cls, config: Settings, endpoint: Endpoint) -> "ClusterMode":
+        """Cluster mode as the operator's settings describe it (their one home)."""
+        return cls(
+            endpoint=endpoint,
+            state=KubeStateSettings.from_settings(config),
+            lease=LeaseSettings(
+                config.lease_namespace,
+                config.lease_name,
+                config.identity,
+                takeover_grace_s=config.takeover_grace_seconds,
+                handover_wait_s=config.settle_seconds,
+            ),
+            controller_interval_s=config.controller_interval_seconds,
+        )
 
 
 @dataclass
@@ -42,8 +59,12 @@ class ClusterRuntime:
             self.elector.leadership.own_url = url
         if self.election is None:
             self.election = asyncio.create_task(
-                self.elector.run(self.controllers.run), name="leader-election"
+                self.elector.run(self._lead), name="leader-election"
             )
+
+    async def _lead(self) -> None:
+        """What the leader runs besides placing: the controllers and the self-check."""
+        await asyncio.gather(self.controllers.run(), self.state.self_check.run(self.state.ready))
 
 
 @contextlib.asynccontextmanager
@@ -56,7 +77,7 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
         state = KubeState(
             api, mode.state, leadership=elector.leadership, find_leader=elector.refresh_leader
         )
-        controllers = Controllers(api, state, mode.state, mode.controller_interval_s)
+        controllers = Controllers(api, state, mode.controller_interval_s)
         caches = asyncio.create_task(state.run(), name="watch-caches")
         runtime = ClusterRuntime(state, elector, controllers)
         try:
@@ -67,7 +88,7 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
                 runtime.election.cancel()  # stops placing and the controllers
                 await asyncio.gather(runtime.election, return_exceptions=True)
             if was_leader:
-                if await state.flush(mode.handover_timeout_s):
+                if await state.writer.flush(mode.handover_timeout_s):
                     await elector.release()
                 else:
                     log.warning("could not write every reservation: the next leader will wait")
