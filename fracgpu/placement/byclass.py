@@ -40,6 +40,8 @@ class ClassChooser:
 
     def __init__(self) -> None:
         self._fits: dict[Hashable, dict[Pair, Fit]] = {}
+        # Node class -> its kind in the scarcity table: fixed while ids and the table are.
+        self._kinds: dict[int, int] = {}
         self._version = (-1, -1)
 
     def place(
@@ -67,10 +69,18 @@ class ClassChooser:
                 request=request,
             )
         options = []
+        scarce = frag.scarce_costs_apply()
         for pair in live:
             fit = fits[pair]
-            if fit is not None:
-                options.append((pairs.lowest(pair), fit))
+            if fit is None:
+                continue
+            slot = pairs.lowest(pair)
+            if scarce:  # left out of the cached score: it changes as other nodes are opened
+                cost = frag.scarce_cost_of_kind(state, self._kind(pair[0], slot, state, frag))
+                if cost:
+                    need, (loss, free_after, gpu_left) = fit
+                    fit = (need, (loss + cost, free_after, gpu_left))
+            options.append((slot, fit))
         if not options:
             return None
         slot, (take_mem, _) = _lexmin(options)
@@ -90,6 +100,7 @@ class ClassChooser:
         version = (classes.version, frag.version)
         if version != self._version:
             self._fits.clear()
+            self._kinds.clear()
             self._version = version
         c = demand.constraints
         key = (
@@ -108,6 +119,13 @@ class ClassChooser:
                 self._fits.clear()
             fits = self._fits[key] = {}
         return fits
+
+    def _kind(self, node_id: int, slot: int, state: ClusterState, frag: FragmentationIndex) -> int:
+        """The scarcity kind of node class ``node_id``, read from the node of ``slot``."""
+        kind = self._kinds.get(node_id)
+        if kind is None:
+            kind = self._kinds[node_id] = int(frag.scarcity.row_kind[int(state.g_node[slot])])
+        return kind
 
 
 def _single_gpu_request(demand: PodDemand) -> ContainerRequest | None:
@@ -155,7 +173,7 @@ def _fill(
         lambda _i: (),
     )
     keys = PolicyKeys(cands, state, demand)
-    loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib, distinct=True)
+    loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib, distinct=True, scarce=False)
     scores = zip(
         loss.tolist(),
         keys.node_free_after(None).tolist(),
