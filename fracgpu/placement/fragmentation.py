@@ -192,8 +192,10 @@ class FragmentationIndex:
         model_ok = np.array(
             [[s.allows_model(m) for s in self.shapes] for m in state.models], dtype=np.bool_
         ).reshape(len(state.models), len(self.shapes))
+        # A shape without GPUs (FGD's CPU-only task types) can use no GPU.
         self.elig = (
-            state.g_live[:, None]
+            (self.s_gpus > 0)[None, :]
+            & state.g_live[:, None]
             & model_ok[state.g_model]
             & (self.need_mem <= state.g_mem_total[:, None])
         )
