@@ -53,10 +53,25 @@ class ScarcityTable:
         self.untouched = 0  # U
 
     def rebuild(self, state: ClusterState) -> None:
-        """From scratch, over every node (after a topology change)."""
+        """From scratch, over every node (after a topology change): grouped with numpy, not
+        row by row, as this runs in the decision after a node joins or leaves."""
         self._reset(len(state.n_first))
-        for row in range(len(state.n_first)):
-            self.update_row(state, row)
+        capacity = state.n_unit_capacity
+        rows = np.flatnonzero((capacity > 0) & state.n_live & (state.n_free_units == capacity))
+        if not len(rows):
+            return
+        columns = (state.n_cpu_free[rows], state.n_mem_free[rows], capacity[rows])
+        kinds, inverse, counts = np.unique(
+            np.stack(columns, axis=1), axis=0, return_inverse=True, return_counts=True
+        )
+        ids = np.array([self._id((int(c), int(m), int(g))) for c, m, g in kinds.tolist()])
+        self.row_kind[rows] = ids[inverse.reshape(-1)]
+        covered_by = (kinds[None, :, :] >= kinds[:, None, :]).all(axis=2)  # [kind, by kind]
+        covering = covered_by.astype(np.int64) @ counts
+        for kind_id, count, d in zip(ids.tolist(), counts.tolist(), covering.tolist(), strict=True):
+            self._count[kind_id] = count
+            self._covering[kind_id] = d
+        self.untouched = len(rows)
 
     def update_row(self, state: ClusterState, row: int) -> None:
         """Node ``row``'s state changed: move it between kinds, or in or out of the table."""

@@ -160,8 +160,8 @@ def test_the_scarcity_table_equals_a_recount(
     shapes: list[tuple[int, int]], changes: list[tuple[int, int, int, int, bool]]
 ) -> None:
     """Pods come and go (GPU shares, CPU-only pods, whole nodes freed): after each change the
-    table kept row by row holds the untouched nodes and, per kind, the D a recount over every
-    pair of untouched nodes gives; ln(U / D) follows."""
+    table kept row by row, and one rebuilt from scratch, hold the untouched nodes and, per
+    kind, the D a recount over every pair of untouched nodes gives; ln(U / D) follows."""
     state = ClusterState(100)
     for i, (gpus, cpus) in enumerate(shapes):
         state.add_node(node(f"n{i}", gpus, cpu_milli=8000 * cpus), split_count=4)
@@ -184,6 +184,10 @@ def test_the_scarcity_table_equals_a_recount(
         table.update_row(state, state.row(name))
         expected = recount(state)
         assert table.covering() == expected
+        rebuilt = ScarcityTable()  # and a table grouped from scratch, as after node churn
+        rebuilt.rebuild(state)
+        assert rebuilt.covering() == expected
+        assert rebuilt.untouched == table.untouched
         assert table.untouched == sum(1 for r in range(len(state.n_first)) if kind_of(state, r))
         rows = np.arange(len(state.n_first))
         wanted = [
