@@ -22,6 +22,7 @@ from fracgpu.placement.classes import NodeFeatures, SlotFeatures, StateClasses
 from fracgpu.placement.fit import gpu_room, host_room
 from fracgpu.placement.fragmentation import FragmentationIndex
 from fracgpu.placement.pairs import Pair
+from fracgpu.placement.scarcity import NOT_UNTOUCHED
 from fracgpu.placement.scoring import PolicyKeys, tie_limit
 from fracgpu.placement.state import ClusterState
 
@@ -77,7 +78,8 @@ class ClassChooser:
                 continue
             slot = pairs.lowest(pair)
             if scarce:  # left out of the cached score: it changes as other nodes are opened
-                cost = frag.scarce_cost_of_kind(state, self._kind(pair[0], slot, state, frag))
+                kind = self._kind(pair[0], slot, state, frag)
+                cost = 0.0 if kind == NOT_UNTOUCHED else frag.scarce_cost_of_kind(state, kind)
                 if cost:
                     need, (loss, free_after, gpu_left) = fit
                     fit = (need, (loss + cost, free_after, gpu_left))

@@ -50,6 +50,7 @@ class ScarcityTable:
         self._count: dict[int, int] = {}  # kind id -> untouched nodes, kinds with any
         self._covering: dict[int, int] = {}  # kind id -> D, for the same kinds
         self._cost: FloatArray | None = None  # ln(U / D) by kind id, until U or D change
+        self._cost_list: list[float] | None = None  # the same as a list
         self.untouched = 0  # U
 
     def rebuild(self, state: ClusterState) -> None:
@@ -94,7 +95,7 @@ class ScarcityTable:
         return found
 
     def _move(self, kind_id: int, delta: int) -> None:
-        self._cost = None  # U changed, so every ln(U / D) did
+        self._cost = self._cost_list = None  # U changed, so every ln(U / D) did
         self.untouched += delta
         kind = self.kinds[kind_id]
         if kind_id not in self._count:  # new to the table: count the nodes that cover it
@@ -123,8 +124,12 @@ class ScarcityTable:
         return result
 
     def cost_of_kind(self, kind_id: int) -> float:
-        """The scarcity of one kind id (NOT_UNTOUCHED costs 0)."""
-        return float(self._costs_by_kind()[kind_id])
+        """The scarcity of one kind id (NOT_UNTOUCHED costs 0), read from a list: one per
+        cached option of every per-class decision, where a numpy scalar costs more."""
+        costs = self._cost_list
+        if costs is None:
+            costs = self._cost_list = self._costs_by_kind().tolist()
+        return costs[kind_id]
 
     def covering(self) -> dict[Kind, int]:
         """D per kind with untouched nodes (for tests against a recount)."""
