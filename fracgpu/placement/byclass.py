@@ -44,7 +44,7 @@ class ClassChooser:
         self._fits: dict[Hashable, dict[Pair, Fit]] = {}
         # Node class -> its kind in the scarcity table: fixed while ids and the table are.
         self._kinds: dict[int, int] = {}
-        self._version = (-1, -1)
+        self._version = (-1, -1, -1)
 
     def place(
         self, state: ClusterState, frag: FragmentationIndex, demand: PodDemand
@@ -100,7 +100,7 @@ class ClassChooser:
         demand: PodDemand,
         request: ContainerRequest,
     ) -> dict[Pair, Fit]:
-        version = (classes.version, frag.version)
+        version = (classes.version, frag.version, frag.scarcity.version)
         if version != self._version:
             self._fits.clear()
             self._kinds.clear()

@@ -22,6 +22,8 @@ from fracgpu.placement.state import ClusterState, FloatArray, IntArray
 # (free CPU milli, free memory MiB, GPU compute units over live GPUs)
 Kind = tuple[int, int, int]
 NOT_UNTOUCHED = -1
+# Kind ids no untouched node has any more, kept before the table is renumbered.
+MAX_DEAD_KINDS = 256
 
 
 def kind_of(state: ClusterState, row: int) -> Kind | None:
@@ -41,9 +43,12 @@ class ScarcityTable:
     """Untouched nodes per kind, and per kind how many untouched nodes cover it."""
 
     def __init__(self) -> None:
+        # Bumped whenever kind ids are renumbered: whatever was keyed by them is stale then.
+        self.version = 0
         self._reset(0)
 
     def _reset(self, rows: int) -> None:
+        self.version += 1
         self._id_of: dict[Kind, int] = {}
         self.kinds: list[Kind] = []  # by kind id; ids are not reused until a rebuild
         self.row_kind: IntArray = np.full(rows, NOT_UNTOUCHED, np.int64)
@@ -86,6 +91,10 @@ class ScarcityTable:
             self._move(old, -1)
         if new != NOT_UNTOUCHED:
             self._move(new, 1)
+        # Ids of kinds no node has any more pile up (CPU-only pods make a new kind of every
+        # CPU amount they leave on an untouched node); renumber now and then.
+        if len(self.kinds) > MAX_DEAD_KINDS + 2 * len(self._count):
+            self.rebuild(state)
 
     def _id(self, kind: Kind) -> int:
         found = self._id_of.get(kind)

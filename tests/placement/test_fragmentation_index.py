@@ -14,7 +14,7 @@ from fracgpu.placement.fragmentation import (
     WHOLE_NODE_PENALTY,
     FragmentationIndex,
 )
-from fracgpu.placement.scarcity import ScarcityTable, covers, kind_of
+from fracgpu.placement.scarcity import MAX_DEAD_KINDS, ScarcityTable, covers, kind_of
 from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
 from tests.placement.helpers import node, share
@@ -192,6 +192,26 @@ def test_the_scarcity_table_equals_a_recount(
         rows = np.arange(len(state.n_first))
         wanted = [
             math.log(table.untouched / expected[k]) if (k := kind_of(state, r)) else 0.0
-            for r in rows
+            for r in range(len(rows))
         ]
         assert np.allclose(table.costs(rows), wanted)
+
+
+def test_kinds_no_node_has_any_more_are_renumbered_away() -> None:
+    """CPU-only pods leave a new CPU amount on an untouched node each time: a kind id per
+    amount. Ids of kinds no node has any more are dropped now and then (the kind ids held
+    elsewhere are told by ``version``), and the table still equals a recount."""
+    state = ClusterState(100)
+    state.add_node(node("a", 2, cpu_milli=64000), split_count=4)
+    state.add_node(node("b", 2, cpu_milli=64000), split_count=4)
+    table = ScarcityTable()
+    table.rebuild(state)
+    version = table.version
+    for cpu in range(1, 2 * MAX_DEAD_KINDS):
+        state.apply("a", [], cpu, 0, sign=1)
+        table.update_row(state, state.row("a"))
+        state.apply("a", [], cpu, 0, sign=-1)
+        table.update_row(state, state.row("a"))
+        assert len(table.kinds) <= MAX_DEAD_KINDS + 2 * 2 + 1
+    assert table.version > version
+    assert table.covering() == recount(state)
