@@ -86,6 +86,10 @@ def replay(
         gpu_units=MILLI_PER_GPU,
     )
     demands = [to_demand(p) for p in pods]
+    if policy is Policy.FGD:
+        # The paper's simulator: the target workload is the whole pod list's task types,
+        # counted before the replay (the clones appended later do not change it).
+        view.set_fgd_workload(demands)
     order = arrival_order(pods, seed, tune, capacity)
     whole_node = max(n.gpus for n in nodes)
     latencies = np.zeros(len(order), np.int64)

@@ -13,7 +13,7 @@ import numpy as np
 
 from fracgpu.model import ContainerAssignment, ContainerRequest, GPUAllocation
 from fracgpu.placement.api import Constraints, PodDemand
-from fracgpu.placement.fit import gpu_room
+from fracgpu.placement.fit import gpu_room, host_room
 from fracgpu.placement.state import BoolArray, ClusterState, IntArray
 
 
@@ -67,15 +67,16 @@ MAX_CACHED_MASKS = 256
 def eligibility(st: ClusterState, constraints: Constraints) -> tuple[BoolArray, BoolArray]:
     """(GPU slots ``constraints`` allow and that can take work, node rows they allow): the one
     place a pod's model, UUID, pool and node constraints become masks. Set look-ups over the
-    cluster's models, GPUs and nodes, once; nothing here loops over a pod's lists."""
+    cluster's models and nodes, and look-ups of the pod's GPU UUIDs, once per constraint."""
     n_rows = len(st.n_pool)
     models = np.array([constraints.allows_model(m) for m in st.models] or [True])
     gpus: BoolArray = st.g_live & models[st.g_model] if len(st.g_model) else st.g_live.copy()
-    if constraints.include_uuids or constraints.exclude_uuids:
-        allows_uuid = constraints.allows_uuid
-        gpus &= np.fromiter(
-            (allows_uuid(d.uuid) for d in st.devices), dtype=np.bool_, count=len(st.devices)
-        )
+    if constraints.include_uuids:
+        named = np.zeros(len(gpus), np.bool_)
+        named[st.slots_with_uuids(constraints.include_uuids)] = True
+        gpus &= named
+    if constraints.exclude_uuids:
+        gpus[st.slots_with_uuids(constraints.exclude_uuids)] = False
     nodes = st.n_live.copy()
     if constraints.pools:
         allows_pool = constraints.allows_pool
@@ -116,7 +117,11 @@ class CandidateFinder:
 
     def node_room(self, demand: PodDemand, pools: BoolArray) -> BoolArray:
         st = self._state
-        return pools & (st.n_cpu_free >= demand.cpu_milli) & (st.n_mem_free >= demand.memory_mib)
+        room = host_room(
+            st.n_cpu_free, st.n_mem_free, cpu_milli=demand.cpu_milli, memory_mib=demand.memory_mib
+        )
+        result: BoolArray = pools & room
+        return result
 
     def memory_need(self, request: ContainerRequest) -> IntArray:
         """MiB the container needs on each GPU slot (a percentage depends on the card)."""
@@ -278,7 +283,12 @@ def fit_on_node(
     """
     s = st.slots_of_row(row)
     if empty:
-        if demand.cpu_milli > st.n_cpu_total[row] or demand.memory_mib > st.n_mem_total[row]:
+        if not host_room(
+            int(st.n_cpu_total[row]),
+            int(st.n_mem_total[row]),
+            cpu_milli=demand.cpu_milli,
+            memory_mib=demand.memory_mib,
+        ):
             return None
         free = np.full(len(s), st.gpu_units, np.int64)
         mem_free = st.g_mem_total[s.start : s.stop].copy()

@@ -1,5 +1,6 @@
-"""The one rule for whether a GPU can take more work: every policy, the no-fit explanation,
-the per-class path and the admission-time re-check use it.
+"""The one rule for whether a GPU can take more work, and whether a node's CPU and memory
+can host a pod: every policy, the no-fit explanation, the per-class path and the
+admission-time re-check use them.
 
 It is written once over plain comparisons and ``&``, so the same function answers for one GPU
 (ints) or for every GPU at once (numpy arrays).
@@ -44,3 +45,12 @@ def gpu_room(
         (free >= max(cores, 1)) & (memory_free >= memory) & (containers + taking <= split)
     )
     return shared
+
+
+def host_room(
+    cpu_free: Amount, memory_free: Amount, *, cpu_milli: int, memory_mib: int
+) -> bool | BoolArray:
+    """Whether a node with ``cpu_free`` millicores and ``memory_free`` MiB of host memory free
+    can host a pod asking ``cpu_milli`` and ``memory_mib``."""
+    room: bool | BoolArray = (cpu_free >= cpu_milli) & (memory_free >= memory_mib)
+    return room

@@ -6,6 +6,7 @@ import numpy as np
 from fracgpu.model import ContainerRequest
 from fracgpu.placement.api import Constraints, NoFit, NoFitReason, PodDemand
 from fracgpu.placement.candidates import CandidateFinder, fit_on_node
+from fracgpu.placement.fit import host_room
 from fracgpu.placement.state import ClusterState
 
 MAX_CANDIDATES_IN_MESSAGE = 3
@@ -92,9 +93,9 @@ def _left_out(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -
 
 def _could_ever_fit(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> bool:
     gpus, pools = finder.allowed(demand.constraints)
-    nodes = (
-        pools & (state.n_cpu_total >= demand.cpu_milli) & (state.n_mem_total >= demand.memory_mib)
-    )
+    cpu, memory = demand.cpu_milli, demand.memory_mib
+    totals = state.n_cpu_total, state.n_mem_total
+    nodes = pools & host_room(*totals, cpu_milli=cpu, memory_mib=memory)
     if not demand.containers:
         return bool(nodes.any())
     needs = [finder.memory_need(c) for c in demand.containers]

@@ -4,7 +4,7 @@ with the fit rule placement itself uses (``fit.gpu_room``)."""
 from collections.abc import Iterable
 
 from fracgpu.model import GPUAllocation
-from fracgpu.placement.fit import gpu_room
+from fracgpu.placement.fit import gpu_room, host_room
 from fracgpu.placement.state import ClusterState
 
 
@@ -22,7 +22,7 @@ def capacity_problem(
         return f"node {node} offers no GPUs now (no GPU inventory, or marked unschedulable)"
     row = state.row(node)
     free_cpu, free_memory = int(state.n_cpu_free[row]), int(state.n_mem_free[row])
-    if cpu_milli > free_cpu or memory_mib > free_memory:
+    if not host_room(free_cpu, free_memory, cpu_milli=cpu_milli, memory_mib=memory_mib):
         return f"node {node} has {free_cpu}m CPU and {free_memory} MiB memory free"
     per_gpu: dict[str, list[GPUAllocation]] = {}
     for alloc in allocations:

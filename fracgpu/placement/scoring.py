@@ -193,13 +193,18 @@ def _negated(key: Key) -> Key:
     return lambda idx: -key(idx)
 
 
+def tie_limit(best: float) -> float:
+    """The largest value that ties with the smallest, ``best``: float noise below
+    ``TIE_TOLERANCE`` (relative, or absolute below 1) is not a difference."""
+    return best + TIE_TOLERANCE * max(1.0, abs(best))
+
+
 def lexmin(keys: Sequence[Key], n: int) -> int:
     """Index of the lexicographically smallest of ``n`` candidates; near-equal floats tie."""
     alive: IntArray | None = None  # every candidate
     for key in keys:
         values = key(alive)
-        best = values.min()
-        tied = np.flatnonzero(values <= best + TIE_TOLERANCE * max(1.0, abs(float(best))))
+        tied = np.flatnonzero(values <= tie_limit(float(values.min())))
         alive = tied if alive is None else alive[tied]
         if len(alive) == 1:
             break

@@ -34,6 +34,9 @@ class ClusterState:
         self._records: dict[str, _NodeRecord] = {}
         self._row_of: dict[str, int] = {}
         self._slot_of: dict[tuple[str, str], int] = {}
+        # GPU UUID -> its slots (one, unless two nodes report the same UUID): a pod naming
+        # GPUs is masked by looking its UUIDs up, not by testing every GPU of the cluster.
+        self._slots_by_uuid: dict[str, list[int]] = {}
         self.devices: list[GPUDevice] = []
         self.node_names: list[str] = []
         self.models: list[str] = []
@@ -79,6 +82,7 @@ class ClusterState:
         self.n_pool.append(node.pool)
         for device in node.devices:
             self._slot_of[(node.name, device.uuid)] = len(self.devices)
+            self._slots_by_uuid.setdefault(device.uuid, []).append(len(self.devices))
             self.devices.append(device)
         u = self.gpu_units
         self.g_node = _grow(self.g_node, [row] * count)
@@ -108,7 +112,12 @@ class ClusterState:
             return
         row = self._row_of.pop(name)
         for device in record.inventory.devices:
-            self._slot_of.pop((name, device.uuid), None)
+            slot = self._slot_of.pop((name, device.uuid), None)
+            slots = self._slots_by_uuid.get(device.uuid, [])
+            if slot in slots:
+                slots.remove(slot)
+            if not slots:
+                self._slots_by_uuid.pop(device.uuid, None)
         self.n_live[row] = False
         self.g_live[record.first_slot : record.first_slot + len(record.inventory.devices)] = False
         self.topology_version += 1
@@ -228,6 +237,11 @@ class ClusterState:
         """The slots of the GPUs ``allocations`` use on ``node`` (unknown GPUs left out)."""
         found = (self._slot_of.get((node, alloc.uuid)) for alloc in allocations)
         return [slot for slot in found if slot is not None]
+
+    def slots_with_uuids(self, uuids: Iterable[str]) -> list[int]:
+        """The slots of the GPUs with these UUIDs, on any node (unknown UUIDs left out)."""
+        by_uuid = self._slots_by_uuid
+        return [slot for uuid in uuids for slot in by_uuid.get(uuid, ())]
 
     def slots_of_row(self, row: int) -> range:
         first = int(self.n_first[row])

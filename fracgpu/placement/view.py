@@ -8,7 +8,7 @@ the view has seen through ``observe``.
 
 from collections.abc import Iterable
 
-from fracgpu.model import GPUAllocation, NodeInventory
+from fracgpu.model import GPUAllocation, MemoryRequest, NodeInventory
 from fracgpu.names import CORES_PER_GPU, MAX_MEMORY_SCALING
 from fracgpu.placement.api import NoFit, Placement, PodDemand, Policy
 from fracgpu.placement.byclass import ClassChooser
@@ -18,7 +18,7 @@ from fracgpu.placement.nofit import explain
 from fracgpu.placement.recheck import capacity_problem
 from fracgpu.placement.scoring import choose
 from fracgpu.placement.state import ClusterState
-from fracgpu.placement.workload import WorkloadModel, arrival_weight, shape_of
+from fracgpu.placement.workload import Shape, WorkloadModel, arrival_weight, shape_of
 
 DEFAULT_SPLIT_COUNT = 10
 # What one pod or reservation holds on a node: GPU allocations, CPU milli, memory MiB.
@@ -70,6 +70,7 @@ class ClusterView:
         )
         self._fgd = FragmentationIndex(stranding=False, whole_node_penalty=0.0)
         self._fgd_seen = 0
+        self._fgd_fixed = False  # set_fgd_workload was called: observe leaves it alone
         for node in nodes:
             self.add_node(node)
 
@@ -161,7 +162,8 @@ class ClusterView:
         if shape is None:
             return
         self._workload.observe(shape, arrival_weight(shape), demand.cpu_milli, demand.memory_mib)
-        self._fgd_workload.observe(shape._replace(cpu_milli=demand.cpu_milli, memory_mib=0))
+        if not self._fgd_fixed:
+            self._fgd_workload.observe(fgd_task_type(demand, shape))
         seen = self._workload.observations
         if seen % REFRESH_EVERY == 0 or (seen & (seen - 1)) == 0 or not self._frag.active:
             self._frag.set_workload(self._workload.typical(), self._state)
@@ -237,6 +239,22 @@ class ClusterView:
         node = self._state.node_names[int(cands.rows[winner])]
         return Placement(node, cands.assignment(winner))
 
+    def set_fgd_workload(self, demands: Iterable[PodDemand]) -> None:
+        """Fix the FGD policy's target workload to these pods' task types, as the FGD paper's
+        simulator does: it counts the task types of the whole trace before replaying it, pods
+        without GPUs included (their frequency counts every free GPU as fragmented for them,
+        which shifts every score alike but changes which ones round to the same integer).
+        From then on ``observe`` no longer changes it. The other policies are not affected."""
+        demands = list(demands)
+        workload = WorkloadModel(
+            half_life=FGD_HALF_LIFE, max_shapes=max(1, len(demands)), keep_wide=False
+        )
+        for demand in demands:
+            workload.observe(fgd_task_type(demand, shape_of(demand)))
+        self._fgd_workload = workload
+        self._fgd_fixed = True
+        self._fgd_seen = 0
+
     def _fgd_index(self) -> FragmentationIndex:
         """FGD's index, its task types re-ranked on the same schedule as ``observe`` uses."""
         seen = self._fgd_workload.observations
@@ -247,6 +265,15 @@ class ClusterView:
             self._fgd_seen = seen
         self._fgd.sync(self._state)
         return self._fgd
+
+
+def fgd_task_type(demand: PodDemand, shape: Shape | None) -> Shape:
+    """The FGD paper's task type of a pod whose shape is ``shape``: GPU share, GPU count,
+    allowed models and CPU as asked (no host memory); a pod without GPUs is a type of its
+    own CPU."""
+    if shape is None:
+        shape = Shape(0, 0, MemoryRequest(mib=0), 0, 0)
+    return shape._replace(cpu_milli=demand.cpu_milli, memory_mib=0)
 
 
 def _check(demand: PodDemand, gpu_units: int) -> None:

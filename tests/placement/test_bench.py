@@ -237,3 +237,5 @@ def test_constraints_bench_times_every_pod_shape(
         rows = [line for line in out.splitlines() if line.startswith(shape)]
         assert rows and all(" 6/6 " in row for row in rows), (shape, out)
     assert "worst CPU p99" in out
+    # 48 decisions, a churn every 10: four decisions came right after one.
+    assert "first decision after a node churn (4 churns): CPU median" in out

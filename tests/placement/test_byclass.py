@@ -169,3 +169,87 @@ def test_alike_nodes_are_decided_by_pair(monkeypatch: pytest.MonkeyPatch) -> Non
         view.allocate(placed.node, [a for c in placed.containers for a in c.devices], 1000)
         assert answers[-1] == placed
     assert len(answers) == 40
+
+
+def test_cached_scores_follow_the_untouched_nodes() -> None:
+    """Opening a node changes what the other untouched nodes cost to open (their kind's
+    scarcity), so scores cached by class must not outlive it. Untouched X (most memory)
+    and A1, A2 (more CPU, matched by Z): A1 is opened first (Z also hosts what A hosts);
+    once Z is taken too, X and A2 are equally scarce and the tie goes to X, listed first.
+    Scores of A2's class cached before Z was opened would still send the pod to A2."""
+
+    def build() -> ClusterView:
+        return ClusterView(
+            [
+                node("x", 1, cpu_milli=8000, host_memory_mib=65536),
+                node("a1", 1, cpu_milli=16000, host_memory_mib=16384),
+                node("a2", 1, cpu_milli=16000, host_memory_mib=16384),
+                node("z", 1, model="A100", cpu_milli=32000, host_memory_mib=16384),
+            ]
+        )
+
+    plain = share(100, 0)
+    on_z = share(100, 0, constraints=Constraints(include_models=("A100",)))
+    fast, full = build(), build()
+    for view in (fast, full):
+        for _ in range(8):  # the workload stays as it is from here on
+            view.observe(plain)
+            view.observe(on_z)
+    got: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        for demand in (plain, on_z, plain):
+            placed = fast.place(demand, Policy.FRAGMENTATION)
+            patch.setattr(ClassChooser, "place", lambda *_: None)
+            expected = full.place(demand, Policy.FRAGMENTATION)
+            patch.undo()
+            assert isinstance(placed, Placement)
+            assert placed == expected
+            got.append(placed.node)
+            allocations = [a for c in placed.containers for a in c.devices]
+            for view in (fast, full):
+                view.allocate(placed.node, allocations)
+    assert got == ["a1", "z", "x"]
+
+
+def test_cached_kinds_follow_a_renumbered_scarcity_table() -> None:
+    """The per-class path keeps each node class's scarcity kind id. CPU-only pods come and go
+    on an untouched node until the table renumbers its kinds, while w, freed meanwhile, adds
+    a kind that sorts before x's: x's class is unchanged, but its kind id now names another
+    kind. The decision must still be the full scan's (GPU-less nodes keep the state classes
+    from renumbering, which would hide a stale id)."""
+
+    def build() -> ClusterView:
+        view = ClusterView(
+            [
+                node("x", 1, cpu_milli=8000, host_memory_mib=65536),
+                node("w", 1, cpu_milli=4000, host_memory_mib=16384),
+                node("a1", 1, cpu_milli=16000, host_memory_mib=16384),
+                node("z", 1, model="A100", cpu_milli=32000, host_memory_mib=16384),
+                *(node(f"cpu{i}", 0) for i in range(1000)),
+            ]
+        )
+        view.allocate("w", [GPUAllocation("w-gpu0", 10, 0)])
+        return view
+
+    plain = share(100, 0)
+    fast, full = build(), build()
+    for view in (fast, full):
+        for _ in range(8):
+            view.observe(plain)
+    answers = []
+    for step in range(2):
+        if step:
+            for view in (fast, full):
+                view.release("w", [GPUAllocation("w-gpu0", 10, 0)])
+                for cpu in range(1, 300):  # a kind per CPU amount, gone again at once
+                    view.allocate("z", [], cpu_milli=cpu)
+                    view.release("z", [], cpu_milli=cpu)
+        placed = fast.place(plain, Policy.FRAGMENTATION)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ClassChooser, "place", lambda *_: None)
+            expected = full.place(plain, Policy.FRAGMENTATION)
+        assert isinstance(placed, Placement)
+        assert placed == expected
+        answers.append(placed.node)
+    assert fast._frag.scarcity.version > 2  # the table was renumbered
+    assert answers[-1] == "w"  # the cheapest kind to open: every untouched node covers it

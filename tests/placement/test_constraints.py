@@ -1,6 +1,8 @@
 """Where a pod may go: models, UUIDs, pools, split count, health, CPU and memory."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fracgpu.model import WHOLE_CARD, GPUAllocation, MemoryRequest, NodeInventory
 from fracgpu.placement import (
@@ -12,6 +14,8 @@ from fracgpu.placement import (
     PodDemand,
     Policy,
 )
+from fracgpu.placement.candidates import eligibility
+from fracgpu.placement.state import ClusterState
 from tests.placement.helpers import container, node, share, uuids
 
 ALL = list(Policy)
@@ -128,3 +132,53 @@ def test_gpu_memory_must_fit_and_percentages_resolve_per_card(policy: Policy) ->
     view.allocate("a100", [GPUAllocation("a100-gpu0", 10, 70000)])
     result = view.place(share(10, memory_mib=20480), policy)
     assert isinstance(result, NoFit) and result.reason is NoFitReason.NOT_NOW
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=6),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=6),
+    st.lists(st.integers(0, 5), max_size=4),
+)
+def test_gpus_named_by_uuid_are_masked_as_each_gpu_allows(
+    gpus: list[int],
+    included: list[tuple[int, int]],
+    excluded: list[tuple[int, int]],
+    churned: list[int],
+) -> None:
+    """The UUID mask comes from a UUID -> slots index kept as nodes come and go (nodes leave
+    and come back, the arrays are compacted, two nodes may report one UUID): it must equal
+    asking each live GPU whether the constraints allow it."""
+    state = ClusterState(100)
+
+    def inventory(i: int) -> NodeInventory:
+        shared = node(f"n{i}", gpus[i])  # n0's UUIDs again on the last node
+        if i == len(gpus) - 1 and i > 0:
+            shared = NodeInventory(
+                shared.name,
+                node("n0", gpus[i]).devices,
+                shared.cpu_milli,
+                shared.memory_mib,
+            )
+        return shared
+
+    for i in range(len(gpus)):
+        state.add_node(inventory(i), split_count=4)
+    for i in churned:
+        if i < len(gpus):
+            state.remove_node(f"n{i}")
+            for _ in range(20):  # enough removals to make the arrays compact
+                state.add_node(node("spare", 1), split_count=4)
+                state.remove_node("spare")
+            state.add_node(inventory(i), split_count=4)
+    constraints = Constraints(
+        include_uuids=tuple(f"n{n}-gpu{g}" for n, g in included),
+        exclude_uuids=tuple(f"n{n}-gpu{g}" for n, g in excluded),
+    )
+    masked, _ = eligibility(state, constraints)
+    expected = [
+        bool(state.g_live[slot]) and constraints.allows(device)
+        for slot, device in enumerate(state.devices)
+    ]
+    assert masked.tolist() == expected

@@ -48,3 +48,23 @@ def test_fgd_task_types_keep_their_exact_cpu() -> None:
     for _ in range(5):
         view.observe(whole)
     assert placed(view, PodDemand((), cpu_milli=100), Policy.FGD).node == "b"
+
+
+def test_a_fixed_fgd_workload_is_not_moved_by_arrivals() -> None:
+    """The paper's simulator reads FGD's task types from the whole trace up front, CPU-only
+    pods included. Fixed to 60-core tasks, a 40-core pod goes to the free GPU (on a0, with 60
+    free, it would leave 20 no such task can use), however many 20-core pods arrive after;
+    learned from those arrivals instead, 20 left on a0 is still usable and a0 (first) wins."""
+
+    def build() -> ClusterView:
+        view = ClusterView([node("a", 2)])
+        view.allocate("a", [GPUAllocation("a-gpu0", 40, 0)])
+        return view
+
+    fixed, learned = build(), build()
+    fixed.set_fgd_workload([share(60)] * 5 + [PodDemand((), cpu_milli=1000)])
+    for view in (fixed, learned):
+        for _ in range(200):  # over 95 % of what arrives: the only typical type learned
+            view.observe(share(20))
+    assert uuids(placed(fixed, share(40), Policy.FGD)) == ["a-gpu1"]
+    assert uuids(placed(learned, share(40), Policy.FGD)) == ["a-gpu0"]

@@ -1,13 +1,20 @@
 """The fragmentation index recounts changed nodes lazily, in one pass: its sums must equal an
 index built from scratch over the same state."""
 
+import math
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fracgpu.model import GPUAllocation
 from fracgpu.placement.candidates import CandidateFinder
-from fracgpu.placement.fragmentation import WHOLE_NODE_PENALTY, FragmentationIndex
+from fracgpu.placement.fragmentation import (
+    SCARCE_NODE_GPUS,
+    WHOLE_NODE_PENALTY,
+    FragmentationIndex,
+)
+from fracgpu.placement.scarcity import MAX_DEAD_KINDS, ScarcityTable, covers, kind_of
 from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
 from tests.placement.helpers import node, share
@@ -66,7 +73,9 @@ def test_lazy_recount_equals_a_fresh_index(
 def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     """A one-GPU share scored on every GPU: candidates on untouched nodes lose
     WHOLE_NODE_PENALTY x (frequency of multi-GPU shapes) GPUs more than without the
-    penalty; those on a node already in use lose the same."""
+    penalty, plus SCARCE_NODE_GPUS x ln(U / D) for the node's kind (U untouched nodes, D of
+    them with at least its GPUs: CPU and memory are alike here); those on a node already in
+    use lose the same."""
     state, index = counted(8)
     state.apply("n1", [GPUAllocation("n1-gpu0", 10, 0)], 0, 0, sign=1)  # n1 is in use
     plain = FragmentationIndex(whole_node_penalty=0.0)
@@ -81,7 +90,13 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     assert wide > 0
     used = np.array([state.node_names[r] == "n1" for r in cands.rows])
     assert np.allclose(extra[used], 0.0)
-    assert np.allclose(extra[~used], WHOLE_NODE_PENALTY * wide * state.gpu_units)
+    untouched_gpus = [i % 4 for i in range(8) if i % 4 > 0 and f"n{i}" != "n1"]
+    gpus = np.array([state.n_count[r] for r in cands.rows[~used]])
+    hosts = np.array([sum(1 for g in untouched_gpus if g >= n) for n in gpus])
+    scarcity = np.log(len(untouched_gpus) / hosts)
+    assert scarcity.max() > 0  # the 3-GPU nodes are scarcer than the 1-GPU ones
+    expected = (WHOLE_NODE_PENALTY * wide + SCARCE_NODE_GPUS * scarcity) * state.gpu_units
+    assert np.allclose(extra[~used], expected)
 
 
 def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
@@ -103,3 +118,100 @@ def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
     fresh.set_workload(typical, state)
     for name in ("usable_now", "pods_now", "usable", "pods", "effective_now", "elig", "s_cpu"):
         assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
+
+
+def test_scarcity_ranks_untouched_nodes_by_what_they_could_host() -> None:
+    """Untouched nodes differing in free CPU only: D is the number at least as big, so
+    scarcity is ln(U / rank from the top); a node in use scores 0."""
+    nodes = 40
+    state = ClusterState(100)
+    for i in range(nodes):
+        state.add_node(node(f"n{i}", 2, cpu_milli=1000 * (i + 1)), split_count=4)
+    state.apply("n0", [GPUAllocation("n0-gpu0", 10, 0)], 0, 0, sign=1)
+    table = ScarcityTable()
+    table.rebuild(state)
+    scarcity = table.costs(np.arange(nodes))
+    assert scarcity[0] == 0.0
+    at_least = np.arange(nodes - 1, 0, -1)  # n1 is matched by every untouched node
+    assert np.allclose(scarcity[1:], np.log((nodes - 1) / at_least))
+
+
+def recount(state: ClusterState) -> dict[tuple[int, int, int], int]:
+    """D per kind of untouched node, counted from scratch over every pair of nodes."""
+    kinds = [k for k in (kind_of(state, row) for row in range(len(state.n_first))) if k]
+    return {k: sum(1 for other in kinds if covers(other, k)) for k in kinds}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=10),
+    st.lists(
+        st.tuples(
+            st.integers(0, 9),
+            st.integers(0, 3),
+            st.sampled_from((0, 10, 100)),
+            st.sampled_from((0, 1000, 4000)),
+            st.booleans(),
+        ),
+        max_size=40,
+    ),
+)
+def test_the_scarcity_table_equals_a_recount(
+    shapes: list[tuple[int, int]], changes: list[tuple[int, int, int, int, bool]]
+) -> None:
+    """Pods come and go (GPU shares, CPU-only pods, whole nodes freed): after each change the
+    table kept row by row, and one rebuilt from scratch, hold the untouched nodes and, per
+    kind, the D a recount over every pair of untouched nodes gives; ln(U / D) follows."""
+    state = ClusterState(100)
+    for i, (gpus, cpus) in enumerate(shapes):
+        state.add_node(node(f"n{i}", gpus, cpu_milli=8000 * cpus), split_count=4)
+    table = ScarcityTable()
+    table.rebuild(state)
+    held: list[tuple[str, list[GPUAllocation], int]] = []
+    for n, gpu, cores, cpu, free_one in changes:
+        if free_one and held:
+            name, allocations, cpu_taken = held.pop(0)
+            state.apply(name, allocations, cpu_taken, 0, sign=-1)
+        elif n < len(shapes):
+            name = f"n{n}"
+            allocations = (
+                [GPUAllocation(f"{name}-gpu{gpu}", cores, 0)] if gpu < shapes[n][0] else []
+            )
+            state.apply(name, allocations, cpu, 0, sign=1)
+            held.append((name, allocations, cpu))
+        else:
+            continue
+        table.update_row(state, state.row(name))
+        expected = recount(state)
+        assert table.covering() == expected
+        rebuilt = ScarcityTable()  # and a table grouped from scratch, as after node churn
+        rebuilt.rebuild(state)
+        assert rebuilt.covering() == expected
+        assert rebuilt.untouched == table.untouched
+        assert table.untouched == sum(1 for r in range(len(state.n_first)) if kind_of(state, r))
+        rows = np.arange(len(state.n_first))
+        wanted = [
+            math.log(table.untouched / expected[k]) if (k := kind_of(state, r)) else 0.0
+            for r in range(len(rows))
+        ]
+        assert np.allclose(table.costs(rows), wanted)
+
+
+def test_kinds_no_node_has_any_more_are_renumbered_away() -> None:
+    """CPU-only pods leave a new CPU amount on an untouched node each time: a kind id per
+    amount. Ids of kinds no node has any more are dropped now and then (the kind ids held
+    elsewhere are told by ``version``), and the table still equals a recount."""
+    state = ClusterState(100)
+    state.add_node(node("a", 2, cpu_milli=64000), split_count=4)
+    state.add_node(node("b", 2, cpu_milli=64000), split_count=4)
+    table = ScarcityTable()
+    table.rebuild(state)
+    version = table.version
+    for cpu in range(1, 2 * MAX_DEAD_KINDS):
+        state.apply("a", [], cpu, 0, sign=1)
+        table.update_row(state, state.row("a"))
+        state.apply("a", [], cpu, 0, sign=-1)
+        table.update_row(state, state.row("a"))
+        assert len(table.kinds) <= MAX_DEAD_KINDS + 2 * 2 + 1
+    assert table.version > version
+    assert table.covering() == recount(state)

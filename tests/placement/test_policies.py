@@ -80,6 +80,27 @@ def test_fragmentation_keeps_whole_nodes_for_multi_gpu_shapes() -> None:
     assert uuids(result) == ["b-gpu1"]
 
 
+def test_fragmentation_opens_the_scarce_big_node_last() -> None:
+    """Whole-node (8-GPU) pods are common. Only "big" has the CPUs for every 8-GPU shape; s1
+    and s2 are the common kind. A one-GPU pod that fits any node alike (same usable capacity
+    lost everywhere) must open a common node, not the one kind of node some whole-node pods
+    can only run on: without the scarcity cost it ties and goes to the first node, "big"."""
+    big = node("big", 8, cpu_milli=128000, host_memory_mib=786432)
+    small = [node(f"s{i}", 8, cpu_milli=96000, host_memory_mib=393216) for i in (1, 2)]
+    view = ClusterView([big, *small])
+    whole_node = PodDemand((container("main", 100, WHOLE_CARD, gpus=8),), cpu_milli=88000)
+    one_gpu = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=12000)
+    for _ in range(5):
+        view.observe(whole_node)
+    for _ in range(20):
+        view.observe(one_gpu)
+    first = placed(view, one_gpu, Policy.FRAGMENTATION)
+    assert first.node == "s1"
+    view.allocate(first.node, list(first.containers[0].devices), cpu_milli=12000)
+    # s1 is open now: the next one-GPU pod packs there, still leaving "big" whole.
+    assert placed(view, one_gpu, Policy.FRAGMENTATION).node == "s1"
+
+
 @pytest.mark.parametrize("policy", list(Policy))
 def test_exclusive_needs_a_completely_free_gpu(policy: Policy) -> None:
     view = ClusterView([node("a", 2)])
