@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jsonpatch
 import yaml
+from aiohttp import web
 
 from fracgpu import __version__
 from webhook import demo, documents, server, settings
@@ -30,10 +31,13 @@ from webhook.embedded import ClusterFileError, EmbeddedState
 from webhook.forward import LeaderForwarder
 from webhook.gcpause import freeze_when_ready
 from webhook.metrics import Metrics
+from webhook.queue.extender import Extender, loopback_app
+from webhook.queue.keys import SharedKey
 from webhook.review import parse_review
 from webhook.state import ClusterState
 from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
 
+LOOPBACK = "127.0.0.1"
 # Bind addresses that name no reachable address of this replica.
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -159,6 +163,15 @@ async def _serve(config: settings.Settings) -> int:
         return await _serve_until_signal(config, runtime.state, reloader, forwarder, runtime)
 
 
+def _shared_keys(config: settings.Settings) -> tuple[SharedKey, SharedKey]:
+    """(seal of queued entries, signature of relayed extender calls): every replica derives
+    them from the serving key of the one TLS Secret they share."""
+    return (
+        SharedKey(config.tls_key_file, "fracgpu queued entry"),
+        SharedKey(config.tls_key_file, "fracgpu extender relay"),
+    )
+
+
 async def _serve_until_signal(
     config: settings.Settings,
     state: ClusterState,
@@ -166,8 +179,21 @@ async def _serve_until_signal(
     forwarder: LeaderForwarder | None = None,
     runtime: ClusterRuntime | None = None,
 ) -> int:
-    running = await server.start(config, state, reloader, forwarder)
+    seal, relay = _shared_keys(config)
+    extender = None
+    if runtime is not None:
+        extender = Extender(
+            runtime.state, runtime.queue, relay, forwarder, max_body_bytes=config.max_body_bytes
+        )
+    running = await server.start(config, state, reloader, forwarder, seal=seal, extender=extender)
     log.info("serving on %s", running.url)
+    loopback = None
+    if extender is not None and config.extender_port:
+        # Plain HTTP on loopback only: the fracgpu scheduler runs in this pod (security.md).
+        loopback = web.AppRunner(loopback_app(extender), access_log=None, handle_signals=False)
+        await loopback.setup()
+        await web.TCPSite(loopback, LOOPBACK, config.extender_port).start()
+        log.info("scheduler extender on http://%s:%d", LOOPBACK, config.extender_port)
     if runtime is not None:
         url = config.advertise_url or ("" if config.host in WILDCARD_HOSTS else running.url)
         if not url:
@@ -186,6 +212,8 @@ async def _serve_until_signal(
     finally:
         log.info("shutting down")
         freezing.cancel()
+        if loopback is not None:
+            await loopback.cleanup()
         await running.stop()
     return 0
 
@@ -229,6 +257,7 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
             handover_wait_s=config.settle_seconds,
         ),
         controller_interval_s=config.controller_interval_seconds,
+        disable_core_limit=config.disable_core_limit,
     )
 
 

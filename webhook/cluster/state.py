@@ -276,21 +276,30 @@ class KubeState:
             expires_at=int(self._clock()) + self._settings.reservation_ttl_s,
         )
         claim = replace(claim, reservation=held)
-        if self.gpunodes.get(held.node) is None:
+        queued = not held.node  # a queued pod's charge: quota only, no GPU held yet
+        if not queued and self.gpunodes.get(held.node) is None:
             raise ReserveRejected(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
         self._refresh()
-        problem = capacity_problem(
-            self._view,
-            held.node,
-            held.allocations,
-            cpu_milli=claim.cpu_milli,
-            memory_mib=claim.memory_mib,
-            split_count=self._settings.split_count,
+        problem = (
+            ""
+            if queued
+            else capacity_problem(
+                self._view,
+                held.node,
+                held.allocations,
+                cpu_milli=claim.cpu_milli,
+                memory_mib=claim.memory_mib,
+                split_count=self._settings.split_count,
+            )
         )
         if problem:
             raise ReserveRejected(RejectKind.CAPACITY, problem)
         quotas = await self.quotas(held.namespace)
-        over = quotalib.check(quotas, held.allocations, claim.models)
+        over = quotalib.check(
+            [quotalib.charge(q, claim.replaces, {}, -1) for q in quotas],
+            held.allocations,
+            claim.models,
+        )
         if over is not None:
             raise ReserveRejected(RejectKind.QUOTA, over.message)
         self._hold_inflight(claim)
@@ -300,7 +309,8 @@ class KubeState:
         self._charged[held.id] = (claim, self._clock())
         self._unconfirmed[held.id] = self._clock()
         self._forget_old()
-        self._queue(self._node_writes, held.node)
+        if not queued:
+            self._queue(self._node_writes, held.node)
 
     async def release(self, reservation_id: str) -> None:
         """Give a reservation back: unwritten parts are dropped, written ones written back."""
@@ -406,15 +416,21 @@ class KubeState:
         return all(results)
 
     def unwritten(self) -> int:
-        """Claims and quota charges held in memory only (0 once everything is written)."""
-        return len(self._inflight) + sum(len(c) for c in self._unwritten_charges.values())
+        """Claims and quota charges held in memory only (0 once everything is written);
+        a queued pod's claim holds no GPU, and its pod carries the charge once stored."""
+        placed = sum(1 for h in self._inflight.values() if h.claim.reservation.node)
+        return placed + sum(len(c) for c in self._unwritten_charges.values())
 
     async def flush(self, timeout_s: float) -> bool:
         """Write every claim and quota charge held in memory (a leader handing over); True
         when all is written."""
         deadline = self._clock() + timeout_s
         while self.unwritten() and self._clock() < deadline:
-            self._node_writes.update(h.claim.reservation.node for h in self._inflight.values())
+            self._node_writes.update(
+                h.claim.reservation.node
+                for h in self._inflight.values()
+                if h.claim.reservation.node
+            )
             self._quota_writes.update(k for k, c in self._unwritten_charges.items() if c)
             if not await self.write_pending(everything=True):
                 await asyncio.sleep(self._settings.write_retry_s)
@@ -473,7 +489,8 @@ class KubeState:
     def _hold_inflight(self, claim: Claim) -> None:
         held = claim.reservation
         self._inflight[held.id] = _Held(claim, self._clock())
-        self._view.allocate(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
+        if held.node:
+            self._view.allocate(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
 
     async def _remove_reservation(self, node: str, reservation_id: str) -> None:
         async with self.node_lock(node):
@@ -552,8 +569,7 @@ class KubeState:
         claims = self._unwritten_charges.get(_quota_key(quota))
         if not claims:
             return quota
-        allocations, models = _charged_together(claims)
-        return quotalib.charge(quota, allocations, models)
+        return _with_claims(quota, claims)
 
     async def _write_quota(self, key: str) -> bool:
         async with self.node_lock(f"quota:{key}"):
@@ -564,11 +580,8 @@ class KubeState:
             if quota is None:
                 self._unwritten_charges.pop(key, None)  # the quota was deleted
                 return True
-            allocations, models = _charged_together(claims)
             try:
-                written = await stores.write_quota_used(
-                    self._api, quotalib.charge(quota, allocations, models)
-                )
+                written = await stores.write_quota_used(self._api, _with_claims(quota, claims))
             except ConflictError:
                 with contextlib.suppress(NotFoundError):
                     self.gpuquotas.put(await self._api.get(paths.gpuquota(*key.split("/", 1))))
@@ -613,6 +626,8 @@ class KubeState:
 
     # -- the view ---------------------------------------------------------------------------------
     def _changed(self, node: str) -> None:
+        if not node:
+            return  # a queued pod or claim: on no node yet
         self._dirty.add(node)
         if self._unsummarised is not None:
             self._unsummarised.add(node)
@@ -659,6 +674,8 @@ class KubeState:
                 if new is None or new.terminal:
                     self._departed[old.reservation_id] = self._clock()
                     self._forget_old()
+        if new is not None and not new.terminal and not new.node and new.reservation_id:
+            self._queued_appeared(new.reservation_id)
         if new is not None and not new.terminal and new.node:
             self._pods_by_node.setdefault(new.node, set()).add(key)
             if new.reservation_id:
@@ -670,6 +687,15 @@ class KubeState:
                 self._inflight.pop(new.reservation_id, None)
         if old is not None and old.reservation_id not in self._live_reservations:
             self._live_since.pop(old.reservation_id, None)
+
+    def _queued_appeared(self, reservation_id: str) -> None:
+        """A queued pod is stored: it carries its quota charge now (the recount counts it);
+        its admission claim, which held no GPU, need not be kept or written."""
+        held = self._inflight.get(reservation_id)
+        if held is not None and not held.claim.reservation.node:
+            del self._inflight[reservation_id]
+            self._unconfirmed.pop(reservation_id, None)
+            self._confirmed.pop(reservation_id, None)
 
     def _takes_over_its_claim(self, pod: PodRecord) -> bool:
         """Whether a new pod holds what the claim admitted for it holds (node, GPUs, CPU,
@@ -788,6 +814,15 @@ def _find(record: GPUNodeRecord | None, reservation_id: str) -> Reservation | No
 
 def _quota_key(quota: Quota) -> str:
     return f"{quota.namespace}/{quota.name}"
+
+
+def _with_claims(quota: Quota, claims: Sequence[Claim]) -> Quota:
+    """The quota with these claims charged, and what each replaces (a queued pod's charge,
+    when the pod is placed) given back."""
+    allocations, models = _charged_together(claims)
+    quota = quotalib.charge(quota, allocations, models)
+    credit = [a for claim in claims for a in claim.replaces]
+    return quotalib.charge(quota, credit, {}, -1) if credit else quota
 
 
 def _charged_together(claims: Sequence[Claim]) -> tuple[list[GPUAllocation], dict[str, str]]:
