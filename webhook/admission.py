@@ -190,7 +190,12 @@ class Admission:
         return responses.patched(patch_for(pod, None, self._settings.dialects))
 
     def _sealed(self, entry: queued.QueuedEntry, namespace: str, reservation_id: str) -> bool:
-        return any(entry.seal_holds(k, namespace, reservation_id) for k in self._seal.accepted())
+        """fracgpu wrote this entry for this namespace and reservation ID, within one
+        admission window: a genuine entry copied onto another pod later is refused."""
+        age_s = self._clock() - entry.queued_at_ms / 1000
+        return age_s <= self._settings.admission_window_seconds and any(
+            entry.seal_holds(k, namespace, reservation_id) for k in self._seal.accepted()
+        )
 
     async def _requeue(
         self, pod: Mapping[str, Any], namespace: str, trusted: bool
@@ -204,7 +209,11 @@ class Admission:
         reservation_id = raw.get(names.ANNOTATION_RESERVATION_ID, "")
         if not trusted and not self._sealed(entry, namespace, reservation_id):
             return responses.denied(
-                self._forged(pod, f"{names.ANNOTATION_QUEUED} does not carry fracgpu's seal")
+                self._forged(
+                    pod,
+                    f"{names.ANNOTATION_QUEUED} does not carry fracgpu's seal of the last "
+                    f"{self._settings.admission_window_seconds:g} s",
+                )
             )
         return responses.patched(
             queued_patch_for(
@@ -526,7 +535,11 @@ class Admission:
             return responses.denied(self._forged(pod, str(error)))
         if not self._sealed(entry, namespace, reservation_id):
             return responses.denied(
-                self._forged(pod, f"{names.ANNOTATION_QUEUED} does not carry fracgpu's seal")
+                self._forged(
+                    pod,
+                    f"{names.ANNOTATION_QUEUED} does not carry fracgpu's seal of the last "
+                    f"{self._settings.admission_window_seconds:g} s",
+                )
             )
         if sorted(r.container for r in entry.requests) != sorted(gpu_containers):
             return responses.denied(
