@@ -26,7 +26,7 @@ from fracgpu import names
 from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Priority, Reservation
-from fracgpu.placement import ClusterView, NoFit, NoFitReason, PodDemand
+from fracgpu.placement import ClusterView, NoFit, NoFitReason, Placement, PodDemand
 from webhook import assignments, ephemeral, grants, responses, shimguard, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
@@ -84,6 +84,7 @@ class Admission:
         *,
         seal: SharedKey | None = None,
         clock: Callable[[], float] = time.time,
+        held_nodes: Callable[[], frozenset[str]] | None = None,
     ) -> None:
         self._settings = settings
         self._state = state
@@ -93,6 +94,9 @@ class Admission:
         self._seal = seal or SharedKey(None, "queued-entry")
         self._clock = clock
         self._queue_mode = settings.placement_mode is PlacementMode.QUEUE
+        # Queue mode: nodes the head of the queue holds; a pod placed at admission keeps off
+        # them too, or new small pods would take the room a large queued one waits for.
+        self._held_nodes = held_nodes
         # Checked once: isinstance against a runtime Protocol is slow, and admission asks on
         # every pod.
         self._labels = state if isinstance(state, NodeLabels) else None
@@ -276,7 +280,7 @@ class Admission:
             if attempt:  # a race was lost while reserving: read the state again
                 view = await self._state.view()
                 quotas = await self._state.quotas(namespace)
-            placed = view.place(demand, ask.policy)
+            placed = self._place_off_held(view, demand, ask)
             if leaderless and not (
                 isinstance(placed, NoFit) and placed.reason is NoFitReason.NEVER
             ):
@@ -337,6 +341,30 @@ class Admission:
             code=409,
             reason="Conflict",
         )
+
+    def _place_off_held(
+        self, view: ClusterView, demand: PodDemand, ask: PodAsk
+    ) -> Placement | NoFit:
+        """Placement at admission, off the nodes the queue's head holds (queue mode). A pod
+        that fits only there waits in the queue behind the head (NOT_NOW)."""
+        held = self._held_nodes() if self._held_nodes is not None else frozenset()
+        if not held:
+            return view.place(demand, ask.policy)
+        everywhere = demand.constraints.nodes
+        allowed = (everywhere if everywhere is not None else {n.name for n in view.nodes()}) - held
+        off = dataclasses.replace(
+            demand, constraints=dataclasses.replace(demand.constraints, nodes=frozenset(allowed))
+        )
+        placed = view.place(off, ask.policy)
+        if isinstance(placed, NoFit):
+            anywhere = view.place(demand, ask.policy)
+            if not isinstance(anywhere, NoFit):
+                return NoFit(
+                    NoFitReason.NOT_NOW,
+                    "the room that fits this pod is held for a pod ahead in the fracgpu queue",
+                )
+            return anywhere
+        return placed
 
     async def _enqueue(
         self,

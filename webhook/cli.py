@@ -51,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command == "demo":
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-            return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout))
+            mode = getattr(args, "demo_placement_mode", "immediate")
+            return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout, mode))
         config = settings.load(args, os.environ)
         logging.basicConfig(
             level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -88,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=demo.EXAMPLES / "pods",
         help="directory of pod manifests (*.yaml), sent in name order [%(default)s]",
+    )
+    run_demo.add_argument(
+        "--placement-mode",
+        dest="demo_placement_mode",
+        choices=("immediate", "queue"),
+        default="immediate",
+        help="queue: pods that do not fit now are shown QUEUED instead of denied [%(default)s]",
     )
     admit = commands.add_parser("admit", help="print a pod as fracgpu would admit it")
     admit.add_argument("pod", type=Path, help="pod manifest (YAML or JSON)")

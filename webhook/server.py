@@ -57,7 +57,13 @@ def build_app(
     app[SETTINGS] = settings
     app[STATE] = state
     app[METRICS] = metrics
-    app[ADMISSION] = Admission(settings, state, metrics, seal=seal)
+    app[ADMISSION] = Admission(
+        settings,
+        state,
+        metrics,
+        seal=seal,
+        held_nodes=extender.scheduler.held_nodes if extender is not None else None,
+    )
     app[SCREENER] = Screener(settings.screen_workers, settings.pod_limits, settings.max_body_bytes)
     app.on_cleanup.append(_close_screener)
     metrics.watch_placing(state.placing)

@@ -21,8 +21,8 @@ from typing import Any, Final
 from fracgpu import names
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import FracgpuError
-from fracgpu.model import Assignment, Reservation
-from fracgpu.placement import ClusterView, NoFitReason, Placement, PodDemand
+from fracgpu.model import Assignment, GPUAllocation, Reservation
+from fracgpu.placement import ClusterView, NoFit, NoFitReason, Placement, PodDemand
 from webhook import assignments
 from webhook import quota as quotalib
 from webhook.cluster import paths
@@ -105,6 +105,9 @@ class QueueScheduler:
 
     # -- filter / prioritize -----------------------------------------------------------------
     async def decide(self, pod: Mapping[str, Any], candidates: Sequence[str]) -> Decision:
+        """Where this queued pod goes among ``candidates`` now, in queue order: the pods
+        ahead of it that kube-scheduler has tried are counted as placed where they fit (they
+        go first), and the head, the first of them that cannot start, holds its node."""
         waiter = _waiter(pod)
         if len(self._offered) >= MAX_REMEMBERED:
             self._offered.pop(next(iter(self._offered)))
@@ -113,55 +116,78 @@ class QueueScheduler:
         queue[waiter.key] = waiter
         line = ordered(queue.values())
         position = next(i for i, w in enumerate(line, 1) if w.key == waiter.key)
-        view = await self._state.view()
-        head, held = await self._head(line[: min(position - 1, HEAD_SEARCH)], view)
-        allowed = set(candidates)
-        if head is not None:
-            allowed.discard(held)
-        demand = await self._demand(waiter, allowed)
-        placed = view.place(demand, waiter.entry.policy)
         where = f"{ordinal(position)} of {len(line)} in the fracgpu queue"
+        tried = [w for w in line[: position - 1] if w.uid in self._offered][:HEAD_SEARCH]
+        ahead = [(w, await self._demand(w, set(self._offered[w.uid]))) for w in tried]
+        alone = await self._demand(waiter, set(candidates))
+        view = await self._state.view()
+        head, held, placed = self._in_line(view, ahead, waiter, alone, candidates)
         if isinstance(placed, Placement):
             over = await self._quota_problem(waiter, placed, view)
             if over is None:
-                self._held.pop(waiter.uid, None)
                 return Decision(placed, {}, f"placed on {placed.node}")
             return self._waits(waiter, candidates, f"waiting for quota: {over}", where)
-        what = f"waiting for {asked(waiter.entry)}"
-        if placed.reason is NoFitReason.NEVER and head is None:
+        on_its_own = view.place(alone, waiter.entry.policy)
+        if isinstance(on_its_own, Placement):
+            what = "waiting for pods ahead in the queue to start first"
+        elif on_its_own.reason is NoFitReason.NEVER:
             what = f"no GPU on the offered nodes can ever hold {asked(waiter.entry)}"
+        else:
+            what = f"waiting for {asked(waiter.entry)}"
+            if head is None:  # the head: it holds the node where it will fit soonest
+                target = target_node(
+                    view, alone, sorted(candidates), self._held.get(waiter.uid, "")
+                )
+                self._held = {waiter.uid: target} if target else {}
         summary = f"{what}; {where}"
         reasons = dict.fromkeys(candidates, PREFIX + summary)
-        if head is not None and held in candidates:
+        if head is not None and held in reasons:
             reasons[held] = (
                 f"{PREFIX}held for {head.key}, ahead in the queue and waiting for "
                 f"{asked(head.entry)}"
             )
-        if head is None:
-            # This pod is the head: it holds the node where it will fit soonest.
-            self._held[waiter.uid] = target_node(
-                view, demand, sorted(candidates), self._held.get(waiter.uid, "")
-            )
         self.last_reason[waiter.key] = what
         return Decision(None, reasons, summary)
+
+    def _in_line(
+        self,
+        view: ClusterView,
+        ahead: Sequence[tuple[Waiter, PodDemand]],
+        waiter: Waiter,
+        demand: PodDemand,
+        candidates: Sequence[str],
+    ) -> tuple[Waiter | None, str, Placement | NoFit]:
+        """(the head ahead, the node it holds, this pod's placement behind them). The pods
+        ahead are counted in the view for the moment (synchronously: nothing else runs),
+        then taken out again."""
+        taken: list[tuple[str, tuple[GPUAllocation, ...], int, int]] = []
+        head, held = None, ""
+        try:
+            for other, wanted in ahead:
+                placed = view.place(wanted, other.entry.policy)
+                if isinstance(placed, Placement):
+                    used = tuple(a for c in placed.containers for a in c.devices)
+                    view.allocate(placed.node, used, wanted.cpu_milli, wanted.memory_mib)
+                    taken.append((placed.node, used, wanted.cpu_milli, wanted.memory_mib))
+                    continue
+                offered = sorted(wanted.constraints.nodes or ())
+                held = target_node(view, wanted, offered, self._held.get(other.uid, ""))
+                self._held = {other.uid: held} if held else {}
+                head = other
+                break
+            allowed = frozenset(candidates) - {held}
+            narrowed = dataclasses.replace(
+                demand, constraints=dataclasses.replace(demand.constraints, nodes=allowed)
+            )
+            return head, held, view.place(narrowed, waiter.entry.policy)
+        finally:
+            for node, used, cpu, memory in taken:
+                view.release(node, used, cpu, memory)
 
     def _waits(self, waiter: Waiter, candidates: Sequence[str], what: str, where: str) -> Decision:
         self.last_reason[waiter.key] = what
         summary = f"{what}; {where}"
         return Decision(None, dict.fromkeys(candidates, PREFIX + summary), summary)
-
-    async def _head(self, ahead: Sequence[Waiter], view: ClusterView) -> tuple[Waiter | None, str]:
-        """The first pod ahead that cannot start now, and the node it holds."""
-        for waiter in ahead:
-            offered = self._offered.get(waiter.uid)
-            demand = await self._demand(waiter, None if offered is None else set(offered))
-            if isinstance(view.place(demand, waiter.entry.policy), Placement):
-                continue
-            nodes = sorted(offered) if offered is not None else [n.name for n in view.nodes()]
-            held = target_node(view, demand, nodes, self._held.get(waiter.uid, ""))
-            self._held = {waiter.uid: held} if held else {}
-            return waiter, held
-        return None, ""
 
     async def _demand(self, waiter: Waiter, nodes: set[str] | None) -> PodDemand:
         demand = waiter.entry.demand()
@@ -225,7 +251,7 @@ class QueueScheduler:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            await self._api.create(f"{paths.pod(namespace, name)}/binding", binding)
+            await self._api.create(paths.pod_binding(namespace, name), binding)
         except ApiError as error:
             raise BindError(f"binding {namespace}/{name} to {node} failed: {error}") from None
         log.info("bound queued pod %s/%s to %s", namespace, name, node)

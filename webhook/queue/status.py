@@ -89,7 +89,7 @@ class QueueStatus:
             }
         }
         try:
-            await self.api.patch(f"{paths.pod(namespace, name)}/status", body, STRATEGIC_MERGE)
+            await self.api.patch(paths.pod_status(namespace, name), body, STRATEGIC_MERGE)
         except ApiError as error:
             log.info("condition of %s/%s not written: %s", namespace, name, error)
 
@@ -115,7 +115,7 @@ class QueueStatus:
             "count": 1,
         }
         try:
-            await self.api.create(f"/api/v1/namespaces/{namespace}/events", event)
+            await self.api.create(paths.events_in(namespace), event)
         except ApiError as error:
             log.info("event for %s/%s not written: %s", namespace, name, error)
 
