@@ -1,4 +1,4 @@
-"""Admission decisions: the mutating and validating rules over a ``ClusterState``.
+"""Admission decisions: the mutating and validating rules over a ``StateBackend``.
 
 Mutation (CREATE): opted-out namespaces and non-pod objects pass untouched; a pod without
 GPUs gets ``NVIDIA_VISIBLE_DEVICES=void``; a GPU pod is checked (dialect, tampering),
@@ -30,6 +30,15 @@ from fracgpu.placement import ClusterView, NoFit, NoFitReason, Placement, PodDem
 from webhook import assignments, ephemeral, grants, responses, shimguard, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
+from webhook.backend import (
+    Claim,
+    ForwardToLeader,
+    NodeLabels,
+    NodeTaints,
+    RejectKind,
+    ReserveRejected,
+    StateBackend,
+)
 from webhook.demand import PodAsk, gpu_container_names, read_ask
 from webhook.metrics import Metrics
 from webhook.mutate import canonical_resources, patch_for, queued_patch_for
@@ -40,15 +49,6 @@ from webhook.queue import entry as queued
 from webhook.queue.keys import SharedKey
 from webhook.review import AdmissionRequest
 from webhook.settings import PlacementMode, Settings
-from webhook.state import (
-    Claim,
-    ClusterState,
-    ForwardToLeader,
-    NodeLabels,
-    NodeTaints,
-    RejectKind,
-    ReserveRejected,
-)
 from webhook.tolerations import Taint, untolerated_taints
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class Admission:
     def __init__(
         self,
         settings: Settings,
-        state: ClusterState,
+        state: StateBackend,
         metrics: Metrics,
         new_id: Callable[[], str] | None = None,
         *,

@@ -22,11 +22,12 @@ from aiohttp import web
 from fracgpu import __version__
 from webhook import demo, documents, server, settings
 from webhook.admission import Admission
+from webhook.backend import StateBackend
 from webhook.client import build_review
 from webhook.cluster.apiclient import Endpoint, endpoint_from_kubeconfig
+from webhook.cluster.kubestate import KubeStateSettings
 from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
-from webhook.cluster.state import KubeStateSettings
 from webhook.embedded import ClusterFileError, EmbeddedState
 from webhook.forward import LeaderForwarder
 from webhook.gcpause import freeze_when_ready
@@ -34,7 +35,6 @@ from webhook.metrics import Metrics
 from webhook.queue.extender import Extender, loopback_app
 from webhook.queue.keys import SharedKey
 from webhook.review import parse_review
-from webhook.state import ClusterState
 from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
 
 LOOPBACK = "127.0.0.1"
@@ -182,7 +182,7 @@ def _shared_keys(config: settings.Settings) -> tuple[SharedKey, SharedKey]:
 
 async def _serve_until_signal(
     config: settings.Settings,
-    state: ClusterState,
+    state: StateBackend,
     reloader: CertificateReloader,
     forwarder: LeaderForwarder | None = None,
     runtime: ClusterRuntime | None = None,
@@ -256,6 +256,7 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
             settle_s=config.settle_seconds,
             write_behind_s=config.write_behind_seconds,
             admission_window_s=config.admission_window_seconds,
+            self_check_s=config.self_check_interval_seconds,
         ),
         lease=LeaseSettings(
             config.lease_namespace,

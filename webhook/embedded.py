@@ -32,8 +32,8 @@ from fracgpu.placement import ClusterView
 from fracgpu.quantity import parse_quantity
 from webhook import documents
 from webhook import quota as quotalib
+from webhook.backend import Claim, RejectKind, ReserveRejected
 from webhook.capacity import capacity_problem
-from webhook.state import Claim, RejectKind, ReserveRejected
 from webhook.tolerations import Taint
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
@@ -135,7 +135,7 @@ def _cluster(raw: Any, source: str) -> ClusterFile:
 
 
 class EmbeddedState:
-    """``ClusterState`` over a parsed cluster file; one asyncio lock makes reserve atomic."""
+    """``StateBackend`` over a parsed cluster file; one asyncio lock makes reserve atomic."""
 
     def __init__(
         self,

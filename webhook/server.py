@@ -18,6 +18,13 @@ from aiohttp import web
 
 from webhook import responses
 from webhook.admission import Admission
+from webhook.backend import (
+    ForwardToLeader,
+    QuotaListing,
+    SelfChecked,
+    StateBackend,
+    StateUnavailable,
+)
 from webhook.forward import FORWARDED_BY_HEADER, ForwardError, LeaderForwarder
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
@@ -26,13 +33,12 @@ from webhook.queue.keys import SharedKey
 from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
 from webhook.screen import Screened, Screener, ScreenUnavailableError
 from webhook.settings import PlacementMode, Settings
-from webhook.state import ClusterState, ForwardToLeader, QuotaListing, StateUnavailable
 from webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
 
 ADMISSION: Final = web.AppKey("admission", Admission)
-STATE: Final = web.AppKey("state", ClusterState)
+STATE: Final = web.AppKey("state", StateBackend)
 METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", Settings)
 RELOADER: Final = web.AppKey("reloader", CertificateReloader)
@@ -44,7 +50,7 @@ Decide = Callable[[Admission, AdmissionRequest], Awaitable[responses.Verdict]]
 
 def build_app(
     settings: Settings,
-    state: ClusterState,
+    state: StateBackend,
     metrics: Metrics,
     reloader: CertificateReloader | None = None,
     forwarder: LeaderForwarder | None = None,
@@ -69,6 +75,8 @@ def build_app(
     metrics.watch_placing(state.placing)
     if isinstance(state, QuotaListing):
         metrics.watch_quotas(state.all_quotas)
+    if isinstance(state, SelfChecked):
+        metrics.watch_drift(state.drift_counts)
     app.router.add_post("/mutate", _admission_handler("mutate", Admission.mutate))
     app.router.add_post("/validate", _admission_handler("validate", Admission.validate))
     app.router.add_get("/healthz", _healthz)
@@ -296,7 +304,7 @@ class RunningServer:
 
 async def start(
     settings: Settings,
-    state: ClusterState,
+    state: StateBackend,
     reloader: CertificateReloader,
     forwarder: LeaderForwarder | None = None,
     *,

@@ -83,6 +83,7 @@ class Settings:
     advertise_url: str = ""
     takeover_grace_seconds: float = 30.0
     write_behind_seconds: float = 0.2
+    self_check_interval_seconds: float = 60.0
     # Host directories no pod of a managed namespace may mount (webhook.shimguard).
     protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
     # How long a reservation waits for a sign that its pod passed the rest of admission.
@@ -414,6 +415,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _positive_float,
     ),
     Option(
+        "self_check_interval_seconds",
+        "60",
+        "cluster mode: how often the leader compares its reservations and counted use with a "
+        "recount from pods and GPUNodes, and repairs what differs",
+        _positive_float,
+    ),
+    Option(
         "protected_host_paths",
         ",".join(DEFAULT_PROTECTED_HOST_PATHS),
         "host directories no pod of a managed namespace may mount with hostPath (nor a "
@@ -563,6 +571,7 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         advertise_url=values["advertise_url"],
         takeover_grace_seconds=values["takeover_grace_seconds"],
         write_behind_seconds=values["write_behind_seconds"],
+        self_check_interval_seconds=values["self_check_interval_seconds"],
         protected_host_paths=values["protected_host_paths"],
         admission_window_seconds=values["admission_window_seconds"],
         placement_mode=values["placement_mode"],

@@ -5,13 +5,20 @@ Keeping a few fields per object bounds the webhook's memory by object count, not
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fractions import Fraction
 from typing import Any
 
 from fracgpu import codec, names
 from fracgpu.errors import FracgpuError
-from fracgpu.model import Assignment, GPUAllocation, GPUDevice, NodeInventory, Reservation
+from fracgpu.model import (
+    Assignment,
+    GPUAllocation,
+    GPUDevice,
+    NodeInventory,
+    Quota,
+    Reservation,
+)
 from fracgpu.quantity import parse_quantity
 from webhook.demand import cpu_and_memory
 from webhook.queue import entry as queue_entry
@@ -218,6 +225,27 @@ def _compute_limit(name: str, disable_core_limit: object) -> bool | None:
         log.warning("GPUNode %s spec.disableCoreLimit is not a boolean: using the default", name)
         return None
     return not disable_core_limit
+
+
+@dataclass(frozen=True)
+class QuotaRecord(Quota):
+    """A GPUQuota as the watch cache holds it: ``has_status`` is False for a new one whose
+    status.used nobody has written yet (the controllers write it at once)."""
+
+    has_status: bool = True
+
+
+def quota_record(obj: Obj) -> Quota | None:
+    try:
+        quota = codec.decode_quota(obj)
+    except FracgpuError as error:
+        log.warning("ignoring unreadable GPUQuota: %s", error)
+        return None
+    status = obj.get("status")
+    has_status = isinstance(status, dict) and "used" in status
+    return QuotaRecord(
+        **{f.name: getattr(quota, f.name) for f in fields(quota)}, has_status=has_status
+    )
 
 
 def namespace_opted_out(obj: Obj) -> bool | None:

@@ -1,4 +1,4 @@
-"""Cluster mode start-up: the Kubernetes ClusterState plus its leader-elected controllers."""
+"""Cluster mode start-up: the Kubernetes state back end plus its leader-elected controllers."""
 
 import asyncio
 import contextlib
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.controllers import Controllers
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import LeaderElector, LeaseSettings
-from webhook.cluster.state import KubeState, KubeStateSettings
 from webhook.queue.scheduler import QueueScheduler
 from webhook.queue.status import QueueStatus
 
@@ -52,8 +52,13 @@ class ClusterRuntime:
             )
 
     async def _lead(self) -> None:
-        """What the leader runs: the controllers, and the queue's status on its pods."""
-        await asyncio.gather(self.controllers.run(), self.queue_status.run())
+        """What the leader runs besides placing: the controllers, the self-check, and the
+        queue's status on its pods."""
+        await asyncio.gather(
+            self.controllers.run(),
+            self.state.self_check.run(self.state.ready),
+            self.queue_status.run(),
+        )
 
 
 @contextlib.asynccontextmanager
@@ -66,7 +71,7 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
         state = KubeState(
             api, mode.state, leadership=elector.leadership, find_leader=elector.refresh_leader
         )
-        controllers = Controllers(api, state, mode.state, mode.controller_interval_s)
+        controllers = Controllers(api, state, mode.controller_interval_s)
         caches = asyncio.create_task(state.run(), name="watch-caches")
         queue = QueueScheduler(state, api, disable_core_limit=mode.disable_core_limit)
         status = QueueStatus(api, queue, interval_s=mode.controller_interval_s)
@@ -79,7 +84,7 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
                 runtime.election.cancel()  # stops placing and the controllers
                 await asyncio.gather(runtime.election, return_exceptions=True)
             if was_leader:
-                if await state.flush(mode.handover_timeout_s):
+                if await state.writer.flush(mode.handover_timeout_s):
                     await elector.release()
                 else:
                     log.warning("could not write every reservation: the next leader will wait")

@@ -21,10 +21,10 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
+from webhook.backend import ForwardToLeader, StateBackend, StateUnavailable
 from webhook.forward import ForwardError, LeaderForwarder
 from webhook.queue.keys import SharedKey
 from webhook.queue.scheduler import BindError, QueueScheduler
-from webhook.state import ClusterState, ForwardToLeader, StateUnavailable
 
 log = logging.getLogger(__name__)
 VERBS: Final = ("filter", "prioritize", "bind")
@@ -44,7 +44,7 @@ class ExtenderRequestError(Exception):
 class Extender:
     """Answers extender calls here when this replica leads, else relays them."""
 
-    state: ClusterState
+    state: StateBackend
     scheduler: QueueScheduler
     relay_key: SharedKey
     forwarder: LeaderForwarder | None = None

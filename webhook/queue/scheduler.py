@@ -5,7 +5,7 @@ checks (selectors, affinity, taints, CPU, memory, the canonical GPU resources); 
 answers with the one node fracgpu's placement picks among them, in queue order
 (``webhook.queue.order``), or a reason per node that says what the pod waits for and where
 it stands in the queue. ``bind`` decides again for the node kube-scheduler chose, holds the
-GPUs in the leader's ledger (``ClusterState.reserve``, the queued quota charge replaced by
+GPUs in the leader's ledger (``StateBackend.reserve``, the queued quota charge replaced by
 the real one), writes the same assignment annotation and labels immediate mode writes, and
 only then creates the Binding. The queue itself is the set of queued, unplaced pods in the
 pod cache, so a new leader has it at once.
@@ -25,10 +25,11 @@ from fracgpu.model import Assignment, GPUAllocation, Reservation
 from fracgpu.placement import ClusterView, NoFit, NoFitReason, Placement, PodDemand
 from webhook import assignments
 from webhook import quota as quotalib
+from webhook.backend import Claim, ReserveRejected
 from webhook.cluster import paths
 from webhook.cluster.apiclient import ApiError, KubeApi, NotFoundError
+from webhook.cluster.kubestate import KubeState
 from webhook.cluster.records import PodRecord
-from webhook.cluster.state import KubeState
 from webhook.mutate import bind_metadata
 from webhook.queue import entry as queued
 from webhook.queue.order import (
@@ -40,7 +41,6 @@ from webhook.queue.order import (
     place_in_line,
     target_node,
 )
-from webhook.state import Claim, ReserveRejected
 
 log = logging.getLogger(__name__)
 # Nodes kube-scheduler offered a pod, kept for this many pods at most (oldest dropped).

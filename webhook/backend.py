@@ -60,7 +60,7 @@ class Claim:
     replaces: tuple[GPUAllocation, ...] = ()
 
 
-class ClusterState(Protocol):
+class StateBackend(Protocol):
     def ready(self) -> bool:
         """Whether the state is complete enough to admit pods (``/readyz``)."""
         ...
@@ -141,4 +141,24 @@ class QuotaListing(Protocol):
 
     def all_quotas(self) -> tuple[Quota, ...]:
         """Every GPUQuota with its current use, read without waiting (at scrape time)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DriftCounts:
+    """What a back end's self-check found: checks run, repairs since start and items found
+    drifted by the last check, by kind of drift."""
+
+    checks: int
+    repairs: Mapping[str, int]
+    drifted: Mapping[str, int]
+
+
+@runtime_checkable
+class SelfChecked(Protocol):
+    """Optional: a back end that checks its own bookkeeping against a recount exports what
+    it found as metrics (the server checks ``isinstance``)."""
+
+    def drift_counts(self) -> DriftCounts:
+        """The self-check's counts now, read without waiting (at scrape time)."""
         ...
