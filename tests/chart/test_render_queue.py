@@ -54,7 +54,7 @@ def test_the_scheduler_sidecar_calls_the_extender_on_loopback_only(renderer: Pat
     sidecar = containers(rendered)["scheduler"]
     assert sidecar["image"].startswith("registry.k8s.io/kube-scheduler:")
     assert "--config=/etc/fracgpu/scheduler/config.yaml" in sidecar["command"]
-    assert "--bind-address=127.0.0.1" in sidecar["command"]
+    assert "--secure-port=0" in sidecar["command"]  # no HTTPS serving in the pod
     webhook = env(containers(rendered)["webhook"])
     assert webhook["FRACGPU_PLACEMENT_MODE"] == "queue"
     assert webhook["FRACGPU_SCHEDULER_NAME"] == names.DEFAULT_SCHEDULER_NAME
@@ -68,6 +68,9 @@ def test_the_scheduler_sidecar_calls_the_extender_on_loopback_only(renderer: Pat
     assert config["profiles"] == tested["profiles"]
     assert config["extenders"] == tested["extenders"]
     assert config["leaderElection"]["leaderElect"] is True
+    for served in ("healthzBindAddress", "metricsBindAddress"):
+        assert config[served].startswith("127.0.0.1:"), served
+        assert config[served] == tested[served]
     # No Service port reaches the extender: it is not a container port either.
     ports = {p["containerPort"] for c in containers(rendered).values() for p in c.get("ports", [])}
     assert port not in ports
