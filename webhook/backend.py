@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from fracgpu.model import Quota, Reservation
+from fracgpu.model import GPUAllocation, Quota, Reservation
 from fracgpu.placement import ClusterView
 from webhook.tolerations import Taint
 
@@ -54,6 +54,13 @@ class Claim:
     memory_mib: int
     # GPU UUID -> model, for per-model quota.
     models: Mapping[str, str] = field(default_factory=dict)
+    # The queued charge this claim takes the place of (queue mode: the pod is being placed),
+    # given back when the claim is charged. A claim on node "" holds no GPU: it is the
+    # quota charge of a queued pod.
+    replaces: tuple[GPUAllocation, ...] = ()
+    # Charges left out of this claim's quota check only (queue mode: the queued pods behind
+    # it in its namespace, which are let in to quota after it).
+    behind: tuple[GPUAllocation, ...] = ()
 
 
 class StateBackend(Protocol):

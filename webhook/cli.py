@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jsonpatch
 import yaml
+from aiohttp import web
 
 from fracgpu import __version__
 from webhook import demo, documents, server, settings
@@ -29,9 +30,12 @@ from webhook.embedded import ClusterFileError, EmbeddedState
 from webhook.forward import LeaderForwarder
 from webhook.gcpause import freeze_when_ready
 from webhook.metrics import Metrics
+from webhook.queue.extender import Extender, loopback_app
+from webhook.queue.keys import SharedKey
 from webhook.review import parse_review
 from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
 
+LOOPBACK = "127.0.0.1"
 # Bind addresses that name no reachable address of this replica.
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -45,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command == "demo":
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-            return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout))
+            mode = getattr(args, "demo_placement_mode", "immediate")
+            return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout, mode))
         scopes = settings.ADMIT_SCOPES if command == "admit" else settings.SERVE_SCOPES
         config = settings.load(args, os.environ, scopes)
         logging.basicConfig(
@@ -83,6 +88,13 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=demo.EXAMPLES / "pods",
         help="directory of pod manifests (*.yaml), sent in name order [%(default)s]",
+    )
+    run_demo.add_argument(
+        "--placement-mode",
+        dest="demo_placement_mode",
+        choices=("immediate", "queue"),
+        default="immediate",
+        help="queue: pods that do not fit now are shown QUEUED instead of denied [%(default)s]",
     )
     admit = commands.add_parser("admit", help="print a pod as fracgpu would admit it")
     admit.add_argument("pod", type=Path, help="pod manifest (YAML or JSON)")
@@ -158,6 +170,15 @@ async def _serve(config: settings.Settings) -> int:
         return await _serve_until_signal(config, runtime.state, reloader, forwarder, runtime)
 
 
+def _shared_keys(config: settings.Settings) -> tuple[SharedKey, SharedKey]:
+    """(seal of queued entries, signature of relayed extender calls): every replica derives
+    them from the serving key of the one TLS Secret they share."""
+    return (
+        SharedKey(config.tls_key_file, "fracgpu queued entry"),
+        SharedKey(config.tls_key_file, "fracgpu extender relay"),
+    )
+
+
 async def _serve_until_signal(
     config: settings.Settings,
     state: StateBackend,
@@ -165,8 +186,22 @@ async def _serve_until_signal(
     forwarder: LeaderForwarder | None = None,
     runtime: ClusterRuntime | None = None,
 ) -> int:
-    running = await server.start(config, state, reloader, forwarder)
+    seal, relay = _shared_keys(config)
+    extender = None
+    if runtime is not None:
+        extender = Extender(
+            runtime.state, runtime.queue, relay, forwarder, max_body_bytes=config.max_body_bytes
+        )
+    running = await server.start(config, state, reloader, forwarder, seal=seal, extender=extender)
     log.info("serving on %s", running.url)
+    loopback = None
+    queueing = config.placement_mode is settings.PlacementMode.QUEUE
+    if extender is not None and config.extender_port and queueing:
+        # Plain HTTP on loopback only: the fracgpu scheduler runs in this pod (security.md).
+        loopback = web.AppRunner(loopback_app(extender), access_log=None, handle_signals=False)
+        await loopback.setup()
+        await web.TCPSite(loopback, LOOPBACK, config.extender_port).start()
+        log.info("scheduler extender on http://%s:%d", LOOPBACK, config.extender_port)
     if runtime is not None:
         url = config.advertise_url or ("" if config.host in WILDCARD_HOSTS else running.url)
         if not url:
@@ -185,6 +220,8 @@ async def _serve_until_signal(
     finally:
         log.info("shutting down")
         freezing.cancel()
+        if loopback is not None:
+            await loopback.cleanup()
         await running.stop()
     return 0
 

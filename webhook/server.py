@@ -28,9 +28,11 @@ from webhook.backend import (
 from webhook.forward import FORWARDED_BY_HEADER, ForwardError, LeaderForwarder
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
+from webhook.queue.extender import Extender, add_relay_routes
+from webhook.queue.keys import SharedKey
 from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
 from webhook.screen import Screened, Screener, ScreenUnavailableError
-from webhook.settings import Settings
+from webhook.settings import PlacementMode, Settings
 from webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
@@ -52,13 +54,22 @@ def build_app(
     metrics: Metrics,
     reloader: CertificateReloader | None = None,
     forwarder: LeaderForwarder | None = None,
+    *,
+    seal: SharedKey | None = None,
+    extender: Extender | None = None,
 ) -> web.Application:
     # One byte over the cap still reaches parse_review, which names the limit in its answer.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[STATE] = state
     app[METRICS] = metrics
-    app[ADMISSION] = Admission(settings, state, metrics)
+    app[ADMISSION] = Admission(
+        settings,
+        state,
+        metrics,
+        seal=seal,
+        held_nodes=extender.scheduler.held_nodes if extender is not None else None,
+    )
     app[SCREENER] = Screener(settings.screen_workers, settings.pod_limits, settings.max_body_bytes)
     app.on_cleanup.append(_close_screener)
     metrics.watch_placing(state.placing)
@@ -77,6 +88,9 @@ def build_app(
     if forwarder is not None:
         app[FORWARDER] = forwarder
         app.on_cleanup.append(_close_forwarder)
+    if extender is not None:
+        add_relay_routes(app, extender)
+        metrics.watch_queue(extender.scheduler.waiting)
     return app
 
 
@@ -137,6 +151,12 @@ def _admission_handler(
                 log.info("%s uid=%s forwarded to %s", endpoint, review.uid, where.leader_url)
                 return web.Response(body=forwarded, content_type="application/json")
             verdict = forwarded
+            if endpoint == "mutate" and app[SETTINGS].placement_mode is PlacementMode.QUEUE:
+                # No leader to place it: queued, not refused (webhook.admission._place).
+                try:
+                    verdict = await app[ADMISSION].mutate(review, leaderless=True)
+                except Exception:
+                    log.exception("uid=%s queueing without a leader failed", review.uid)
         except StateUnavailable as error:
             log.warning("uid=%s cluster state unavailable: %s", review.uid, error)
             verdict = responses.errored(f"fracgpu cannot read cluster state now: {error}", 503)
@@ -288,9 +308,12 @@ async def start(
     state: StateBackend,
     reloader: CertificateReloader,
     forwarder: LeaderForwarder | None = None,
+    *,
+    seal: SharedKey | None = None,
+    extender: Extender | None = None,
 ) -> RunningServer:
     """Serve HTTPS on settings.host:port (port 0 picks a free one) until ``stop``."""
-    app = build_app(settings, state, Metrics(), reloader, forwarder)
+    app = build_app(settings, state, Metrics(), reloader, forwarder, seal=seal, extender=extender)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=reloader.context)

@@ -43,6 +43,14 @@ DEFAULT_PROTECTED_HOST_PATHS: Final = (
 )
 
 
+class PlacementMode(StrEnum):
+    """IMMEDIATE places a GPU pod at admission or refuses it; QUEUE creates one that does not
+    fit now and lets it wait for fracgpu's scheduler (docs/configuration.md says when)."""
+
+    IMMEDIATE = "immediate"
+    QUEUE = "queue"
+
+
 class SettingsError(ValueError):
     """A flag or environment variable with a value that cannot be used."""
 
@@ -124,6 +132,19 @@ def _host_paths(text: str) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"{bad[0]!r}: use absolute host directories below /, comma-separated")
     return tuple(posixpath.normpath("/" + p.lstrip("/")) for p in paths)
+
+
+def _placement_mode(text: str) -> PlacementMode:
+    try:
+        return PlacementMode(text)
+    except ValueError:
+        raise ValueError(f"use one of {', '.join(m.value for m in PlacementMode)}") from None
+
+
+def _scheduler_name(text: str) -> str:
+    if not 1 <= len(text) <= 253 or not all(c.isalnum() or c in "-." for c in text):
+        raise ValueError("use a DNS-1123 name such as fracgpu-scheduler")
+    return text
 
 
 def _optional_path(text: str) -> Path | None:
@@ -446,6 +467,27 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "admission step refused the pod); 30 = the longest webhook timeout",
         _positive_float,
     ),
+    Option(
+        "placement_mode",
+        PlacementMode.IMMEDIATE.value,
+        "immediate: a GPU pod that does not fit now is refused at admission; queue: it is "
+        "created and waits Pending for the fracgpu scheduler, which places it when room frees",
+        _placement_mode,
+    ),
+    Option(
+        "scheduler_name",
+        names.DEFAULT_SCHEDULER_NAME,
+        "queue mode: schedulerName of queued pods (the second kube-scheduler calling the extender)",
+        _scheduler_name,
+    ),
+    Option(
+        "extender_port",
+        "8889",
+        "cluster mode, queue mode: port of the scheduler extender, served over plain HTTP on "
+        "127.0.0.1 only (the scheduler runs in the same pod); 0 = none",
+        _port,
+        scope=Scope.CLUSTER,
+    ),
     *(
         Option(
             f"resource_{f.name}",
@@ -513,6 +555,11 @@ class Settings:
     protected_host_paths: tuple[str, ...] = _default("protected_host_paths")
     # How long a reservation waits for a sign that its pod passed the rest of admission.
     admission_window_seconds: float = _default("admission_window_seconds")
+    # Queue mode (webhook/queue): the mode, the scheduler queued pods wait for, and the
+    # loopback port of the extender that scheduler calls (0: no extender).
+    placement_mode: PlacementMode = _default("placement_mode")
+    scheduler_name: str = _default("scheduler_name")
+    extender_port: int = _default("extender_port")
 
     @property
     def cluster_mode(self) -> bool:
@@ -697,6 +744,9 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         self_check_interval_seconds=values["self_check_interval_seconds"],
         protected_host_paths=values["protected_host_paths"],
         admission_window_seconds=values["admission_window_seconds"],
+        placement_mode=values["placement_mode"],
+        scheduler_name=values["scheduler_name"],
+        extender_port=values["extender_port"],
     )
 
 

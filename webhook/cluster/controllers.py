@@ -148,16 +148,21 @@ class Controllers:
         result: dict[str, list[GPUAllocation]] = {}
         live = self._state.liveness.live_reservation_ids()
         departed = self._state.departed_reservation_ids()
+        unwritten = self._state.unwritten_claims()
+        # A reservation ID counts once: a pod being placed from the queue counts its claim.
+        binding = {c.reservation.id for c in unwritten if c.reservation.node}
         for _, pod in self._state.pods.items():
             if pod.assignment is not None and not pod.terminal:
                 result.setdefault(pod.namespace, []).extend(pod.assignment.allocations())
+            elif pod.waiting and pod.queued is not None and pod.reservation_id not in binding:
+                result.setdefault(pod.namespace, []).extend(pod.queued.charge())
         written = set()
         for _, record in self._state.gpunodes.items():
             for held in record.reservations:
                 written.add(held.id)
                 if quotalib.reservation_charges(held, now, live, departed):
                     result.setdefault(held.namespace, []).extend(held.allocations)
-        for claim in self._state.unwritten_claims():
+        for claim in unwritten:
             held = claim.reservation
             if held.id not in written:
                 result.setdefault(held.namespace, []).extend(held.allocations)

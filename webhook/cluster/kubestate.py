@@ -253,27 +253,36 @@ class KubeState:
             expires_at=int(self._clock()) + self.settings.reservation_ttl_s,
         )
         claim = replace(claim, reservation=held)
-        if self.gpunodes.get(held.node) is None:
+        queued = not held.node  # a queued pod's quota charge: no GPU held yet
+        if not queued and self.gpunodes.get(held.node) is None:
             raise ReserveRejected(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
-        problem = capacity_problem(
-            self.sync.view(),
-            held.node,
-            held.allocations,
-            cpu_milli=claim.cpu_milli,
-            memory_mib=claim.memory_mib,
-            split_count=self.settings.split_count,
+        problem = (
+            ""
+            if queued
+            else capacity_problem(
+                self.sync.view(),
+                held.node,
+                held.allocations,
+                cpu_milli=claim.cpu_milli,
+                memory_mib=claim.memory_mib,
+                split_count=self.settings.split_count,
+            )
         )
         if problem:
             raise ReserveRejected(RejectKind.CAPACITY, problem)
         quotas = await self.quotas(held.namespace)
-        over = quotalib.check(quotas, held.allocations, claim.models)
+        # A queued pod being placed: its queued charge is given back as the real one is taken.
+        credit = (*claim.replaces, *claim.behind)
+        without = [quotalib.charge(q, credit, {}, -1) for q in quotas]
+        over = quotalib.check(without, held.allocations, claim.models)
         if over is not None:
             raise ReserveRejected(RejectKind.QUOTA, over.message)
         # Counted by the view and by quotas() until the writer or the recount writes it.
         self.ledger.hold(claim, (quota_key(q) for q in quotas), self._clock())
-        self.sync.allocate(claim)
         self.forget_old()
-        self.writer.queue_node(held.node)
+        if not queued:
+            self.sync.allocate(claim)
+            self.writer.queue_node(held.node)
 
     async def release(self, reservation_id: str) -> None:
         """Give a reservation back: unwritten parts are dropped, written ones written back."""
@@ -376,6 +385,9 @@ class KubeState:
         if new is not None and not new.terminal and new.node and new.reservation_id:
             # The pod holds the slice now: its window is over, its claim need never be written.
             self.ledger.pod_live(new.reservation_id)
+        elif new is not None and not new.terminal and new.reservation_id:
+            # A queued pod is stored: it carries its quota charge now (the recount counts it).
+            self.ledger.queued_pod_stored(new.reservation_id)
         if departed:
             self.forget_old()
 

@@ -73,7 +73,8 @@ class ClaimLedger:
         return self._inflight.values()
 
     def inflight_nodes(self) -> set[str]:
-        return {h.claim.reservation.node for h in self._inflight.values()}
+        """Nodes of claims in flight (a queued pod's claim holds no GPU: on no node)."""
+        return {h.claim.reservation.node for h in self._inflight.values()} - {""}
 
     def on_node(self, node: str) -> list[Held]:
         return [h for h in self._inflight.values() if h.claim.reservation.node == node]
@@ -88,6 +89,13 @@ class ClaimLedger:
         self._unconfirmed.pop(reservation_id, None)
         self._confirmed.pop(reservation_id, None)
         self._inflight.pop(reservation_id, None)
+
+    def queued_pod_stored(self, reservation_id: str) -> None:
+        """A queued pod is stored: it carries its quota charge itself (the recount counts
+        it), so its admission claim, which held no GPU, is neither kept nor written."""
+        held = self._inflight.get(reservation_id)
+        if held is not None and not held.claim.reservation.node:
+            self.pod_live(reservation_id)
 
     # -- quota charges --------------------------------------------------------------------------
     def unwritten_charges(self) -> dict[str, tuple[Claim, ...]]:
@@ -129,8 +137,7 @@ class ClaimLedger:
         claims = self._unwritten_charges.get(quota_key(quota))
         if not claims:
             return quota
-        allocations, models = charged_together(claims)
-        return quotalib.charge(quota, allocations, models)
+        return with_claims(quota, claims)
 
     def take_charged(self, reservation_id: str) -> Claim | None:
         """The claim a reservation charged (to refund it), forgetting it."""
@@ -186,8 +193,19 @@ class ClaimLedger:
         return len(self._charged)
 
     def unwritten(self) -> int:
-        """Claims and quota charges held in memory only (0 once everything is written)."""
-        return len(self._inflight) + sum(len(c) for c in self._unwritten_charges.values())
+        """Claims and quota charges held in memory only (0 once everything is written); a
+        queued pod's claim holds no GPU and is never written (its pod carries the charge)."""
+        placed = sum(1 for h in self._inflight.values() if h.claim.reservation.node)
+        return placed + sum(len(c) for c in self._unwritten_charges.values())
+
+
+def with_claims(quota: Quota, claims: Sequence[Claim]) -> Quota:
+    """The quota with these claims charged, and the queued charges they replace (queued
+    pods being placed) given back."""
+    allocations, models = charged_together(claims)
+    quota = quotalib.charge(quota, allocations, models)
+    credit = [a for claim in claims for a in claim.replaces]
+    return quotalib.charge(quota, credit, {}, -1) if credit else quota
 
 
 def charged_together(claims: Sequence[Claim]) -> tuple[list[GPUAllocation], dict[str, str]]:

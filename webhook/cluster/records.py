@@ -21,6 +21,8 @@ from fracgpu.model import (
 )
 from fracgpu.quantity import parse_quantity
 from webhook.demand import cpu_and_memory
+from webhook.queue import entry as queue_entry
+from webhook.queue.entry import QueuedEntry
 from webhook.tolerations import Taint
 
 Obj = dict[str, Any]
@@ -41,6 +43,14 @@ class PodRecord:
     terminal: bool
     # The assignment's allocations, flattened once (the view recounts them often).
     allocations: tuple[GPUAllocation, ...] = ()
+    # Queue mode: what a queued pod asks (None: not queued), its UID and creation order.
+    queued: QueuedEntry | None = None
+    uid: str = ""
+
+    @property
+    def waiting(self) -> bool:
+        """Queued, not placed yet, not finished: in fracgpu's queue."""
+        return self.queued is not None and self.assignment is None and not self.terminal
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,18 @@ def pod_record(obj: Obj) -> PodRecord | None:
             )
     node = spec.get("nodeName") or (assignment.node if assignment else "")
     cpu, memory = pod_cpu_memory(obj)
+    queued = None
+    raw_queued = annotations.get(names.ANNOTATION_QUEUED)
+    if raw_queued is not None:
+        try:
+            queued = queue_entry.decode(raw_queued)
+        except FracgpuError as error:
+            log.warning(
+                "pod %s/%s: ignoring bad queued entry: %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                error,
+            )
     return PodRecord(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -122,6 +144,8 @@ def pod_record(obj: Obj) -> PodRecord | None:
         reservation_id=str(annotations.get(names.ANNOTATION_RESERVATION_ID, "")),
         terminal=obj.get("status", {}).get("phase") in TERMINAL_PHASES,
         allocations=assignment.allocations() if assignment else (),
+        queued=queued,
+        uid=str(meta.get("uid", "")),
     )
 
 

@@ -10,6 +10,8 @@ from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.controllers import Controllers
 from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import LeaderElector, LeaseSettings
+from webhook.queue.scheduler import QueueScheduler
+from webhook.queue.status import QueueStatus
 from webhook.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,8 @@ class ClusterMode:
     controller_interval_s: float
     # How long a leader shutting down may take to write what it holds before handing over.
     handover_timeout_s: float = 10.0
+    # Queue mode: the node default placement applies when it binds queued pods.
+    disable_core_limit: bool = False
 
     @classmethod
     def from_settings(cls, config: Settings, endpoint: Endpoint) -> "ClusterMode":
@@ -38,6 +42,7 @@ class ClusterMode:
                 handover_wait_s=config.settle_seconds,
             ),
             controller_interval_s=config.controller_interval_seconds,
+            disable_core_limit=config.disable_core_limit,
         )
 
 
@@ -49,6 +54,8 @@ class ClusterRuntime:
     state: KubeState
     elector: LeaderElector
     controllers: Controllers
+    queue: QueueScheduler
+    queue_status: QueueStatus
     election: asyncio.Task[None] | None = None
 
     def campaign(self, url: str) -> None:
@@ -63,8 +70,13 @@ class ClusterRuntime:
             )
 
     async def _lead(self) -> None:
-        """What the leader runs besides placing: the controllers and the self-check."""
-        await asyncio.gather(self.controllers.run(), self.state.self_check.run(self.state.ready))
+        """What the leader runs besides placing: the controllers, the self-check, and the
+        queue's status on its pods."""
+        await asyncio.gather(
+            self.controllers.run(),
+            self.state.self_check.run(self.state.ready),
+            self.queue_status.run(),
+        )
 
 
 @contextlib.asynccontextmanager
@@ -79,7 +91,9 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
         )
         controllers = Controllers(api, state, mode.controller_interval_s)
         caches = asyncio.create_task(state.run(), name="watch-caches")
-        runtime = ClusterRuntime(state, elector, controllers)
+        queue = QueueScheduler(state, api, disable_core_limit=mode.disable_core_limit)
+        status = QueueStatus(api, queue, interval_s=mode.controller_interval_s)
+        runtime = ClusterRuntime(state, elector, controllers, queue, status)
         try:
             yield runtime
         finally:

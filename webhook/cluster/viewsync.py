@@ -76,6 +76,8 @@ class ViewSync:
     # -- what changed -------------------------------------------------------------------------
     def changed(self, node: str) -> None:
         """Recount ``node`` before the view is next read, and summarise it again."""
+        if not node:
+            return  # a queued pod or its claim: on no node yet
         self._dirty.add(node)
         if self._unsummarised is not None:
             self._unsummarised.add(node)

@@ -21,7 +21,7 @@ from webhook import quota as quotalib
 from webhook.backend import Claim, RejectKind, ReserveRejected
 from webhook.cluster import paths, stores
 from webhook.cluster.apiclient import ApiError, ConflictError, KubeApi, NotFoundError, Obj
-from webhook.cluster.ledger import ClaimLedger, charged_together, quota_key
+from webhook.cluster.ledger import ClaimLedger, quota_key, with_claims
 from webhook.cluster.liveness import PodLiveness
 from webhook.cluster.records import GPUNodeRecord
 from webhook.cluster.watchcache import WatchCache
@@ -216,11 +216,8 @@ class WriteBehind:
             if quota is None:
                 self._ledger.quota_gone(key)
                 return True
-            allocations, models = charged_together(claims)
             try:
-                written = await stores.write_quota_used(
-                    self._api, quotalib.charge(quota, allocations, models)
-                )
+                written = await stores.write_quota_used(self._api, with_claims(quota, claims))
             except ConflictError:
                 with contextlib.suppress(NotFoundError):
                     self._gpuquotas.put(await self._api.get(paths.gpuquota(*key.split("/", 1))))
