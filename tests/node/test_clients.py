@@ -23,7 +23,7 @@ from fracgpu import names
 from tests.shim.test_clients import CUDA_CORE, NUMBA, cuda_core_expected, numba_expected
 
 from .pods import GIB, pod_body, run_probe, sections
-from .tier.tier import GPU_UUID, PYTHON_PREFIX, PYTHON_SITE, NodeTier
+from .tier.tier import GPU_UUID, PYTHON_PREFIX, PYTHON_SITE, NodeTier, cuda_runtime
 
 PYNVML = """
 import pynvml as n
@@ -69,7 +69,9 @@ def client_pod(name: str, limits: dict[str, str], code: str) -> dict[str, Any]:
     body = pod_body(name, limits=limits, command=script)
     container = body["spec"]["containers"][0]
     container["env"] = [
-        {"name": "CLIENT_CODE", "value": code},
+        # Site-packages is mounted, not installed: its .pth files (numba-cuda's redirect of
+        # numba.cuda to itself) are read only for a site directory, not for PYTHONPATH.
+        {"name": "CLIENT_CODE", "value": f"import site; site.addsitedir('/site')\n{code}"},
         {"name": "PYTHONHOME", "value": str(MOUNTED_PREFIX)},
         {"name": "PYTHONPATH", "value": "/site"},
         # a Python built with a shared libpython finds it by an absolute RUNPATH
@@ -118,6 +120,8 @@ def test_numba_cuda_in_a_container_sees_the_slice_and_runs_out_of_memory_past_it
     node_tier: NodeTier, namespace: str
 ) -> None:
     pytest.importorskip("numba.cuda")
+    if not cuda_runtime():
+        pytest.skip("numba-cuda needs the CUDA runtime (libcudart) in the image; the host has none")
     limits = {names.RESOURCE_VCUDA_CORE: "20", names.RESOURCE_VCUDA_MEMORY: "4"}  # 1 GiB
     report = run_probe(node_tier, namespace, client_pod("numba", limits, NUMBA), timeout=180)
     lines = sections(report)["client"]

@@ -80,7 +80,11 @@ def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
 
 
 def _rootfs_layer(
-    busybox: Path, programs: dict[str, Path], closure_of: Iterable[Path], mounted: Iterable[Path]
+    busybox: Path,
+    programs: dict[str, Path],
+    closure_of: Iterable[Path],
+    mounted: Iterable[Path],
+    extra: Iterable[Path],
 ) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -118,6 +122,7 @@ def _rootfs_layer(
         # glibc's compatibility libraries, which programs dlopen by name (cuda-pathfinder
         # opens libdl.so.2) although no binary links them any more.
         libraries |= {p for p in (Path("/", _ARCH_LIB, n) for n in _DLOPENED) if p.exists()}
+        libraries |= set(extra)
         for library in sorted(libraries):
             real = library.resolve()
             # The loader is found by its absolute path (/lib64/ld-linux-x86-64.so.2); the
@@ -143,13 +148,15 @@ def build_image_archive(
     programs: dict[str, Path],
     closure_of: Iterable[Path] = (),
     mounted: Iterable[Path] = (),
+    libraries: Iterable[Path] = (),
 ) -> Path:
     """Write an OCI image layout archive of IMAGE to `path` (for `ctr images import`).
     `closure_of`: binaries not copied in whose shared libraries the image must still carry
     (a program mounted into the container from the host, and its extension modules), except
-    those inside the `mounted` directories, which come with the mount."""
+    those inside the `mounted` directories, which come with the mount. `libraries`: more
+    libraries the image carries itself (the CUDA runtime, as CUDA's runtime images do)."""
     blobs: dict[str, bytes] = {}
-    layer = _rootfs_layer(busybox, programs, closure_of, mounted)
+    layer = _rootfs_layer(busybox, programs, closure_of, mounted, libraries)
     layer_desc = {"mediaType": "application/vnd.oci.image.layer.v1.tar", **_blob(blobs, layer)}
     config = {
         "architecture": "amd64",

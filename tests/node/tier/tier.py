@@ -74,6 +74,20 @@ PYTHON_SITE = Path(sysconfig.get_paths()["purelib"])
 CLIENT_PACKAGES = ("cuda", "numba", "numba_cuda", "llvmlite", "numpy")
 
 
+def cuda_runtime() -> list[Path]:
+    """The host's CUDA runtime (libcudart.so.N, found as its loader finds it), which a CUDA
+    image carries and numba-cuda loads; [] when the host has none."""
+    listed = subprocess.run(
+        ["ldconfig", "-p"], capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    found = []
+    for line in listed:
+        name, _, path = line.strip().partition(" => ")
+        if name.startswith("libcudart.so.") and "x86-64" in name and Path(path).exists():
+            found.append(Path(path))
+    return found
+
+
 def python_closure() -> list[Path]:
     binary = Path(os.path.realpath(sys.executable))
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -197,6 +211,7 @@ class NodeTier:
                 {name: SHIM_BUILD / "tests" / name for name in PROBES},
                 python_closure(),
                 mounted=[PYTHON_SITE],
+                libraries=cuda_runtime(),
             ),
         )
         wrapper = write_toolkit_wrapper(
