@@ -1,4 +1,4 @@
-"""Admission decisions: the mutating and validating rules over a ``ClusterState``.
+"""Admission decisions: the mutating and validating rules over a ``StateBackend``.
 
 Mutation (CREATE): opted-out namespaces and non-pod objects pass untouched; a pod without
 GPUs gets ``NVIDIA_VISIBLE_DEVICES=void``; a GPU pod is checked (dialect, tampering),
@@ -14,9 +14,11 @@ Both refuse the doors a pod spec could open around its slice (``webhook.shimguar
 privileged GPU pods and high priority beyond what the namespace was granted.
 """
 
+import contextlib
 import dataclasses
 import logging
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -24,26 +26,29 @@ from fracgpu import names
 from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Priority, Reservation
-from fracgpu.placement import ClusterView, NoFit, NoFitReason, PodDemand
+from fracgpu.placement import ClusterView, NoFit, NoFitReason, Placement, PodDemand
 from webhook import assignments, ephemeral, grants, responses, shimguard, validate
 from webhook import pod as podlib
 from webhook import quota as quotalib
-from webhook.demand import PodAsk, gpu_container_names, read_ask
-from webhook.metrics import Metrics
-from webhook.mutate import canonical_resources, patch_for
-from webhook.nodeaffinity import NodeIndexCache, allowed_nodes
-from webhook.podbounds import gpu_containers_problem
-from webhook.podbounds import problem as pod_problem
-from webhook.review import AdmissionRequest
-from webhook.settings import Settings
-from webhook.state import (
+from webhook.backend import (
     Claim,
-    ClusterState,
+    ForwardToLeader,
     NodeLabels,
     NodeTaints,
     RejectKind,
     ReserveRejected,
+    StateBackend,
 )
+from webhook.demand import PodAsk, gpu_container_names, read_ask
+from webhook.metrics import Metrics
+from webhook.mutate import canonical_resources, patch_for, queued_patch_for
+from webhook.nodeaffinity import NodeIndexCache, allowed_nodes
+from webhook.podbounds import gpu_containers_problem
+from webhook.podbounds import problem as pod_problem
+from webhook.queue import entry as queued
+from webhook.queue.keys import SharedKey
+from webhook.review import AdmissionRequest
+from webhook.settings import PlacementMode, Settings
 from webhook.tolerations import Taint, untolerated_taints
 
 log = logging.getLogger(__name__)
@@ -73,14 +78,25 @@ class Admission:
     def __init__(
         self,
         settings: Settings,
-        state: ClusterState,
+        state: StateBackend,
         metrics: Metrics,
         new_id: Callable[[], str] | None = None,
+        *,
+        seal: SharedKey | None = None,
+        clock: Callable[[], float] = time.time,
+        held_nodes: Callable[[], frozenset[str]] | None = None,
     ) -> None:
         self._settings = settings
         self._state = state
         self._metrics = metrics
         self._new_id = new_id or ReservationIds()
+        # Seals queued entries; replicas share it (derived from the serving key they share).
+        self._seal = seal or SharedKey(None, "queued-entry")
+        self._clock = clock
+        self._queue_mode = settings.placement_mode is PlacementMode.QUEUE
+        # Queue mode: nodes the head of the queue holds; a pod placed at admission keeps off
+        # them too, or new small pods would take the room a large queued one waits for.
+        self._held_nodes = held_nodes
         # Checked once: isinstance against a runtime Protocol is slow, and admission asks on
         # every pod.
         self._labels = state if isinstance(state, NodeLabels) else None
@@ -110,7 +126,11 @@ class Admission:
         return responses.denied(why)
 
     # -- mutating ------------------------------------------------------------------------------
-    async def mutate(self, request: AdmissionRequest) -> responses.Verdict:
+    async def mutate(
+        self, request: AdmissionRequest, leaderless: bool = False
+    ) -> responses.Verdict:
+        """``leaderless`` (queue mode): no replica can place now (leadership is changing), so
+        a GPU pod that could ever fit is queued, not refused; see ``_place``."""
         over = self.over_limit(request)  # before anything reads the pod
         if over:
             return await self.refuse(request, over)
@@ -129,6 +149,8 @@ class Admission:
             return responses.allowed()
         trusted = request.username in self._settings.service_accounts
         try:
+            if names.ANNOTATION_QUEUED in podlib.annotations(pod):
+                return await self._requeue(pod, namespace, trusted)
             # The annotation first: most pods lack it, and then their containers are read once.
             if names.ANNOTATION_ASSIGNMENT in podlib.annotations(pod):
                 gpu_containers = gpu_container_names(pod, self._settings.dialects)
@@ -136,6 +158,10 @@ class Admission:
                     return await self._reapply(
                         pod, namespace, gpu_containers, trusted, request.dry_run
                     )
+            if not trusted:
+                taken = validate.scheduler_finding(pod, self._settings.scheduler_name)
+                if taken:
+                    return responses.denied(taken)
             ask = read_ask(pod, self._settings.dialects, self._settings.policy)
             if ask.demand is None:
                 return self._mutate_without_gpu(pod, trusted)
@@ -153,7 +179,7 @@ class Admission:
                 )
                 if door is not None:
                     return responses.denied(door)
-            return await self._place(pod, namespace, ask, request)
+            return await self._place(pod, namespace, ask, request, leaderless)
         except FracgpuError as error:
             return responses.invalid(str(error))
 
@@ -166,6 +192,42 @@ class Admission:
             if door is not None:
                 return responses.denied(door)
         return responses.patched(patch_for(pod, None, self._settings.dialects))
+
+    def _sealed(self, entry: queued.QueuedEntry, namespace: str, reservation_id: str) -> bool:
+        """fracgpu wrote this entry for this namespace and reservation ID, within one
+        admission window: a genuine entry copied onto another pod later is refused."""
+        age_s = self._clock() - entry.queued_at_ms / 1000
+        return age_s <= self._settings.admission_window_seconds and any(
+            entry.seal_holds(k, namespace, reservation_id) for k in self._seal.accepted()
+        )
+
+    async def _requeue(
+        self, pod: Mapping[str, Any], namespace: str, trusted: bool
+    ) -> responses.Verdict:
+        """Reinvocation of a queued pod: write the same entry again, queue nothing new."""
+        raw = podlib.annotations(pod)
+        try:
+            entry = queued.decode(raw[names.ANNOTATION_QUEUED])
+        except FracgpuError as error:
+            return responses.denied(self._forged(pod, str(error)))
+        reservation_id = raw.get(names.ANNOTATION_RESERVATION_ID, "")
+        if not trusted and not self._sealed(entry, namespace, reservation_id):
+            return responses.denied(
+                self._forged(
+                    pod,
+                    f"{names.ANNOTATION_QUEUED} does not carry fracgpu's seal of the last "
+                    f"{self._settings.admission_window_seconds:g} s",
+                )
+            )
+        return responses.patched(
+            queued_patch_for(
+                pod,
+                entry.charged_containers(),
+                {},
+                self._settings.scheduler_name,
+                self._settings.dialects,
+            )
+        )
 
     async def _reapply(
         self,
@@ -184,10 +246,15 @@ class Admission:
         return responses.patched(patch_for(pod, assignment, self._settings.dialects))
 
     async def _place(
-        self, pod: Mapping[str, Any], namespace: str, ask: PodAsk, request: AdmissionRequest
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        ask: PodAsk,
+        request: AdmissionRequest,
+        leaderless: bool = False,
     ) -> responses.Verdict:
         assert ask.demand is not None
-        if not request.dry_run:
+        if not request.dry_run and not leaderless:
             await self._state.check_placing()  # else the leader replica places it
         demand = ask.demand
         quotas = await self._state.quotas(namespace)
@@ -213,10 +280,23 @@ class Admission:
             if attempt:  # a race was lost while reserving: read the state again
                 view = await self._state.view()
                 quotas = await self._state.quotas(namespace)
-            placed = view.place(demand, ask.policy)
+            placed = self._place_off_held(view, demand, ask)
+            if leaderless and not (
+                isinstance(placed, NoFit) and placed.reason is NoFitReason.NEVER
+            ):
+                # No leader holds GPUs now: queue it (its quota checked against this replica's
+                # cache; the leader's recount confirms it before the pod is placed).
+                nofit = placed if isinstance(placed, NoFit) else _LEADERLESS
+                return await self._enqueue(
+                    pod, namespace, ask, demand, view=view, request=request, nofit=nofit, hold=False
+                )
             if isinstance(placed, NoFit):
                 if quota_block is not None:  # the models left after quota exclusions are full
                     return self._quota_denial(quota_block)
+                if placed.reason is NoFitReason.NOT_NOW and self._queue_mode:
+                    return await self._enqueue(
+                        pod, namespace, ask, demand, view=view, request=request, nofit=placed
+                    )
                 self._metrics.placement_failure(placed.reason.value)
                 return responses.denied(placed.message + node_note + pool_note)
             assignment = assignments.build(
@@ -261,6 +341,91 @@ class Admission:
             code=409,
             reason="Conflict",
         )
+
+    def _place_off_held(
+        self, view: ClusterView, demand: PodDemand, ask: PodAsk
+    ) -> Placement | NoFit:
+        """Placement at admission, off the nodes the queue's head holds (queue mode). A pod
+        that fits only there waits in the queue behind the head (NOT_NOW)."""
+        held = self._held_nodes() if self._held_nodes is not None else frozenset()
+        if not held:
+            return view.place(demand, ask.policy)
+        everywhere = demand.constraints.nodes
+        allowed = (everywhere if everywhere is not None else {n.name for n in view.nodes()}) - held
+        off = dataclasses.replace(
+            demand, constraints=dataclasses.replace(demand.constraints, nodes=frozenset(allowed))
+        )
+        placed = view.place(off, ask.policy)
+        if isinstance(placed, NoFit):
+            anywhere = view.place(demand, ask.policy)
+            if not isinstance(anywhere, NoFit):
+                return NoFit(
+                    NoFitReason.NOT_NOW,
+                    "the room that fits this pod is held for a pod ahead in the fracgpu queue",
+                )
+            return anywhere
+        return placed
+
+    async def _enqueue(
+        self,
+        pod: Mapping[str, Any],
+        namespace: str,
+        ask: PodAsk,
+        demand: PodDemand,
+        *,
+        view: ClusterView,
+        request: AdmissionRequest,
+        nofit: NoFit,
+        hold: bool = True,
+    ) -> responses.Verdict:
+        """Queue mode: the pod fits the cluster but not now. It is created with its quota
+        charged (as ResourceQuota charges at admission) and waits for fracgpu's scheduler."""
+        reservation_id = self._new_id()
+        raw = podlib.annotations(pod)
+        high = bool(
+            grants.high_priority_asks(
+                raw,
+                [(r.container, r.priority) for r in ask.requests],
+                self._settings.dialects.names.hami_priority,
+            )
+        )  # granted: _open_door refused ungranted asks before placement
+        entry = queued.new_entry(
+            demand,
+            ask.policy,
+            high_priority=high,
+            pod_priority=_pod_priority(pod),
+            queued_at_ms=int(self._clock() * 1000),
+            charged_mib=queued.charged_memory(view, demand),
+        ).sealed(self._seal.current(), namespace, reservation_id)
+        charge = entry.charge()
+        over = quotalib.check(await self._state.quotas(namespace), charge, {})
+        if over is not None:
+            return self._quota_denial(over)
+        if hold and not request.dry_run:
+            held = Reservation(reservation_id, "", namespace, podlib.pod_name(pod), charge, 0)
+            try:
+                await self._state.reserve(Claim(held, 0, 0, {}))
+            except ReserveRejected as rejected:
+                self._metrics.placement_failure("quota")
+                return responses.denied(rejected.message)
+        self._metrics.placement_failure("queued")
+        annotations = {
+            names.ANNOTATION_QUEUED: queued.encode(entry),
+            names.ANNOTATION_RESERVATION_ID: reservation_id,
+        }
+        patch = queued_patch_for(
+            pod,
+            entry.charged_containers(),
+            annotations,
+            self._settings.scheduler_name,
+            self._settings.dialects,
+        )
+        waiting = (
+            f"queued: {nofit.message.split('. Controllers')[0]}. The pod is created and waits "
+            f"Pending for scheduler {self._settings.scheduler_name}, which starts it when room "
+            "frees (its quota is charged meanwhile)"
+        )
+        return responses.patched(patch, [waiting])
 
     async def _restrict_to_allowed_nodes(
         self, pod: Mapping[str, Any], demand: PodDemand, view: ClusterView
@@ -337,7 +502,12 @@ class Admission:
         try:
             if request.operation == "UPDATE":
                 return await self._validate_update(namespace, request.old_obj, pod)
+            taken = validate.scheduler_finding(pod, self._settings.scheduler_name)
             gpu_containers = gpu_container_names(pod, self._settings.dialects)
+            if gpu_containers and names.ANNOTATION_QUEUED in podlib.annotations(pod):
+                return await self._validate_queued(pod, namespace, gpu_containers, request.dry_run)
+            if taken:
+                return responses.denied(taken)
             if not gpu_containers or names.ANNOTATION_ASSIGNMENT not in podlib.annotations(pod):
                 ask = read_ask(pod, self._settings.dialects, self._settings.policy)
                 if ask.demand is not None:
@@ -378,6 +548,59 @@ class Admission:
         except FracgpuError as error:
             return responses.invalid(str(error))
 
+    async def _validate_queued(
+        self, pod: Mapping[str, Any], namespace: str, gpu_containers: Sequence[str], dry_run: bool
+    ) -> responses.Verdict:
+        """A queued pod (CREATE) must carry exactly what fracgpu's mutation wrote: its sealed
+        entry, the reservation ID it was sealed with, the fracgpu scheduler and the canonical
+        resources of its charge, and nothing else of fracgpu's."""
+        raw = podlib.annotations(pod)
+        forged = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
+        reservation_id = raw.get(names.ANNOTATION_RESERVATION_ID, "")
+        try:
+            entry = queued.decode(raw[names.ANNOTATION_QUEUED])
+        except FracgpuError as error:
+            return responses.denied(self._forged(pod, str(error)))
+        if not self._sealed(entry, namespace, reservation_id):
+            return responses.denied(
+                self._forged(
+                    pod,
+                    f"{names.ANNOTATION_QUEUED} does not carry fracgpu's seal of the last "
+                    f"{self._settings.admission_window_seconds:g} s",
+                )
+            )
+        if sorted(r.container for r in entry.requests) != sorted(gpu_containers):
+            return responses.denied(
+                self._forged(pod, "the queued entry does not cover exactly the GPU containers")
+            )
+        left = [f for f in forged if f not in _QUEUED_WRITTEN]
+        if left:
+            return responses.denied(validate.tamper_message(left, "this pod"))
+        drift = queued_patch_for(
+            pod,
+            entry.charged_containers(),
+            {names.ANNOTATION_QUEUED: raw[names.ANNOTATION_QUEUED]},
+            self._settings.scheduler_name,
+            self._settings.dialects,
+        )
+        if drift:
+            shown = ", ".join(f"{op['op']} {op['path']}" for op in drift[:8])
+            return responses.denied(
+                f"this queued pod differs from what fracgpu wrote at {shown}: something changed "
+                "fracgpu's fields after it queued the pod"
+            )
+        door = await self._open_door(
+            pod, namespace, [(r.container, r.priority) for r in entry.requests]
+        )
+        if door is not None:
+            return responses.denied(door)
+        if not dry_run:
+            # Only the leader holds queued charges to confirm; elsewhere the pod carries its
+            # charge once stored, so a queued pod never waits for a leader here.
+            with contextlib.suppress(ForwardToLeader):
+                await self._state.confirm(reservation_id, podlib.pod_name(pod))
+        return responses.allowed()
+
     async def _confirm_trusted(self, request: AdmissionRequest, pod: Mapping[str, Any]) -> None:
         """A pod fracgpu's own accounts create skips validation, but a reservation made for
         it must still be confirmed (else it would be given back as refused)."""
@@ -411,6 +634,9 @@ class Admission:
         if old is None:
             return responses.invalid("an UPDATE review must carry oldObject")
         findings = validate.update_findings(old, new)
+        taken = validate.scheduler_finding(new, self._settings.scheduler_name)
+        if taken and validate.scheduler_finding(old, self._settings.scheduler_name) != taken:
+            return responses.denied(taken)
         if findings:
             return responses.denied(validate.tamper_message(findings, "this update"))
         before, after = podlib.annotations(old), podlib.annotations(new)
@@ -537,6 +763,21 @@ def _claim(
         expires_at=0,
     )
     return Claim(reservation, demand.cpu_milli, demand.memory_mib, models)
+
+
+_LEADERLESS: Final = NoFit(
+    NoFitReason.NOT_NOW, "no replica places GPU pods while leadership is changing"
+)
+# What fracgpu writes on a queued pod (tamper findings that validation expects there).
+_QUEUED_WRITTEN: Final = frozenset(
+    {f"annotation {names.ANNOTATION_QUEUED}", f"annotation {names.ANNOTATION_RESERVATION_ID}"}
+)
+
+
+def _pod_priority(pod: Mapping[str, Any]) -> int:
+    """spec.priority as the API server's Priority admission set it from the PriorityClass."""
+    value = podlib.spec(pod).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _namespace(request: AdmissionRequest) -> str:

@@ -17,23 +17,27 @@ from pathlib import Path
 
 import jsonpatch
 import yaml
+from aiohttp import web
 
 from fracgpu import __version__
 from webhook import demo, documents, server, settings
 from webhook.admission import Admission
+from webhook.backend import StateBackend
 from webhook.client import build_review
 from webhook.cluster.apiclient import Endpoint, endpoint_from_kubeconfig
+from webhook.cluster.kubestate import KubeStateSettings
 from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
-from webhook.cluster.state import KubeStateSettings
 from webhook.embedded import ClusterFileError, EmbeddedState
 from webhook.forward import LeaderForwarder
 from webhook.gcpause import freeze_when_ready
 from webhook.metrics import Metrics
+from webhook.queue.extender import Extender, loopback_app
+from webhook.queue.keys import SharedKey
 from webhook.review import parse_review
-from webhook.state import ClusterState
 from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
 
+LOOPBACK = "127.0.0.1"
 # Bind addresses that name no reachable address of this replica.
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
@@ -47,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command == "demo":
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-            return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout))
+            mode = getattr(args, "demo_placement_mode", "immediate")
+            return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout, mode))
         config = settings.load(args, os.environ)
         logging.basicConfig(
             level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -84,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=demo.EXAMPLES / "pods",
         help="directory of pod manifests (*.yaml), sent in name order [%(default)s]",
+    )
+    run_demo.add_argument(
+        "--placement-mode",
+        dest="demo_placement_mode",
+        choices=("immediate", "queue"),
+        default="immediate",
+        help="queue: pods that do not fit now are shown QUEUED instead of denied [%(default)s]",
     )
     admit = commands.add_parser("admit", help="print a pod as fracgpu would admit it")
     admit.add_argument("pod", type=Path, help="pod manifest (YAML or JSON)")
@@ -159,15 +171,37 @@ async def _serve(config: settings.Settings) -> int:
         return await _serve_until_signal(config, runtime.state, reloader, forwarder, runtime)
 
 
+def _shared_keys(config: settings.Settings) -> tuple[SharedKey, SharedKey]:
+    """(seal of queued entries, signature of relayed extender calls): every replica derives
+    them from the serving key of the one TLS Secret they share."""
+    return (
+        SharedKey(config.tls_key_file, "fracgpu queued entry"),
+        SharedKey(config.tls_key_file, "fracgpu extender relay"),
+    )
+
+
 async def _serve_until_signal(
     config: settings.Settings,
-    state: ClusterState,
+    state: StateBackend,
     reloader: CertificateReloader,
     forwarder: LeaderForwarder | None = None,
     runtime: ClusterRuntime | None = None,
 ) -> int:
-    running = await server.start(config, state, reloader, forwarder)
+    seal, relay = _shared_keys(config)
+    extender = None
+    if runtime is not None:
+        extender = Extender(
+            runtime.state, runtime.queue, relay, forwarder, max_body_bytes=config.max_body_bytes
+        )
+    running = await server.start(config, state, reloader, forwarder, seal=seal, extender=extender)
     log.info("serving on %s", running.url)
+    loopback = None
+    if extender is not None and config.extender_port:
+        # Plain HTTP on loopback only: the fracgpu scheduler runs in this pod (security.md).
+        loopback = web.AppRunner(loopback_app(extender), access_log=None, handle_signals=False)
+        await loopback.setup()
+        await web.TCPSite(loopback, LOOPBACK, config.extender_port).start()
+        log.info("scheduler extender on http://%s:%d", LOOPBACK, config.extender_port)
     if runtime is not None:
         url = config.advertise_url or ("" if config.host in WILDCARD_HOSTS else running.url)
         if not url:
@@ -186,6 +220,8 @@ async def _serve_until_signal(
     finally:
         log.info("shutting down")
         freezing.cancel()
+        if loopback is not None:
+            await loopback.cleanup()
         await running.stop()
     return 0
 
@@ -220,6 +256,7 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
             settle_s=config.settle_seconds,
             write_behind_s=config.write_behind_seconds,
             admission_window_s=config.admission_window_seconds,
+            self_check_s=config.self_check_interval_seconds,
         ),
         lease=LeaseSettings(
             config.lease_namespace,
@@ -229,6 +266,7 @@ def _cluster_mode(config: settings.Settings) -> ClusterMode:
             handover_wait_s=config.settle_seconds,
         ),
         controller_interval_s=config.controller_interval_seconds,
+        disable_core_limit=config.disable_core_limit,
     )
 
 

@@ -48,7 +48,9 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
-async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
+async def run(
+    cluster_file: Path, pods_dir: Path, out: TextIO, placement_mode: str = "immediate"
+) -> int:
     cluster = load_cluster_file(cluster_file)
     gpu_index = {d.uuid: d.index for n in cluster.nodes for d in n.devices}
     pod_files = sorted(pods_dir.glob("*.yaml"))
@@ -68,6 +70,7 @@ async def run(cluster_file: Path, pods_dir: Path, out: TextIO) -> int:
                 "tls_cert_file": str(cert),
                 "tls_key_file": str(key),
                 "cluster_file": str(cluster_file),
+                "placement_mode": placement_mode,
             }
         )
         state = EmbeddedState(
@@ -127,7 +130,13 @@ async def _admit(
     if not validated.allowed:
         outcome.verdict, outcome.message = "DENIED by /validate", validated.message
         return outcome
-    annotation = patched.get("metadata", {}).get("annotations", {}).get(names.ANNOTATION_ASSIGNMENT)
+    written = patched.get("metadata", {}).get("annotations", {})
+    if names.ANNOTATION_QUEUED in written:
+        # Queue mode: created, waiting Pending for fracgpu's scheduler (the warning says why).
+        outcome.verdict = "QUEUED"
+        outcome.message = next((w for w in outcome.warnings if w.startswith("queued:")), "")
+        return outcome
+    annotation = written.get(names.ANNOTATION_ASSIGNMENT)
     if annotation is None:
         outcome.verdict = "ALLOWED" if not outcome.patch else "ALLOWED, patched"
         return outcome
@@ -157,7 +166,10 @@ def _print(outcomes: Sequence[Outcome], out: TextIO) -> None:
     ]
     out.write(render_table(header, rows))
     admitted = sum(o.verdict.startswith(("ADMITTED", "ALLOWED")) for o in outcomes)
-    out.write(f"\n{len(outcomes)} pods: {admitted} admitted, {len(outcomes) - admitted} denied\n")
+    waiting = sum(o.verdict == "QUEUED" for o in outcomes)
+    denied = len(outcomes) - admitted - waiting
+    queued_note = f", {waiting} queued (created, waiting for room)" if waiting else ""
+    out.write(f"\n{len(outcomes)} pods: {admitted} admitted{queued_note}, {denied} denied\n")
     for o in outcomes:
         out.write(f"\n== {o.source}  {o.pod}  {o.verdict}\n")
         if o.message:

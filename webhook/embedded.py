@@ -32,8 +32,8 @@ from fracgpu.placement import ClusterView
 from fracgpu.quantity import parse_quantity
 from webhook import documents
 from webhook import quota as quotalib
+from webhook.backend import Claim, RejectKind, ReserveRejected
 from webhook.capacity import capacity_problem
-from webhook.state import Claim, RejectKind, ReserveRejected
 from webhook.tolerations import Taint
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
@@ -135,7 +135,7 @@ def _cluster(raw: Any, source: str) -> ClusterFile:
 
 
 class EmbeddedState:
-    """``ClusterState`` over a parsed cluster file; one asyncio lock makes reserve atomic."""
+    """``StateBackend`` over a parsed cluster file; one asyncio lock makes reserve atomic."""
 
     def __init__(
         self,
@@ -241,7 +241,8 @@ class EmbeddedState:
             held = claim.reservation
             if held.id in self._reservations:
                 raise ReserveRejected(RejectKind.CAPACITY, f"reservation {held.id} exists already")
-            problem = capacity_problem(
+            # A claim on no node is a queued pod's quota charge: it holds no GPU.
+            problem = held.node and capacity_problem(
                 self._view,
                 held.node,
                 held.allocations,
@@ -251,12 +252,18 @@ class EmbeddedState:
             )
             if problem:
                 raise ReserveRejected(RejectKind.CAPACITY, problem)
-            namespace_quotas = [q for q in self._quotas if q.namespace == held.namespace]
+            namespace_quotas = [
+                quotalib.charge(q, claim.replaces, {}, -1)
+                for q in self._quotas
+                if q.namespace == held.namespace
+            ]
             over = quotalib.check(namespace_quotas, held.allocations, self._models)
             if over is not None:
                 raise ReserveRejected(RejectKind.QUOTA, over.message)
-            self._take(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
+            if held.node:
+                self._take(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
             self._charge(held.namespace, held.allocations, sign=1)
+            self._charge(held.namespace, claim.replaces, sign=-1)
             # Built directly: dataclasses.replace inspects the fields on every call.
             expiring = Reservation(
                 id=held.id,
@@ -271,6 +278,7 @@ class EmbeddedState:
                 cpu_milli=claim.cpu_milli,
                 memory_mib=claim.memory_mib,
                 models=claim.models,
+                replaces=claim.replaces,
             )
             if self._window is not None:
                 self._unconfirmed[held.id] = self._clock()
@@ -302,8 +310,10 @@ class EmbeddedState:
         if claim is None:
             return
         held = claim.reservation
-        self._view.release(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
+        if held.node:
+            self._view.release(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
         self._charge(held.namespace, held.allocations, sign=-1)
+        self._charge(held.namespace, claim.replaces, sign=1)
 
     # -- internals ---------------------------------------------------------------------------
     def _take(

@@ -57,14 +57,42 @@ class LeaderForwarder:
                 f"the leader at {url} does not present this replica's certificate"
             ) from None
 
+    async def relay(self, url: str, body: bytes, headers: dict[str, str]) -> bytes:
+        """The leader's answer to an extender call (``webhook.queue.extender``), over the
+        same pinned connection as forwarded reviews."""
+        try:
+            return await self._send(url, body, headers)
+        except aiohttp.ServerFingerprintMismatch:
+            self._pin = None
+        try:
+            return await self._send(url, body, headers)
+        except aiohttp.ServerFingerprintMismatch:
+            raise ForwardError(
+                f"the leader at {url} does not present this replica's certificate"
+            ) from None
+
     async def _post(self, url: str, body: bytes, uid: str) -> bytes:
+        payload = await self._send(url, body, {})
+        try:
+            answered = json.loads(payload)["response"]["uid"]
+        except (ValueError, KeyError, TypeError):
+            raise ForwardError(f"the leader at {url} answered no admission review") from None
+        if answered != uid:
+            raise ForwardError(f"the leader at {url} answered another request ({answered!r})")
+        return payload
+
+    async def _send(self, url: str, body: bytes, extra: dict[str, str]) -> bytes:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
             )
         if self._pin is None:
             self._pin = aiohttp.Fingerprint(certificate_fingerprint(self._cert_file))
-        headers = {"Content-Type": "application/json", FORWARDED_BY_HEADER: self._identity}
+        headers = {
+            "Content-Type": "application/json",
+            FORWARDED_BY_HEADER: self._identity,
+            **extra,
+        }
         try:
             async with self._session.post(url, data=body, headers=headers, ssl=self._pin) as answer:
                 payload = await answer.read()
@@ -75,12 +103,6 @@ class LeaderForwarder:
             raise ForwardError(f"the leader at {url} did not answer: {error!r}") from None
         if status != 200:
             raise ForwardError(f"the leader at {url} answered HTTP {status}")
-        try:
-            answered = json.loads(payload)["response"]["uid"]
-        except (ValueError, KeyError, TypeError):
-            raise ForwardError(f"the leader at {url} answered no admission review") from None
-        if answered != uid:
-            raise ForwardError(f"the leader at {url} answered another request ({answered!r})")
         return payload
 
     async def close(self) -> None:

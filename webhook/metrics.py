@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fracgpu.model import Quota, ResourceAmounts, ResourceLimits
+from webhook.backend import DriftCounts
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 # Admission must answer well inside the API server's 10 s default timeout.
@@ -50,6 +51,10 @@ class Metrics:
     def watch_quotas(self, quotas: Callable[[], Iterable[Quota]]) -> None:
         """Export every GPUQuota's hard limits and use (read at every scrape)."""
         self.registry.register(QuotaStats(quotas))
+
+    def watch_drift(self, counts: Callable[[], DriftCounts]) -> None:
+        """Export what the state's self-check found (read at every scrape)."""
+        self.registry.register(DriftStats(counts))
 
     def placement_failure(self, reason: str) -> None:
         self._placement_failures.labels(reason=reason).inc()
@@ -160,3 +165,38 @@ class QuotaStats(Collector):
                     used.add_metric(labels, float(getattr(amounts, attribute)))
         yield hard
         yield used
+
+
+class DriftStats(Collector):
+    """The leader's self-check of its bookkeeping: checks run, and drift by kind (pod, claim,
+    window, node, gpu, node-use), repaired and found by the last check. Only the leader
+    checks: followers export zeros."""
+
+    def __init__(self, counts: Callable[[], DriftCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self._counts()
+        checks = CounterMetricFamily(
+            "fracgpu_webhook_state_self_checks",
+            "Self-checks of the leader's bookkeeping against a recount from the watch caches",
+        )
+        checks.add_metric([], counts.checks)
+        yield checks
+        repairs = CounterMetricFamily(
+            "fracgpu_webhook_state_drift_repairs",
+            "Differences between the leader's bookkeeping and a recount, repaired (recount "
+            "wins), by kind",
+            labels=["kind"],
+        )
+        for kind, count in sorted(counts.repairs.items()):
+            repairs.add_metric([kind], count)
+        yield repairs
+        drifted = GaugeMetricFamily(
+            "fracgpu_webhook_state_drifted_items",
+            "Differences the last self-check found (and repaired), by kind",
+            labels=["kind"],
+        )
+        for kind, count in sorted(counts.drifted.items()):
+            drifted.add_metric([kind], count)
+        yield drifted

@@ -9,7 +9,7 @@ shared unchanged, and copying and diffing it was most of the cost of an admissio
 """
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from fracgpu import names
@@ -21,7 +21,7 @@ from webhook import pod as podlib
 
 # matchFields on metadata.name pins to the Node object itself (the hostname label can differ).
 NODE_NAME_FIELD: Final = "metadata.name"
-_SPEC_WRITTEN: Final = ("affinity", *podlib.PLACED_FIELDS)
+_SPEC_WRITTEN: Final = ("affinity", "schedulerName", *podlib.PLACED_FIELDS)
 _CONTAINER_WRITTEN: Final = ("name", "env", "resources")
 _LABEL_VALUE: Final = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
@@ -42,6 +42,34 @@ def patch_for(
     the parts ``decide`` writes, before and after, without building the whole new pod."""
     before = _written_parts(pod)
     return jsondiff.diff(before, _write_decision(_json_copy(before), assignment, config))
+
+
+def queued_patch_for(
+    pod: Mapping[str, Any],
+    held: Sequence[ContainerAssignment],
+    annotations: Mapping[str, str],
+    scheduler_name: str,
+    config: DialectConfig,
+) -> list[dict[str, Any]]:
+    """The JSONPatch that queues ``pod`` (queue mode): fracgpu's ``annotations`` (the queued
+    entry, the reservation ID), the fracgpu scheduler, and canonical resources for the GPUs
+    charged (``held``: GPUs on no particular card) so kubelet's device manager allocates the
+    agent's resources. No assignment, node pin or ``NVIDIA_VISIBLE_DEVICES`` on GPU
+    containers: they are chosen at bind, and the agent hands the devices over at Allocate."""
+    before = _written_parts(pod)
+    after = _json_copy(before)
+    meta_annotations = _child(_child(after, "metadata"), "annotations")
+    meta_annotations.update(annotations)
+    _child(after, "spec")["schedulerName"] = scheduler_name
+    by_name = {c.container: c for c in held}
+    for field, index, _ in list(podlib.containers(after)):
+        container = _child_list(_child(after, "spec"), field)[index]
+        charged = by_name.get(container["name"])
+        if charged is None:
+            set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
+        else:
+            _write_resources(container, charged, config)
+    return jsondiff.diff(before, after)
 
 
 def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -124,6 +152,15 @@ def _json_copy(value: Any) -> Any:
 
 def is_label_value(text: str) -> bool:
     return len(text) <= 63 and _LABEL_VALUE.fullmatch(text) is not None
+
+
+def bind_metadata(assignment: Assignment) -> dict[str, Any]:
+    """The metadata a queued pod gets when the extender binds it (a merge patch): the same
+    assignment annotation, reservation ID and labels immediate mode writes at admission."""
+    parts: dict[str, Any] = {}
+    _write_metadata(parts, assignment)
+    metadata: dict[str, Any] = parts["metadata"]
+    return metadata
 
 
 def _write_metadata(pod: dict[str, Any], assignment: Assignment) -> None:

@@ -18,19 +18,27 @@ from aiohttp import web
 
 from webhook import responses
 from webhook.admission import Admission
+from webhook.backend import (
+    ForwardToLeader,
+    QuotaListing,
+    SelfChecked,
+    StateBackend,
+    StateUnavailable,
+)
 from webhook.forward import FORWARDED_BY_HEADER, ForwardError, LeaderForwarder
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
+from webhook.queue.extender import Extender, add_relay_routes
+from webhook.queue.keys import SharedKey
 from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
 from webhook.screen import Screened, Screener, ScreenUnavailableError
-from webhook.settings import Settings
-from webhook.state import ClusterState, ForwardToLeader, QuotaListing, StateUnavailable
+from webhook.settings import PlacementMode, Settings
 from webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
 
 ADMISSION: Final = web.AppKey("admission", Admission)
-STATE: Final = web.AppKey("state", ClusterState)
+STATE: Final = web.AppKey("state", StateBackend)
 METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", Settings)
 RELOADER: Final = web.AppKey("reloader", CertificateReloader)
@@ -42,22 +50,33 @@ Decide = Callable[[Admission, AdmissionRequest], Awaitable[responses.Verdict]]
 
 def build_app(
     settings: Settings,
-    state: ClusterState,
+    state: StateBackend,
     metrics: Metrics,
     reloader: CertificateReloader | None = None,
     forwarder: LeaderForwarder | None = None,
+    *,
+    seal: SharedKey | None = None,
+    extender: Extender | None = None,
 ) -> web.Application:
     # One byte over the cap still reaches parse_review, which names the limit in its answer.
     app = web.Application(client_max_size=settings.max_body_bytes + 1)
     app[SETTINGS] = settings
     app[STATE] = state
     app[METRICS] = metrics
-    app[ADMISSION] = Admission(settings, state, metrics)
+    app[ADMISSION] = Admission(
+        settings,
+        state,
+        metrics,
+        seal=seal,
+        held_nodes=extender.scheduler.held_nodes if extender is not None else None,
+    )
     app[SCREENER] = Screener(settings.screen_workers, settings.pod_limits, settings.max_body_bytes)
     app.on_cleanup.append(_close_screener)
     metrics.watch_placing(state.placing)
     if isinstance(state, QuotaListing):
         metrics.watch_quotas(state.all_quotas)
+    if isinstance(state, SelfChecked):
+        metrics.watch_drift(state.drift_counts)
     app.router.add_post("/mutate", _admission_handler("mutate", Admission.mutate))
     app.router.add_post("/validate", _admission_handler("validate", Admission.validate))
     app.router.add_get("/healthz", _healthz)
@@ -69,6 +88,8 @@ def build_app(
     if forwarder is not None:
         app[FORWARDER] = forwarder
         app.on_cleanup.append(_close_forwarder)
+    if extender is not None:
+        add_relay_routes(app, extender)
     return app
 
 
@@ -129,6 +150,12 @@ def _admission_handler(
                 log.info("%s uid=%s forwarded to %s", endpoint, review.uid, where.leader_url)
                 return web.Response(body=forwarded, content_type="application/json")
             verdict = forwarded
+            if endpoint == "mutate" and app[SETTINGS].placement_mode is PlacementMode.QUEUE:
+                # No leader to place it: queued, not refused (webhook.admission._place).
+                try:
+                    verdict = await app[ADMISSION].mutate(review, leaderless=True)
+                except Exception:
+                    log.exception("uid=%s queueing without a leader failed", review.uid)
         except StateUnavailable as error:
             log.warning("uid=%s cluster state unavailable: %s", review.uid, error)
             verdict = responses.errored(f"fracgpu cannot read cluster state now: {error}", 503)
@@ -277,12 +304,15 @@ class RunningServer:
 
 async def start(
     settings: Settings,
-    state: ClusterState,
+    state: StateBackend,
     reloader: CertificateReloader,
     forwarder: LeaderForwarder | None = None,
+    *,
+    seal: SharedKey | None = None,
+    extender: Extender | None = None,
 ) -> RunningServer:
     """Serve HTTPS on settings.host:port (port 0 picks a free one) until ``stop``."""
-    app = build_app(settings, state, Metrics(), reloader, forwarder)
+    app = build_app(settings, state, Metrics(), reloader, forwarder, seal=seal, extender=extender)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=reloader.context)

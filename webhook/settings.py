@@ -11,6 +11,7 @@ import posixpath
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -35,6 +36,14 @@ DEFAULT_PROTECTED_HOST_PATHS: Final = (
     "/var/lib/kubelet/pod-resources",
     "/var/lib/fracgpu",
 )
+
+
+class PlacementMode(StrEnum):
+    """IMMEDIATE places a GPU pod at admission or refuses it; QUEUE creates one that does not
+    fit now and lets it wait for fracgpu's scheduler (docs/configuration.md says when)."""
+
+    IMMEDIATE = "immediate"
+    QUEUE = "queue"
 
 
 class SettingsError(ValueError):
@@ -74,10 +83,16 @@ class Settings:
     advertise_url: str = ""
     takeover_grace_seconds: float = 30.0
     write_behind_seconds: float = 0.2
+    self_check_interval_seconds: float = 60.0
     # Host directories no pod of a managed namespace may mount (webhook.shimguard).
     protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
     # How long a reservation waits for a sign that its pod passed the rest of admission.
     admission_window_seconds: float = 30.0
+    # Queue mode (webhook/queue): the mode, the scheduler queued pods wait for, and the
+    # loopback port of the extender that scheduler calls (0: no extender).
+    placement_mode: PlacementMode = PlacementMode.IMMEDIATE
+    scheduler_name: str = names.DEFAULT_SCHEDULER_NAME
+    extender_port: int = 8889
 
     @property
     def cluster_mode(self) -> bool:
@@ -143,6 +158,19 @@ def _host_paths(text: str) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"{bad[0]!r}: use absolute host directories below /, comma-separated")
     return tuple(posixpath.normpath("/" + p.lstrip("/")) for p in paths)
+
+
+def _placement_mode(text: str) -> PlacementMode:
+    try:
+        return PlacementMode(text)
+    except ValueError:
+        raise ValueError(f"use one of {', '.join(m.value for m in PlacementMode)}") from None
+
+
+def _scheduler_name(text: str) -> str:
+    if not 1 <= len(text) <= 253 or not all(c.isalnum() or c in "-." for c in text):
+        raise ValueError("use a DNS-1123 name such as fracgpu-scheduler")
+    return text
 
 
 def _optional_path(text: str) -> Path | None:
@@ -387,6 +415,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _positive_float,
     ),
     Option(
+        "self_check_interval_seconds",
+        "60",
+        "cluster mode: how often the leader compares its reservations and counted use with a "
+        "recount from pods and GPUNodes, and repairs what differs",
+        _positive_float,
+    ),
+    Option(
         "protected_host_paths",
         ",".join(DEFAULT_PROTECTED_HOST_PATHS),
         "host directories no pod of a managed namespace may mount with hostPath (nor a "
@@ -400,6 +435,26 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "or whose pod is not stored this long after validation, is given back (a later "
         "admission step refused the pod); 30 = the longest webhook timeout",
         _positive_float,
+    ),
+    Option(
+        "placement_mode",
+        PlacementMode.IMMEDIATE.value,
+        "immediate: a GPU pod that does not fit now is refused at admission; queue: it is "
+        "created and waits Pending for the fracgpu scheduler, which places it when room frees",
+        _placement_mode,
+    ),
+    Option(
+        "scheduler_name",
+        names.DEFAULT_SCHEDULER_NAME,
+        "queue mode: schedulerName of queued pods (the second kube-scheduler calling the extender)",
+        _scheduler_name,
+    ),
+    Option(
+        "extender_port",
+        "8889",
+        "cluster mode: port of the scheduler extender, served over plain HTTP on 127.0.0.1 "
+        "only (the scheduler runs in the same pod); 0 = none",
+        _port,
     ),
     *(
         Option(
@@ -516,8 +571,12 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         advertise_url=values["advertise_url"],
         takeover_grace_seconds=values["takeover_grace_seconds"],
         write_behind_seconds=values["write_behind_seconds"],
+        self_check_interval_seconds=values["self_check_interval_seconds"],
         protected_host_paths=values["protected_host_paths"],
         admission_window_seconds=values["admission_window_seconds"],
+        placement_mode=values["placement_mode"],
+        scheduler_name=values["scheduler_name"],
+        extender_port=values["extender_port"],
     )
 
 

@@ -57,6 +57,17 @@ def tamper_findings(
     return findings
 
 
+def scheduler_finding(pod: Mapping[str, Any], scheduler_name: str) -> str:
+    """Why a pod may not name fracgpu's scheduler itself, or "": that scheduler binds only
+    pods fracgpu queued, with the GPUs it picks (a pod naming it would skip the queue)."""
+    if podlib.spec(pod).get("schedulerName") != scheduler_name:
+        return ""
+    return (
+        f"spec.schedulerName={scheduler_name!r} is fracgpu's own scheduler, which only pods "
+        "fracgpu queued may use: remove it (fracgpu sets it when a GPU pod has to wait)"
+    )
+
+
 def tamper_message(findings: Collection[str], operation: str) -> str:
     shown = list(findings)[:MAX_FINDINGS_SHOWN]
     more = f" and {len(findings) - len(shown)} more" if len(findings) > len(shown) else ""

@@ -25,11 +25,11 @@ from fracgpu.model import (
     Reservation,
 )
 from fracgpu.placement import NoFit, PodDemand, Policy
+from webhook.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
 from webhook.cluster.apiclient import KubeApi, endpoint_from_kubeconfig
 from webhook.cluster.controllers import Controllers
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import Leadership
-from webhook.cluster.state import KubeState, KubeStateSettings
-from webhook.state import Claim, ForwardToLeader, RejectKind, ReserveRejected
 
 from .fixtures import NodeFactory
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_gpuquota
@@ -147,7 +147,7 @@ async def test_the_leader_never_overcommits_and_a_follower_forwards(
         held = await leader.reservation(some.id, node)
         assert held is not None and held.allocations == some.allocations
         # Written behind: a few writes carry all six, and the follower's cache learns them.
-        await wait_for(lambda: not leader.unwritten(), "everything written")
+        await wait_for(lambda: not leader.ledger.unwritten(), "everything written")
         per_gpu = cores_per_gpu(gpunode_reservations(kube_client, node))
         assert sorted(per_gpu.values()) == [90, 90]
         await wait_for(
@@ -166,7 +166,7 @@ async def test_a_successor_counts_what_its_predecessor_wrote(
         await wait_for(lambda: first.gpunodes.get(node) is not None, "GPUNode")
         assert await admit(first, namespace, 40, 1024) is not None
         assert await admit(first, namespace, 40, 1024) is not None
-        assert await first.flush(10), "a leader handing over writes everything first"
+        assert await first.writer.flush(10), "a leader handing over writes everything first"
     async with replica(kubeconfig) as (_, second):
         await wait_for(lambda: second.gpunodes.get(node) is not None, "GPUNode")
         assert await admit(second, namespace, 30, 1024) is None  # 80 of 100 taken
@@ -191,7 +191,7 @@ async def test_concurrent_charges_never_pass_the_quota(
         granted = [c for c in claims if c is not None]
         assert len(granted) == 3  # 3 x 30 <= 100 < 4 x 30
         # Charges wait for the recount; a leader handing over writes them itself.
-        assert await leader.flush(10)
+        assert await leader.writer.flush(10)
     quota = kubernetes.client.CustomObjectsApi(kube_client).get_namespaced_custom_object(
         FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas", "gpu"
     )
@@ -220,12 +220,12 @@ async def test_release_gives_back_gpu_and_quota(
         assert claim is not None
         assert await admit(state, namespace, 10, 1024) is None  # quota is full
         await state.release(claim.reservation.id)
-        assert await state.flush(10)
+        assert await state.writer.flush(10)
         assert gpunode_reservations(kube_client, node) == [] and used_cores() == 0
         # Released after it was written: both writes are taken back.
         claim = await admit(state, namespace, 50, 1024)
         assert claim is not None
-        assert await state.flush(10)
+        assert await state.writer.flush(10)
         assert len(gpunode_reservations(kube_client, node)) == 1 and used_cores() == 50
         await state.release(claim.reservation.id)
         assert gpunode_reservations(kube_client, node) == [] and used_cores() == 0
@@ -246,7 +246,7 @@ async def test_controllers_prune_settled_reservations_and_recount_quota(
         kept = await admit(state, namespace, 40, 1024)
         lost = await admit(state, namespace, 20, 1024)
         assert kept is not None and lost is not None
-        assert await state.flush(10)
+        assert await state.writer.flush(10)
         # The first pod really gets created (carrying its reservation ID); the second never does.
         assignment = Assignment(
             node,
@@ -266,9 +266,11 @@ async def test_controllers_prune_settled_reservations_and_recount_quota(
                 "spec": {"containers": [{"name": "main", "image": "busybox"}]},
             },
         )
-        await wait_for(lambda: kept.reservation.id in state.live_reservation_ids(), "pod in cache")
+        await wait_for(
+            lambda: kept.reservation.id in state.liveness.live_reservation_ids(), "pod in cache"
+        )
         later = time.time() + 2 * TTL  # past every reservation's expiry
-        controllers = Controllers(api, state, state._settings, clock=lambda: later)
+        controllers = Controllers(api, state, clock=lambda: later)
         report = await controllers.reconcile_once()
         # the live pod's reservation settled, the orphan expired (clock far ahead)
         assert report.reservations_pruned == 2

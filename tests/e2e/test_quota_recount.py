@@ -33,7 +33,7 @@ async def test_a_recount_after_a_reservations_pod_is_gone_does_not_charge_it(
         await wait_for(lambda: state.gpunodes.get(node) is not None, "GPUNode")
         claim = await admit(state, namespace, 40, 1024)
         assert claim is not None
-        assert await state.flush(10)
+        assert await state.writer.flush(10)
         held = claim.reservation
         assignment = Assignment(node, held.id, (ContainerAssignment("main", held.allocations),))
         core.create_namespaced_pod(
@@ -49,7 +49,7 @@ async def test_a_recount_after_a_reservations_pod_is_gone_does_not_charge_it(
                 "spec": {"containers": [{"name": "main", "image": "busybox"}]},
             },
         )
-        await wait_for(lambda: held.id in state.live_reservation_ids(), "pod in cache")
+        await wait_for(lambda: held.id in state.liveness.live_reservation_ids(), "pod in cache")
         core.delete_namespaced_pod("short", namespace, grace_period_seconds=0)
         await wait_for(lambda: held.id in state.departed_reservation_ids(), "pod gone")
         # The reservation is still written in its GPUNode and not expired; its pod is gone.
@@ -58,7 +58,7 @@ async def test_a_recount_after_a_reservations_pod_is_gone_does_not_charge_it(
         assert record is not None and record.reservations[0].expires_at > time.time()
         view = await state.view()
         assert view.gpu_free(node, held.allocations[0].uuid)[0] == 100  # the view frees it
-        controllers = Controllers(api, state, state._settings)
+        controllers = Controllers(api, state)
         # The recount step alone: the prune step would drop the reservation first (unless a
         # write conflict defers it, which is when the recount meets it).
         await controllers._recount_quotas(RoundReport())

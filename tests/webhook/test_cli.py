@@ -68,6 +68,34 @@ def test_plain_fracgpu_runs_the_demo_over_https() -> None:
     assert "add     /spec/containers/0/env" in out
 
 
+def test_demo_in_queue_mode_shows_pods_that_wait_as_queued() -> None:
+    result = fracgpu("demo", "--placement-mode", "queue")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert row(out, "research/no-room-now")[3] == "QUEUED"
+    assert row(out, "team-a/never-fits")[3] == "DENIED"  # can never fit: still refused
+    assert row(out, "team-small/over-quota")[3] == "DENIED"  # over quota: still refused
+    assert "2 queued (created, waiting for room)" in out
+    assert "queued: no GPU has room for this pod now" in out
+    assert "waits Pending for scheduler fracgpu-scheduler" in out
+
+
+def test_admit_in_queue_mode_prints_the_queued_pod() -> None:
+    result = fracgpu(
+        "admit",
+        str(EXAMPLES / "pods" / "12-no-room-now.yaml"),
+        "--cluster",
+        str(EXAMPLES / "cluster.yaml"),
+        "--placement-mode",
+        "queue",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Warning: queued: no GPU has room for this pod now" in result.stderr
+    assert "fracgpu.io/queued:" in result.stdout
+    assert "schedulerName: fracgpu-scheduler" in result.stdout
+    assert "fracgpu.io/assignment" not in result.stdout
+
+
 def test_demo_takes_other_pods(tmp_path: Path) -> None:
     (tmp_path / "one.yaml").write_text(
         yaml.safe_dump(

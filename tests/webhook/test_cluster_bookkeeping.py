@@ -8,9 +8,9 @@ import pytest
 from fracgpu import codec, names
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Reservation
 from fracgpu.placement import ClusterView
+from webhook.backend import Claim
 from webhook.cluster.apiclient import Endpoint, KubeApi
-from webhook.cluster.state import KubeState, KubeStateSettings
-from webhook.state import Claim
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
 
 TTL = 60
 
@@ -141,27 +141,29 @@ def test_prunable_reservations_settled_expired_or_departed() -> None:
     live, gone = held("r-live", "n1", 0, 10, expires), held("r-gone", "n1", 0, 10, expires)
     waiting = held("r-wait", "n1", 0, 10, expires)
     # the settle time runs from the pod's appearance: other replicas may not see it yet
-    assert not state.prunable(live, now[0] + 4.9)
+    assert not state.liveness.prunable(live, now[0] + 4.9)
     now[0] += 3.0
     state.pods.put({**placed_pod("live", "r-live", "n1", 0, 10), "status": {"phase": "Pending"}})
-    assert not state.prunable(live, now[0] + 1.9)  # an update of the pod does not restart it
-    assert state.prunable(live, now[0] + 2.0)
-    assert state.prunable(gone, now[0])
-    assert not state.prunable(waiting, expires - 1)
-    assert state.prunable(waiting, expires)
+    assert not state.liveness.prunable(
+        live, now[0] + 1.9
+    )  # an update of the pod does not restart it
+    assert state.liveness.prunable(live, now[0] + 2.0)
+    assert state.liveness.prunable(gone, now[0])
+    assert not state.liveness.prunable(waiting, expires - 1)
+    assert state.liveness.prunable(waiting, expires)
 
 
 def test_changed_nodes_are_taken_once() -> None:
     now = [1_000.0]
     state = cluster_state(now)
     state.gpunodes.put(gpunode("n1", "1", []))
-    assert state.take_changed_nodes() is None  # the first round looks at every node
+    assert state.sync.take_changed_nodes() is None  # the first round looks at every node
     state.gpunodes.put(gpunode("n2", "1", []))
     state.pods.put(placed_pod("p", "r", "n1", 0, 10))
-    assert state.take_changed_nodes() == {"n1", "n2"}
-    assert state.take_changed_nodes() == set()
-    state.requeue_changed_nodes(["n2"])
-    assert state.take_changed_nodes() == {"n2"}
+    assert state.sync.take_changed_nodes() == {"n1", "n2"}
+    assert state.sync.take_changed_nodes() == set()
+    state.sync.requeue_changed_nodes(["n2"])
+    assert state.sync.take_changed_nodes() == {"n2"}
 
 
 def test_an_object_version_already_cached_is_not_decoded_again() -> None:
@@ -188,7 +190,7 @@ def test_a_written_gpunode_is_cached_as_written_without_decoding_the_answer() ->
     assert record is not None
     mine = held("r1", "n1", 0, 10, now[0] + TTL)
     # the API server's answer to the guarded patch: the object at its new version
-    state.store_written(record, gpunode("n1", "4", [mine]), (mine,))
+    state.writer.store_written(record, gpunode("n1", "4", [mine]), (mine,))
     cached = state.gpunodes.get("n1")
     assert cached is not None
     assert (cached.resource_version, cached.reservations, cached.devices) == (
@@ -255,7 +257,9 @@ async def test_a_pod_that_takes_over_its_claim_is_not_recounted(
     now = [1_000.0]
     state = await one_counted_node(now)
     reservation = held("r1", "n1", 0, 30, now[0] + TTL)
-    state._hold_inflight(Claim(reservation, 2000, 0))
+    claim = Claim(reservation, 2000, 0)
+    state.ledger.hold(claim, (), now[0])
+    state.sync.allocate(claim)
     recounted = record_recounts(monkeypatch)
     pod = placed_pod("p1", "r1", "n1", 0, 30)
     pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = pod_cpu

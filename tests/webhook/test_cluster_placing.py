@@ -8,10 +8,10 @@ import pytest
 from fracgpu.model import ContainerRequest, MemoryRequest
 from fracgpu.placement import Constraints, NoFit, PodDemand, Policy
 from tests.webhook.test_cluster_bookkeeping import TTL, free, gpunode, held, node, placed_pod
+from webhook.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
 from webhook.cluster.apiclient import Endpoint, KubeApi
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import Leadership
-from webhook.cluster.state import KubeState, KubeStateSettings
-from webhook.state import Claim, ForwardToLeader, RejectKind, ReserveRejected
 
 NOW = 1_000.0
 
@@ -44,7 +44,7 @@ async def test_a_claim_counts_at_once_and_is_dropped_unwritten_when_its_pod_appe
     state = state_with(leader())
     await state.reserve(claim("r1", 0, 60))
     assert (await free(state, "n1"))[0][0] == 40
-    assert state.unwritten() == 1
+    assert state.ledger.unwritten() == 1
     found = await state.reservation("r1", "n1")
     assert found is not None and found.expires_at == int(NOW) + TTL
     with pytest.raises(ReserveRejected) as full:
@@ -52,7 +52,7 @@ async def test_a_claim_counts_at_once_and_is_dropped_unwritten_when_its_pod_appe
     assert full.value.kind is RejectKind.CAPACITY
     # The pod is stored: it holds the slice now, counted once, and nothing is left to write.
     state.pods.put(placed_pod("p1", "r1", "n1", 0, 60))
-    assert state.unwritten() == 0
+    assert state.ledger.unwritten() == 0
     assert (await free(state, "n1"))[0][0] == 40
     assert await state.reservation("r1", "n1") is None  # a second pod with it copied it
 
@@ -71,7 +71,7 @@ async def test_quota_counts_charges_not_yet_written() -> None:
     with pytest.raises(ReserveRejected) as over:
         await state.reserve(claim("r2", 1, 50))
     assert over.value.kind is RejectKind.QUOTA and "team/gpu" in over.value.message
-    assert list(state.unwritten_charges()) == ["team/gpu"]
+    assert list(state.ledger.unwritten_charges()) == ["team/gpu"]
 
 
 async def test_a_follower_points_at_the_leader_or_says_none_is_known() -> None:
@@ -122,12 +122,12 @@ async def test_only_claims_older_than_the_write_behind_window_are_written() -> N
     state.gpunodes.put(gpunode("n1", "1", []))
     await state.reserve(claim("r1", 0, 10))
     now[0] += 0.1
-    assert await state.write_pending(), "a young claim must not be written yet"
-    assert state.unwritten() == 1
+    assert await state.writer.write_pending(), "a young claim must not be written yet"
+    assert state.ledger.unwritten() == 1
     now[0] += 0.2
     async with unreachable:
-        assert not await state.write_pending(), "an old claim is written (and fails here)"
-    assert state.unwritten() == 1  # kept for the next round
+        assert not await state.writer.write_pending(), "an old claim is written (and fails here)"
+    assert state.ledger.unwritten() == 1  # kept for the next round
 
 
 async def test_a_gpunode_without_its_node_takes_no_pods_until_the_node_appears() -> None:

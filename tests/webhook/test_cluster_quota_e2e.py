@@ -32,7 +32,7 @@ async def test_a_new_gpuquota_gets_its_status_at_once(
     create_gpuquota(kube_client, namespace, {"cores": 100}, name="before")
     async with replica(kubeconfig) as (api, state):
         # An hour between rounds: only the first round and the wake-up can write anything.
-        controllers = Controllers(api, state, state._settings, interval_s=3600)
+        controllers = Controllers(api, state, interval_s=3600)
         running = asyncio.create_task(controllers.run())
         try:
             await wait_for(lambda: status("before") is not None, "status of an existing quota")

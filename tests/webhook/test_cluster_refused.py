@@ -5,10 +5,10 @@ pod from storage: tests/e2e/test_refused_release_e2e.py)."""
 import pytest
 
 from tests.webhook.test_cluster_bookkeeping import TTL, free, gpunode, held, node, placed_pod
+from webhook.backend import Claim, ForwardToLeader
 from webhook.cluster.apiclient import Endpoint, KubeApi
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import Leadership
-from webhook.cluster.state import KubeState, KubeStateSettings
-from webhook.state import Claim, ForwardToLeader
 
 START = 1_000.0
 WINDOW_S = 5.0
@@ -43,7 +43,7 @@ async def test_an_unconfirmed_reservation_is_given_back_after_the_window() -> No
     assert await state.release_refused() == 1
     assert (await free(state, "n1"))[0][0] == 100
     assert await state.reservation("r1", "") is None  # a late validation finds nothing
-    assert state.awaiting_admission() == (0, 0)
+    assert state.ledger.awaiting_admission() == (0, 0)
 
 
 async def test_a_confirmed_or_stored_reservation_is_not_given_back_unread() -> None:
@@ -52,11 +52,11 @@ async def test_a_confirmed_or_stored_reservation_is_not_given_back_unread() -> N
     await state.reserve(claim("r1", 60))
     await state.reserve(claim("r2", 30))
     await state.confirm("r1", "p1")
-    assert state.awaiting_admission() == (1, 1)
+    assert state.ledger.awaiting_admission() == (1, 1)
     state.pods.put(placed_pod("p2", "r2", "n1", 0, 30))  # r2's pod is stored
     state.pods.put(placed_pod("p1", "r1", "n1", 0, 60))  # and r1's
     now[0] += WINDOW_S * 10
-    assert state.awaiting_admission() == (0, 0)
+    assert state.ledger.awaiting_admission() == (0, 0)
     assert await state.release_refused() == 0
     assert (await free(state, "n1"))[0][0] == 10
 

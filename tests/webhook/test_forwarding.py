@@ -21,10 +21,10 @@ from tests.webhook.support import (
     write_tls,
 )
 from webhook import server, settings
+from webhook.backend import ForwardToLeader
 from webhook.client import WebhookClient, build_review, patch_of
 from webhook.embedded import EmbeddedState, parse_cluster
 from webhook.forward import LeaderForwarder
-from webhook.state import ForwardToLeader
 from webhook.tls import CertificateReloader, TLSFiles
 
 SHARE = {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}

@@ -1,6 +1,6 @@
 """Controllers that keep shared state true; one replica runs them (see leader.py).
 
-- give back the reservations of pods that a later admission step refused (state.py);
+- give back the reservations of pods that a later admission step refused (kubestate.py);
 - prune reservations: drop those whose pod has been live for ``settle_s`` (the pod now
   accounts for the slice), whose pod was deleted or finished, or that expired without a pod;
 - recount GPUQuota use from live pods plus open reservations (like ResourceQuota's
@@ -26,8 +26,8 @@ from fracgpu.names import CORES_PER_GPU
 from webhook import quota as quotalib
 from webhook.cluster import stores
 from webhook.cluster.apiclient import ApiError, KubeApi
-from webhook.cluster.records import GPUNodeRecord
-from webhook.cluster.state import KubeState, KubeStateSettings, QuotaRecord
+from webhook.cluster.kubestate import KubeState
+from webhook.cluster.records import GPUNodeRecord, QuotaRecord
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,11 @@ class Controllers:
         self,
         api: KubeApi,
         state: KubeState,
-        settings: KubeStateSettings,
         interval_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._api = api
         self._state = state
-        self._settings = settings
         self._interval_s = interval_s
         self._clock = clock
         # Set when a GPUQuota without status appears: the next round starts at once, so a new
@@ -88,16 +86,18 @@ class Controllers:
         now = self._clock()
         self._state.departed_reservation_ids()  # forgets departures older than one TTL
         for name, seen in self._state.gpunodes.items():
-            if any(self._state.prunable(held, now) for held in seen.reservations):
+            if any(self._state.liveness.prunable(held, now) for held in seen.reservations):
                 await self._prune_node(name, now, report)
 
     async def _prune_node(self, name: str, now: float, report: RoundReport) -> None:
         # Under the node's lock: admissions in this replica write the same GPUNode.
-        async with self._state.node_lock(name):
+        async with self._state.writer.node_lock(name):
             record = self._state.gpunodes.get(name)
             if record is None:
                 return
-            keep = [held for held in record.reservations if not self._state.prunable(held, now)]
+            keep = [
+                held for held in record.reservations if not self._state.liveness.prunable(held, now)
+            ]
             if len(keep) == len(record.reservations):
                 return
             try:
@@ -108,7 +108,7 @@ class Controllers:
                 report.conflicts += 1
                 log.info("pruning reservations of %s deferred: %s", name, error)
                 return
-            self._state.store_written(record, written, tuple(keep))
+            self._state.writer.store_written(record, written, tuple(keep))
             report.reservations_pruned += len(record.reservations) - len(keep)
 
     # -- quota recount ----------------------------------------------------------------------------
@@ -120,10 +120,10 @@ class Controllers:
         keys = sorted(key for key, _ in self._state.gpuquotas.items())
         async with contextlib.AsyncExitStack() as held:
             for key in keys:
-                await held.enter_async_context(self._state.node_lock(f"quota:{key}"))
+                await held.enter_async_context(self._state.writer.node_lock(f"quota:{key}"))
             models = {d.uuid: d.model for _, r in self._state.gpunodes.items() for d in r.devices}
             by_namespace = self._allocations_by_namespace(self._clock())
-            covered = self._state.unwritten_charges()
+            covered = self._state.ledger.unwritten_charges()
             for key in keys:
                 quota = self._state.gpuquotas.get(key)
                 if quota is None:
@@ -140,24 +140,29 @@ class Controllers:
                         continue
                     self._state.gpuquotas.put(written)
                     report.quotas_corrected += 1
-                self._state.charges_written(key, covered.get(key, ()))
+                self._state.ledger.charges_written(key, covered.get(key, ()))
 
     def _allocations_by_namespace(self, now: float) -> dict[str, list[GPUAllocation]]:
         """What holds GPU use, by namespace: live pods, open reservations, and the claims
         this leader has not written yet."""
         result: dict[str, list[GPUAllocation]] = {}
-        live = self._state.live_reservation_ids()
+        live = self._state.liveness.live_reservation_ids()
         departed = self._state.departed_reservation_ids()
+        unwritten = self._state.unwritten_claims()
+        # A reservation ID counts once: a pod being placed from the queue counts its claim.
+        binding = {c.reservation.id for c in unwritten if c.reservation.node}
         for _, pod in self._state.pods.items():
             if pod.assignment is not None and not pod.terminal:
                 result.setdefault(pod.namespace, []).extend(pod.assignment.allocations())
+            elif pod.waiting and pod.queued is not None and pod.reservation_id not in binding:
+                result.setdefault(pod.namespace, []).extend(pod.queued.charge())
         written = set()
         for _, record in self._state.gpunodes.items():
             for held in record.reservations:
                 written.add(held.id)
                 if quotalib.reservation_charges(held, now, live, departed):
                     result.setdefault(held.namespace, []).extend(held.allocations)
-        for claim in self._state.unwritten_claims():
+        for claim in unwritten:
             held = claim.reservation
             if held.id not in written:
                 result.setdefault(held.namespace, []).extend(held.allocations)
@@ -167,7 +172,7 @@ class Controllers:
     async def _summarise_nodes(self, report: RoundReport) -> None:
         """Publish the summary of every node that changed since the last round (all of them in
         a replica's first round as leader)."""
-        changed = self._state.take_changed_nodes()
+        changed = self._state.sync.take_changed_nodes()
         pending = (
             sorted(n for n, _ in self._state.gpunodes.items())
             if changed is None
@@ -178,10 +183,10 @@ class Controllers:
                 await self._summarise_node(pending[-1], report)
                 pending.pop()
         finally:
-            self._state.requeue_changed_nodes(pending)  # a failed round retries them
+            self._state.sync.requeue_changed_nodes(pending)  # a failed round retries them
 
     async def _summarise_node(self, name: str, report: RoundReport) -> None:
-        async with self._state.node_lock(name):
+        async with self._state.writer.node_lock(name):
             record = self._state.gpunodes.get(name)
             if record is None:
                 return

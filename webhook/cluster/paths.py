@@ -32,3 +32,15 @@ def pods_in(namespace: str) -> str:
 
 def pod(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+def pod_binding(namespace: str, name: str) -> str:
+    return f"{pod(namespace, name)}/binding"
+
+
+def pod_status(namespace: str, name: str) -> str:
+    return f"{pod(namespace, name)}/status"
+
+
+def events_in(namespace: str) -> str:
+    return f"{NAMESPACES}/{namespace}/events"

@@ -5,15 +5,24 @@ Keeping a few fields per object bounds the webhook's memory by object count, not
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fractions import Fraction
 from typing import Any
 
 from fracgpu import codec, names
 from fracgpu.errors import FracgpuError
-from fracgpu.model import Assignment, GPUAllocation, GPUDevice, NodeInventory, Reservation
+from fracgpu.model import (
+    Assignment,
+    GPUAllocation,
+    GPUDevice,
+    NodeInventory,
+    Quota,
+    Reservation,
+)
 from fracgpu.quantity import parse_quantity
 from webhook.demand import cpu_and_memory
+from webhook.queue import entry as queue_entry
+from webhook.queue.entry import QueuedEntry
 from webhook.tolerations import Taint
 
 Obj = dict[str, Any]
@@ -34,6 +43,14 @@ class PodRecord:
     terminal: bool
     # The assignment's allocations, flattened once (the view recounts them often).
     allocations: tuple[GPUAllocation, ...] = ()
+    # Queue mode: what a queued pod asks (None: not queued), its UID and creation order.
+    queued: QueuedEntry | None = None
+    uid: str = ""
+
+    @property
+    def waiting(self) -> bool:
+        """Queued, not placed yet, not finished: in fracgpu's queue."""
+        return self.queued is not None and self.assignment is None and not self.terminal
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,18 @@ def pod_record(obj: Obj) -> PodRecord | None:
             )
     node = spec.get("nodeName") or (assignment.node if assignment else "")
     cpu, memory = pod_cpu_memory(obj)
+    queued = None
+    raw_queued = annotations.get(names.ANNOTATION_QUEUED)
+    if raw_queued is not None:
+        try:
+            queued = queue_entry.decode(raw_queued)
+        except FracgpuError as error:
+            log.warning(
+                "pod %s/%s: ignoring bad queued entry: %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                error,
+            )
     return PodRecord(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -115,6 +144,8 @@ def pod_record(obj: Obj) -> PodRecord | None:
         reservation_id=str(annotations.get(names.ANNOTATION_RESERVATION_ID, "")),
         terminal=obj.get("status", {}).get("phase") in TERMINAL_PHASES,
         allocations=assignment.allocations() if assignment else (),
+        queued=queued,
+        uid=str(meta.get("uid", "")),
     )
 
 
@@ -194,6 +225,27 @@ def _compute_limit(name: str, disable_core_limit: object) -> bool | None:
         log.warning("GPUNode %s spec.disableCoreLimit is not a boolean: using the default", name)
         return None
     return not disable_core_limit
+
+
+@dataclass(frozen=True)
+class QuotaRecord(Quota):
+    """A GPUQuota as the watch cache holds it: ``has_status`` is False for a new one whose
+    status.used nobody has written yet (the controllers write it at once)."""
+
+    has_status: bool = True
+
+
+def quota_record(obj: Obj) -> Quota | None:
+    try:
+        quota = codec.decode_quota(obj)
+    except FracgpuError as error:
+        log.warning("ignoring unreadable GPUQuota: %s", error)
+        return None
+    status = obj.get("status")
+    has_status = isinstance(status, dict) and "used" in status
+    return QuotaRecord(
+        **{f.name: getattr(quota, f.name) for f in fields(quota)}, has_status=has_status
+    )
 
 
 def namespace_opted_out(obj: Obj) -> bool | None:

@@ -1,4 +1,4 @@
-"""Cluster mode start-up: the Kubernetes ClusterState plus its leader-elected controllers."""
+"""Cluster mode start-up: the Kubernetes state back end plus its leader-elected controllers."""
 
 import asyncio
 import contextlib
@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.controllers import Controllers
+from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import LeaderElector, LeaseSettings
-from webhook.cluster.state import KubeState, KubeStateSettings
+from webhook.queue.scheduler import QueueScheduler
+from webhook.queue.status import QueueStatus
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +24,8 @@ class ClusterMode:
     controller_interval_s: float = 5.0
     # How long a leader shutting down may take to write what it holds before handing over.
     handover_timeout_s: float = 10.0
+    # Queue mode: the node default placement applies when it binds queued pods.
+    disable_core_limit: bool = False
 
 
 @dataclass
@@ -32,6 +36,8 @@ class ClusterRuntime:
     state: KubeState
     elector: LeaderElector
     controllers: Controllers
+    queue: QueueScheduler
+    queue_status: QueueStatus
     election: asyncio.Task[None] | None = None
 
     def campaign(self, url: str) -> None:
@@ -42,8 +48,17 @@ class ClusterRuntime:
             self.elector.leadership.own_url = url
         if self.election is None:
             self.election = asyncio.create_task(
-                self.elector.run(self.controllers.run), name="leader-election"
+                self.elector.run(self._lead), name="leader-election"
             )
+
+    async def _lead(self) -> None:
+        """What the leader runs besides placing: the controllers, the self-check, and the
+        queue's status on its pods."""
+        await asyncio.gather(
+            self.controllers.run(),
+            self.state.self_check.run(self.state.ready),
+            self.queue_status.run(),
+        )
 
 
 @contextlib.asynccontextmanager
@@ -56,9 +71,11 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
         state = KubeState(
             api, mode.state, leadership=elector.leadership, find_leader=elector.refresh_leader
         )
-        controllers = Controllers(api, state, mode.state, mode.controller_interval_s)
+        controllers = Controllers(api, state, mode.controller_interval_s)
         caches = asyncio.create_task(state.run(), name="watch-caches")
-        runtime = ClusterRuntime(state, elector, controllers)
+        queue = QueueScheduler(state, api, disable_core_limit=mode.disable_core_limit)
+        status = QueueStatus(api, queue, interval_s=mode.controller_interval_s)
+        runtime = ClusterRuntime(state, elector, controllers, queue, status)
         try:
             yield runtime
         finally:
@@ -67,7 +84,7 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
                 runtime.election.cancel()  # stops placing and the controllers
                 await asyncio.gather(runtime.election, return_exceptions=True)
             if was_leader:
-                if await state.flush(mode.handover_timeout_s):
+                if await state.writer.flush(mode.handover_timeout_s):
                     await elector.release()
                 else:
                     log.warning("could not write every reservation: the next leader will wait")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from fracgpu.model import Quota, Reservation
+from fracgpu.model import GPUAllocation, Quota, Reservation
 from fracgpu.placement import ClusterView
 from webhook.tolerations import Taint
 
@@ -54,9 +54,13 @@ class Claim:
     memory_mib: int
     # GPU UUID -> model, for per-model quota.
     models: Mapping[str, str] = field(default_factory=dict)
+    # The queued charge this claim takes the place of (queue mode: the pod is being placed),
+    # given back when the claim is charged. A claim on node "" holds no GPU: it is the
+    # quota charge of a queued pod.
+    replaces: tuple[GPUAllocation, ...] = ()
 
 
-class ClusterState(Protocol):
+class StateBackend(Protocol):
     def ready(self) -> bool:
         """Whether the state is complete enough to admit pods (``/readyz``)."""
         ...
@@ -137,4 +141,24 @@ class QuotaListing(Protocol):
 
     def all_quotas(self) -> tuple[Quota, ...]:
         """Every GPUQuota with its current use, read without waiting (at scrape time)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DriftCounts:
+    """What a back end's self-check found: checks run, repairs since start and items found
+    drifted by the last check, by kind of drift."""
+
+    checks: int
+    repairs: Mapping[str, int]
+    drifted: Mapping[str, int]
+
+
+@runtime_checkable
+class SelfChecked(Protocol):
+    """Optional: a back end that checks its own bookkeeping against a recount exports what
+    it found as metrics (the server checks ``isinstance``)."""
+
+    def drift_counts(self) -> DriftCounts:
+        """The self-check's counts now, read without waiting (at scrape time)."""
         ...

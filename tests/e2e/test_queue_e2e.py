@@ -1,0 +1,271 @@
+"""Queue mode against the real control plane (issue 21): kube-apiserver + etcd, the fracgpu
+webhook in cluster mode with --placement-mode queue, and the stock kube-scheduler 1.20
+binary as the second scheduler calling the webhook's extender. Nodes are API objects with
+the canonical resources (no kubelet: binding needs none); pods placed at admission are
+bound by the test, as the default scheduler would bind them.
+
+A pod that does not fit waits Pending with fracgpu's reason in kube-scheduler's condition and
+event and its place in the queue in fracgpu's own condition; it binds by itself to the right
+node, with its assignment, when room frees; the queue keeps priority order, and the head's
+node is held against a stream of small pods.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from fracgpu import codec, names
+
+from .fixtures import NodeFactory
+from .harness import ControlPlane, E2EConfig
+from .harness.ports import free_port
+from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_gpuquota
+from .scheduler_harness import fracgpu_scheduler, scheduler_binary
+from .webhook_harness import Webhooks, running_webhooks
+
+pytestmark = pytest.mark.e2e
+WHOLE = {"tencent.com/vcuda-core": "100", "tencent.com/vcuda-memory": "160"}
+WAIT_S = 90.0
+
+
+def share(cores: int) -> dict[str, str]:
+    return {"tencent.com/vcuda-core": str(cores), "tencent.com/vcuda-memory": "16"}
+
+
+@pytest.fixture(scope="module")
+def queue_mode(
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    fracgpu_crds: list[str],
+    e2e_config: E2EConfig,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Webhooks]:
+    binary = scheduler_binary(e2e_config)
+    port = free_port()
+    work = tmp_path_factory.mktemp("queue")
+    args = ["--placement-mode", "queue", "--extender-port", str(port)]
+    with running_webhooks(
+        kube_client, control_plane.kubeconfig("webhook"), work, args, replicas=1
+    ) as running:
+        scheduler = fracgpu_scheduler(
+            binary, work / "scheduler", control_plane.kubeconfig("admin"), port, {}
+        )
+        scheduler.start()
+        try:
+            yield running
+        finally:
+            scheduler.stop()
+
+
+class Pods:
+    def __init__(self, client: kubernetes.client.ApiClient, namespace: str) -> None:
+        self.client = client
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.namespace = namespace
+
+    def create(
+        self, name: str, limits: dict[str, str], annotations: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "cuda:12", "resources": {"limits": limits}}
+                ]
+            },
+        }
+        created = self.core.create_namespaced_pod(self.namespace, body)
+        return dict(self.client.sanitize_for_serialization(created))
+
+    def get(self, name: str) -> dict[str, Any]:
+        found = self.core.read_namespaced_pod(name, self.namespace)
+        return dict(self.client.sanitize_for_serialization(found))
+
+    def placed_now(self, name: str) -> dict[str, Any]:
+        """Create-time placement (the fast path): bind the pod where fracgpu pinned it, as
+        the default scheduler would."""
+        pod = self.get(name)
+        node = codec.decode_assignment(pod["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT])
+        self.core.create_namespaced_pod_binding(
+            name,
+            self.namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node.node},
+            },
+            _preload_content=False,
+        )
+        return pod
+
+    def delete(self, name: str) -> None:
+        self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+
+    def condition(self, name: str, kind: str) -> str:
+        for cond in self.get(name).get("status", {}).get("conditions") or []:
+            if cond.get("type") == kind:
+                return str(cond.get("message", ""))
+        return ""
+
+    def wait_condition(self, name: str, kind: str, text: str) -> None:
+        wait_for(lambda: text in self.condition(name, kind), f"{name}: {kind} saying {text!r}")
+
+    def cleanup(self) -> None:
+        """Every pod of the namespace gone: the queue is cluster-wide, the next test counts."""
+        self.core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)
+
+    def events(self, name: str) -> list[tuple[str, str]]:
+        found = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}"
+        )
+        return [(e.reason, e.message or "") for e in found.items]
+
+
+@pytest.fixture
+def pods(kube_client: kubernetes.client.ApiClient, namespace: str) -> Iterator[Pods]:
+    made = Pods(kube_client, namespace)
+    yield made
+    made.cleanup()
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.3)
+
+
+def queued(pod: dict[str, Any]) -> bool:
+    annotations = pod["metadata"].get("annotations") or {}
+    return names.ANNOTATION_QUEUED in annotations and names.ANNOTATION_ASSIGNMENT not in annotations
+
+
+def used(client: kubernetes.client.ApiClient, namespace: str) -> dict[str, int]:
+    quota = kubernetes.client.CustomObjectsApi(client).get_namespaced_custom_object(
+        FRACGPU_GROUP, FRACGPU_VERSION, namespace, "gpuquotas", "gpu"
+    )
+    return dict((quota.get("status") or {}).get("used") or {})
+
+
+def test_a_pod_that_does_not_fit_waits_with_reasons_then_binds_by_itself(
+    queue_mode: Webhooks,
+    nodes: NodeFactory,
+    kube_client: kubernetes.client.ApiClient,
+    namespace: str,
+    pods: Pods,
+) -> None:
+    node = f"qa-{uuid.uuid4().hex[:6]}"
+    nodes.gpu_node(node, gpus=1)
+    create_gpuquota(kube_client, namespace, {"cores": 200})
+    pods.create("blocker", WHOLE)
+    pods.placed_now("blocker")
+    waiter = pods.create("waiter", share(60))
+    assert queued(waiter)
+    assert waiter["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME
+
+    # kube-scheduler's own condition and event carry the extender's reason ...
+    wait_for(
+        lambda: "fracgpu: waiting for 60 vcuda-core" in pods.condition("waiter", "PodScheduled"),
+        "kube-scheduler's PodScheduled condition with fracgpu's reason",
+    )
+    wait_for(
+        lambda: any(
+            r == "FailedScheduling" and "1st of 1 in the fracgpu queue" in m
+            for r, m in pods.events("waiter")
+        ),
+        "a FailedScheduling event with fracgpu's reason",
+    )
+    # ... and fracgpu's says where the pod stands.
+    wait_for(
+        lambda: "1st of 1 in the fracgpu queue" in pods.condition("waiter", "fracgpu.io/Queued"),
+        "fracgpu's Queued condition",
+    )
+    wait_for(lambda: any(r == "Queued" for r, _ in pods.events("waiter")), "the Queued event")
+    # Quota is charged while it waits: the blocker's 100 cores and the waiter's 60.
+    wait_for(lambda: used(kube_client, namespace).get("cores") == 160, "quota charged queued")
+    assert pods.get("waiter")["spec"].get("nodeName") is None
+
+    pods.delete("blocker")
+    bound = wait_for(
+        lambda: (p := pods.get("waiter"))["spec"].get("nodeName") and p, "the waiter bound"
+    )
+    assert bound["spec"]["nodeName"] == node
+    assignment = codec.decode_assignment(
+        bound["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT]
+    )
+    assert assignment.node == node
+    assert [(a.cores, a.memory_mib) for a in assignment.allocations()] == [(60, 4096)]
+    assert bound["metadata"]["labels"][names.LABEL_MANAGED] == "true"
+    assert bound["metadata"]["labels"][names.LABEL_ASSIGNED_NODE] == node
+    assert (
+        assignment.reservation_id
+        == bound["metadata"]["annotations"][names.ANNOTATION_RESERVATION_ID]
+    )
+    wait_for(lambda: used(kube_client, namespace).get("cores") == 60, "quota after the bind")
+
+
+def test_the_head_holds_its_node_against_a_stream_of_small_pods(
+    queue_mode: Webhooks,
+    nodes: NodeFactory,
+    kube_client: kubernetes.client.ApiClient,
+    namespace: str,
+    pods: Pods,
+) -> None:
+    node = f"qb-{uuid.uuid4().hex[:6]}"
+    nodes.gpu_node(node, gpus=1)
+    for name in ("small-1", "small-2"):
+        pods.create(name, share(40))
+        pods.placed_now(name)
+    assert queued(pods.create("big", WHOLE))
+    wait_for(lambda: "fracgpu" in pods.condition("big", "PodScheduled"), "big tried")
+    assert queued(pods.create("small-3", share(30)))
+    pods.delete("small-1")  # 60 cores free: small-3 would fit, big not yet
+    wait_for(
+        lambda: f"held for {namespace}/big" in pods.condition("small-3", "PodScheduled"),
+        "small-3 kept off the node the head holds",
+    )
+    # A new small pod does not take the held room at admission either: it queues.
+    assert queued(pods.create("small-4", share(30)))
+    assert pods.get("small-3")["spec"].get("nodeName") is None
+    pods.delete("small-2")
+    wait_for(lambda: pods.get("big")["spec"].get("nodeName") == node, "big bound")
+    for name in ("small-3", "small-4"):
+        assert pods.get(name)["spec"].get("nodeName") is None, name
+
+
+def test_granted_priority_goes_first_then_arrival(
+    queue_mode: Webhooks,
+    nodes: NodeFactory,
+    kube_client: kubernetes.client.ApiClient,
+    namespace: str,
+    pods: Pods,
+) -> None:
+    node = f"qc-{uuid.uuid4().hex[:6]}"
+    nodes.gpu_node(node, gpus=1)
+    create_gpuquota(kube_client, namespace, {"cores": 1000}, grants={"priority": "high"})
+    pods.create("blocker", WHOLE)
+    pods.placed_now("blocker")
+    assert queued(pods.create("early", WHOLE))
+    assert queued(pods.create("later", WHOLE))
+    assert queued(pods.create("vip", WHOLE, {names.ANNOTATION_PRIORITY: "high"}))
+    for name, place in (("vip", "1st"), ("early", "2nd"), ("later", "3rd")):
+        pods.wait_condition(name, "fracgpu.io/Queued", f"{place} of 3 in the fracgpu queue")
+    pods.delete("blocker")
+    wait_for(lambda: pods.get("vip")["spec"].get("nodeName") == node, "vip bound first")
+    assert pods.get("early")["spec"].get("nodeName") is None
+    pods.delete("vip")
+    wait_for(lambda: pods.get("early")["spec"].get("nodeName") == node, "early bound next")
+    assert pods.get("later")["spec"].get("nodeName") is None
