@@ -1,12 +1,9 @@
 """kube-scheduler and kube-controller-manager 1.20 on the host's loopback, talking to the
 tier's apiserver under their own built-in identities (system:kube-scheduler,
-system:kube-controller-manager), which the apiserver's default RBAC already binds; and for
-queue mode a second, stock kube-scheduler named fracgpu-scheduler that calls fracgpu's
-extender (filter, prioritize, bind), as the chart runs it beside the webhook."""
+system:kube-controller-manager), which the apiserver's default RBAC already binds."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,58 +28,6 @@ def scheduler(binary: Path, work: Path, kubeconfig: Path, env: Mapping[str, str]
             "--v=2",
         ],
         work / "kube-scheduler.log",
-        env,
-    )
-
-
-def queue_scheduler(
-    binary: Path,
-    work: Path,
-    kubeconfig: Path,
-    env: Mapping[str, str],
-    *,
-    scheduler_name: str,
-    extender_url: str,
-) -> ManagedProcess:
-    """The stock kube-scheduler under another name, configured (v1beta1, the version 1.20
-    reads) to ask the extender at ``extender_url`` to filter, score and bind its pods."""
-    config = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "leaderElection": {"leaderElect": False},
-        "healthzBindAddress": f"127.0.0.1:{free_port()}",
-        "metricsBindAddress": f"127.0.0.1:{free_port()}",
-        "profiles": [{"schedulerName": scheduler_name}],
-        "extenders": [
-            {
-                "urlPrefix": extender_url,
-                "filterVerb": "filter",
-                "prioritizeVerb": "prioritize",
-                "bindVerb": "bind",
-                "weight": 1,
-                "enableHTTPS": False,
-                "httpTimeout": "10s",
-                "nodeCacheCapable": False,
-                "ignorable": False,
-            }
-        ],
-    }
-    path = work / "fracgpu-scheduler.yaml"
-    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
-    return ManagedProcess(
-        "fracgpu-scheduler",
-        [
-            str(binary),
-            f"--config={path}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-            f"--cert-dir={work / 'fracgpu-scheduler-certs'}",
-            "--v=2",
-        ],
-        work / "fracgpu-scheduler.log",
         env,
     )
 

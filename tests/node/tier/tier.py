@@ -30,12 +30,12 @@ from typing import Any, TypeVar
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from fracgpu import names
 from tests.chart.chartfiles import rbac_objects
 from tests.e2e.harness import ControlPlane, E2EConfig, apply_crds
 from tests.e2e.harness.binaries import Binaries
 from tests.e2e.harness.identities import WEBHOOK_NAMESPACE, Identity
 from tests.e2e.harness.process import ManagedProcess
+from tests.e2e.scheduler_harness import fracgpu_scheduler
 from tests.e2e.webhook_harness import (
     WebhookReplica,
     Webhooks,
@@ -424,13 +424,13 @@ class NodeTier:
         assert self.webhooks is not None
         (replica,) = self.webhooks.replicas
         port = free_port()
-        scheduler = controllers.queue_scheduler(
+        # The stock kube-scheduler as fracgpu-scheduler, configured as the chart's sidecar.
+        scheduler = fracgpu_scheduler(
             self.binaries.kube_scheduler,
-            self.work,
+            self.work / "fracgpu-scheduler",
             self.plane.kubeconfig("scheduler"),
+            port,
             self.env,
-            scheduler_name=names.DEFAULT_SCHEDULER_NAME,
-            extender_url=f"http://127.0.0.1:{port}",
         )
         self._restart_webhook(replica, ["--placement-mode=queue", f"--extender-port={port}"])
         self.processes.append(scheduler)
