@@ -8,10 +8,11 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from agent.deviceplugin.units import ResourceKind
 from agent.hostfiles import allocation_key
 from agent.nodepods import NodePod, NodePodsError, PodContainer
 from agent.podlookup import PodInfo
-from agent.queuedelivery import Served
+from agent.queuedelivery import QueueDelivery, Served
 from fracgpu.codec import encode_assignment
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
 from fracgpu.names import ENV_VISIBLE_DEVICES, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
@@ -212,6 +213,15 @@ def test_a_served_record_outlives_the_agent_and_is_checked_against_the_assignmen
     key = allocation_key(CORE, rig.kubelet.allocations[(ref, CORE)])
     record = Served.decode(rig.files.read_served(key) or b"")
     assert record == Served(CORE, NS, "q", "uid-q", "main", GPU_A.uuid)
+    # A restarted agent (nothing in memory) reads it: the container is not served twice,
+    # even where pod-resources does not show what it holds (1.20 lists no init containers).
+    restarted = QueueDelivery(
+        node_name=NODE,
+        pods=rig.pods,
+        known_pods=lambda: {(NS, "q"): {"main": frozenset()}},
+        files=rig.files,
+    )
+    assert restarted.allocate_env(CORE, ResourceKind.COMPUTE, "another-key", ["x"] * 30) == {}
     # The assignment changed after Allocate (written past the webhook): the start is refused.
     moved, _ = queued("q", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]})
     rig.pods.add(replace(moved, uid=info.uid))
