@@ -66,6 +66,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "slice-audit-kill": {"values": {"agent": {"sliceAudit": {"kill": True}}}},
     "node-defaults": {"values": {"webhook": {"memoryScaling": 2.5, "disableCoreLimit": True}}},
     "other-release": {"name": "gpu", "namespace": "gpu-platform"},
+    "queue": {"values": {"webhook": {"queue": {"enabled": True}}}},
 }
 
 

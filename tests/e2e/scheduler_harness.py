@@ -13,14 +13,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from fracgpu import names
+from tests.chart.render import RendererUnavailableError, render
 
 from .harness.config import APISERVER_VERSION, E2EConfig, _default_cache_dir
-from .harness.ports import free_port
 from .harness.process import ManagedProcess
+
+# The chart's names of the sidecar's RBAC objects (release fracgpu).
+SIDECAR_RBAC = "fracgpu-webhook-scheduler"
 
 
 def scheduler_binary(config: E2EConfig) -> Path:
@@ -61,6 +66,10 @@ def scheduler_configuration(
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": kubeconfig},
         "leaderElection": election,
+        # Loopback only: with a configuration file 1.20 serves healthz and metrics
+        # unauthenticated on every address (:10251) unless told otherwise.
+        "healthzBindAddress": "127.0.0.1:10251",
+        "metricsBindAddress": "127.0.0.1:10251",
         "profiles": [{"schedulerName": scheduler_name}],
         "extenders": [
             {
@@ -80,14 +89,45 @@ def scheduler_configuration(
     }
 
 
+def install_chart_scheduler_rbac(client: kubernetes.client.ApiClient) -> bool:
+    """The chart's RBAC of the scheduler sidecar (queue mode), rendered and applied; False
+    when the chart renderer is not available here (the caller runs the scheduler as admin)."""
+    try:
+        rendered = render(values={"webhook": {"queue": {"enabled": True}}})
+    except RendererUnavailableError:
+        return False
+    rbac = kubernetes.client.RbacAuthorizationV1Api(client)
+    create = {
+        "ClusterRoleBinding": rbac.create_cluster_role_binding,
+        "Role": lambda o: rbac.create_namespaced_role(o["metadata"]["namespace"], o),
+        "RoleBinding": lambda o: rbac.create_namespaced_role_binding(o["metadata"]["namespace"], o),
+    }
+    for obj in rendered.objects():
+        if obj["kind"] in create and obj["metadata"]["name"].startswith(SIDECAR_RBAC):
+            try:
+                create[obj["kind"]](obj)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+    return True
+
+
 def fracgpu_scheduler(
-    binary: Path, work: Path, kubeconfig: Path, extender_port: int, env: Mapping[str, str]
+    binary: Path,
+    work: Path,
+    kubeconfig: Path,
+    extender_port: int,
+    env: Mapping[str, str],
+    *,
+    leader_elect: bool = False,
 ) -> ManagedProcess:
     work.mkdir(parents=True, exist_ok=True)
     config = work / "scheduler-config.yaml"
     config.write_text(
         yaml.safe_dump(
-            scheduler_configuration(str(kubeconfig), f"http://127.0.0.1:{extender_port}")
+            scheduler_configuration(
+                str(kubeconfig), f"http://127.0.0.1:{extender_port}", leader_elect=leader_elect
+            )
         )
     )
     return ManagedProcess(
@@ -95,12 +135,9 @@ def fracgpu_scheduler(
         [
             str(binary),
             f"--config={config}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
+            # No HTTP serving at all (as the chart's sidecar): nothing to authenticate.
+            "--secure-port=0",
             "--port=0",
-            f"--cert-dir={work / 'certs'}",
             "--v=2",
         ],
         work / "fracgpu-scheduler.log",

@@ -26,7 +26,7 @@ from .fixtures import NodeFactory
 from .harness import ControlPlane, E2EConfig
 from .harness.ports import free_port
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_gpuquota
-from .scheduler_harness import fracgpu_scheduler, scheduler_binary
+from .scheduler_harness import fracgpu_scheduler, install_chart_scheduler_rbac, scheduler_binary
 from .webhook_harness import Webhooks, running_webhooks
 
 pytestmark = pytest.mark.e2e
@@ -53,8 +53,15 @@ def queue_mode(
     with running_webhooks(
         kube_client, control_plane.kubeconfig("webhook"), work, args, replicas=1
     ) as running:
+        # As the chart runs it: the webhook's identity with the sidecar's RBAC, leader-elected.
+        identity = "webhook" if install_chart_scheduler_rbac(kube_client) else "admin"
         scheduler = fracgpu_scheduler(
-            binary, work / "scheduler", control_plane.kubeconfig("admin"), port, {}
+            binary,
+            work / "scheduler",
+            control_plane.kubeconfig(identity),
+            port,
+            {},
+            leader_elect=True,
         )
         scheduler.start()
         try:
@@ -215,6 +222,7 @@ def test_a_pod_that_does_not_fit_waits_with_reasons_then_binds_by_itself(
         == bound["metadata"]["annotations"][names.ANNOTATION_RESERVATION_ID]
     )
     wait_for(lambda: used(kube_client, namespace).get("cores") == 60, "quota after the bind")
+    pods.wait_condition("waiter", "fracgpu.io/Queued", f"placed on {node}")
 
 
 def test_the_head_holds_its_node_against_a_stream_of_small_pods(

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -297,13 +297,21 @@ def running_webhooks(
     work: Path,
     extra_args: list[str],
     replicas: int = 2,
+    per_replica: Callable[[int], list[str]] | None = None,
 ) -> Iterator[Webhooks]:
     """Replicas in cluster mode (as the webhook's service account, with the chart's RBAC)
-    behind a balancer, registered with the chart's webhook configurations."""
+    behind a balancer, registered with the chart's webhook configurations; ``per_replica``
+    adds arguments of replica i's own (its extender port)."""
     install_webhook_rbac(kube_client)
     tls = WebhookTLS.create(work / "tls")
     started = [
-        WebhookReplica(f"replica-{i}", kubeconfig, tls, work, list(extra_args)).start()
+        WebhookReplica(
+            f"replica-{i}",
+            kubeconfig,
+            tls,
+            work,
+            [*extra_args, *(per_replica(i) if per_replica is not None else [])],
+        ).start()
         for i in range(replicas)
     ]
     try:

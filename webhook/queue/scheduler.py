@@ -99,6 +99,11 @@ class QueueScheduler:
     def queue(self) -> list[Waiter]:
         return ordered(self._waiting.values())
 
+    def placed_on(self, key: str) -> str:
+        """The node a pod that left the queue was placed on ("" if it is gone or unplaced)."""
+        record = self._state.pods.get(key)
+        return record.node if record is not None and record.assignment is not None else ""
+
     def held_nodes(self) -> frozenset[str]:
         """Nodes the head of the queue holds (admission's fast path keeps off them too)."""
         return frozenset(self._held.values())

@@ -3,9 +3,10 @@
 kube-scheduler writes its own PodScheduled condition and FailedScheduling events from the
 extender's per-node reasons; this adds fracgpu's view: the condition ``fracgpu.io/Queued``
 ("waiting for 60 vcuda-core and 4096 MiB on one GPU; 2nd of 5 in the fracgpu queue") and
-one ``Queued`` event when a pod is first seen waiting. Writes are bounded: a condition is
-written only when its message changed and not more often than every ``min_gap_s`` per
-pod, at most ``max_writes`` per round; the event once per pod.
+one ``Queued`` event when a pod is first seen waiting; the condition turns False
+("placed on NODE") once the pod is placed. Writes are bounded: a condition is written only
+when its message changed and not more often than every ``min_gap_s`` per pod, at most
+``max_writes`` per round; the event once per pod.
 """
 
 import asyncio
@@ -55,8 +56,15 @@ class QueueStatus:
         """Write the conditions (and first events) that are due; returns how many writes."""
         line = self.scheduler.queue()
         keys = {w.key for w in line}
-        self._written = {k: v for k, v in self._written.items() if k in keys}
         now, writes = self.clock(), 0
+        for key in [k for k in self._written if k not in keys]:
+            # Left the queue: placed (the condition turns False, saying where) or deleted.
+            del self._written[key]
+            node = self.scheduler.placed_on(key)
+            if node and writes < self.max_writes:
+                namespace, name = key.split("/", 1)
+                await self._condition(namespace, name, f"placed on {node}", waiting=False)
+                writes += 1
         for position, waiter in enumerate(line, 1):
             if writes >= self.max_writes:
                 break
@@ -74,14 +82,16 @@ class QueueStatus:
             self._written[waiter.key] = (text, now)
         return writes
 
-    async def _condition(self, namespace: str, name: str, text: str) -> None:
+    async def _condition(
+        self, namespace: str, name: str, text: str, *, waiting: bool = True
+    ) -> None:
         body = {
             "status": {
                 "conditions": [
                     {
                         "type": CONDITION,
-                        "status": "True",
-                        "reason": "WaitingForGPU",
+                        "status": "True" if waiting else "False",
+                        "reason": "WaitingForGPU" if waiting else "Placed",
                         "message": text,
                         "lastTransitionTime": _now(self.clock()),
                     }

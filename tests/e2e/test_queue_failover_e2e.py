@@ -1,0 +1,151 @@
+"""No GPU pod refused because the webhook's leader died (issue 21), measured on the real
+apiserver with two replicas behind the balancer: pods are created one after another while
+the leader is SIGKILLed, until the survivor places again. In queue mode a replica that
+cannot reach a placing leader queues the pod (its quota checked against its own cache; the
+new leader's recount confirms it before it is placed): 0 refusals, and every queued pod is
+bound by the fracgpu scheduler through the survivor's extender afterwards. Immediate mode,
+measured the same way, refuses the pods created while no leader places (the baseline in
+docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from fracgpu import names
+
+from .fixtures import NodeFactory
+from .harness import ControlPlane, E2EConfig
+from .harness.ports import free_port
+from .harness.resources import create_gpuquota
+from .scheduler_harness import fracgpu_scheduler, scheduler_binary
+from .webhook_harness import WebhookReplica, running_webhooks, wait_placing
+
+pytestmark = pytest.mark.e2e
+SHARE = {"tencent.com/vcuda-core": "5", "tencent.com/vcuda-memory": "4"}
+CREATE_EVERY_S = 0.25
+KILL_AFTER_S = 2.0
+AFTER_FAILOVER_S = 2.0
+
+
+@dataclass
+class Outcomes:
+    counts: Counter[str] = field(default_factory=Counter)
+    refusals: list[str] = field(default_factory=list)
+    queued: list[str] = field(default_factory=list)
+    no_leader_s: float = 0.0
+
+
+def create_through_failover(
+    core: kubernetes.client.CoreV1Api, namespace: str, replicas: list[WebhookReplica]
+) -> Outcomes:
+    """Create pods every CREATE_EVERY_S; SIGKILL the placing replica after KILL_AFTER_S; stop
+    AFTER_FAILOVER_S after the survivor places."""
+    leader = next(r for r in replicas if r.placing())
+    survivor = next(r for r in replicas if r is not leader)
+    outcomes = Outcomes()
+    started, killed_at, placing_at = time.monotonic(), 0.0, 0.0
+    i = 0
+    while not placing_at or time.monotonic() < placing_at + AFTER_FAILOVER_S:
+        now = time.monotonic()
+        if not killed_at and now - started >= KILL_AFTER_S:
+            leader.kill()
+            killed_at = time.monotonic()
+        if killed_at and not placing_at and survivor.placing():
+            placing_at = time.monotonic()
+            outcomes.no_leader_s = placing_at - killed_at
+        name = f"p{i:04d}"
+        i += 1
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "containers": [{"name": "main", "image": "cuda", "resources": {"limits": SHARE}}]
+            },
+        }
+        try:
+            pod = core.create_namespaced_pod(namespace, body)
+        except ApiException as error:
+            outcomes.counts["refused"] += 1
+            outcomes.refusals.append(f"{name}: {error.status} {error.body}")
+        else:
+            annotations = pod.metadata.annotations or {}
+            if names.ANNOTATION_ASSIGNMENT in annotations:
+                outcomes.counts["placed"] += 1
+            elif names.ANNOTATION_QUEUED in annotations:
+                outcomes.counts["queued"] += 1
+                outcomes.queued.append(name)
+            else:
+                outcomes.counts["other"] += 1
+        time.sleep(max(0.0, CREATE_EVERY_S - (time.monotonic() - now)))
+        assert time.monotonic() - started < 120, "the survivor never placed"
+    return outcomes
+
+
+@pytest.mark.parametrize("mode", ["queue", "immediate"])
+def test_creates_during_a_leader_kill(
+    mode: str,
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    fracgpu_crds: list[str],
+    e2e_config: E2EConfig,
+    nodes: NodeFactory,
+    namespace: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    binary = scheduler_binary(e2e_config) if mode == "queue" else None
+    for n in range(2):
+        nodes.gpu_node(f"fo-{n}-{uuid.uuid4().hex[:6]}", gpus=8)
+    create_gpuquota(kube_client, namespace, {"cores": 100_000})
+    ports = [free_port(), free_port()]
+    work = tmp_path_factory.mktemp(f"failover-{mode}")
+    core = kubernetes.client.CoreV1Api(kube_client)
+    with running_webhooks(
+        kube_client,
+        control_plane.kubeconfig("webhook"),
+        work,
+        ["--placement-mode", mode],
+        replicas=2,
+        per_replica=lambda i: ["--extender-port", str(ports[i])],
+    ) as running:
+        outcomes = create_through_failover(core, namespace, running.replicas)
+        total = sum(outcomes.counts.values())
+        print(
+            f"\n[{mode}] {total} creates, leader killed, survivor placing after "
+            f"{outcomes.no_leader_s:.1f} s: {dict(outcomes.counts)}"
+        )
+        if mode == "immediate":
+            # The baseline: creates while no replica places are refused.
+            assert outcomes.counts["refused"] > 0
+            return
+        assert outcomes.counts["refused"] == 0, outcomes.refusals[:3]
+        assert outcomes.counts["queued"] > 0
+        survivor = next(r for r in running.replicas if r.process and r.process.poll() is None)
+        wait_placing([survivor])
+        assert binary is not None
+        scheduler = fracgpu_scheduler(
+            binary,
+            work / "scheduler",
+            control_plane.kubeconfig("admin"),
+            ports[running.replicas.index(survivor)],
+            {},
+        )
+        scheduler.start()
+        try:
+            deadline = time.monotonic() + 120
+            waiting = set(outcomes.queued)
+            while waiting and time.monotonic() < deadline:
+                for name in sorted(waiting):
+                    if core.read_namespaced_pod(name, namespace).spec.node_name:
+                        waiting.discard(name)
+                time.sleep(1)
+            assert not waiting, f"{len(waiting)} queued pods never bound: {sorted(waiting)[:5]}"
+        finally:
+            scheduler.stop()
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
