@@ -2,7 +2,8 @@
 is admitting: identity, queue annotation, assignment, phase, bind time and containers.
 
 Read as raw JSON (one list with a field selector on spec.nodeName, as kubelet itself
-watches its pods) and parsed defensively: every field here is tenant-written or
+watches its pods; from the API server's watch cache, indexed by node, unless ``fresh``
+asks for a read from etcd) and parsed defensively: every field here is tenant-written or
 tenant-influenced, so a malformed pod is read as "not a candidate", never as an error.
 """
 
@@ -49,7 +50,7 @@ class NodePod:
 
 
 class NodePods(Protocol):
-    def on_node(self, node_name: str) -> list[NodePod]: ...
+    def on_node(self, node_name: str, *, fresh: bool = False) -> list[NodePod]: ...
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -123,10 +124,13 @@ class KubernetesNodePods:
     def __init__(self, core_api: Any) -> None:
         self._api = core_api
 
-    def on_node(self, node_name: str) -> list[NodePod]:
+    def on_node(self, node_name: str, *, fresh: bool = False) -> list[NodePod]:
+        """The node's pods. Not ``fresh``: resourceVersion 0, served from the API server's
+        cache (no etcd read of every pod in the cluster), which may lag a little."""
         try:
             response = self._api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node_name}",
+                **({} if fresh else {"resource_version": "0"}),
                 _preload_content=False,
                 _request_timeout=_TIMEOUT_SECONDS,
             )

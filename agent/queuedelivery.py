@@ -153,18 +153,23 @@ class QueueDelivery:
         """The env for this allocation: a queued pod's GPUs, or {} (immediate mode: the pod
         spec carries them). Records what it served under ``key``."""
         with self._lock:
-            try:
-                pods = self._pods.on_node(self._node)
-            except NodePodsError as error:
-                # Immediate-mode pods must not depend on this list; a queued pod served
-                # without its GPUs is refused at PreStartContainer (no record).
-                log.warning("queued pods not checked", extra={"error": str(error)})
-                return {}
             known: KnownPods | None
             try:
                 known, problem = self._known_pods(), ""
             except PodResourcesError as error:
                 known, problem = None, str(error)
+            try:
+                pods = self._pods.on_node(self._node)
+                listed = {(p.namespace, p.name) for p in pods}
+                if known is None or not known.keys() <= listed:
+                    # kubelet knows a pod the API's cache does not show bound here yet
+                    # (likely the one it admits now): read from etcd instead.
+                    pods = self._pods.on_node(self._node, fresh=True)
+            except NodePodsError as error:
+                # Immediate-mode pods must not depend on this list; a queued pod served
+                # without its GPUs is refused at PreStartContainer (no record).
+                log.warning("queued pods not checked", extra={"error": str(error)})
+                return {}
             found = candidates(
                 node=self._node,
                 resource=resource,

@@ -50,14 +50,21 @@ class PodTable:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], PodInfo] = {}
         self.node_pods: dict[tuple[str, str], NodePod] = {}
+        # What the API server's cache shows when it lags (None: the same as node_pods).
+        self.stale_node_pods: dict[tuple[str, str], NodePod] | None = None
+        self.lists: list[bool] = []  # each list of the node's pods: fresh or not
 
     def add(self, pod: PodInfo, on_node: NodePod | None = None) -> None:
         self.pods[(pod.namespace, pod.name)] = pod
         if on_node is not None:
             self.node_pods[(pod.namespace, pod.name)] = on_node
 
-    def on_node(self, node_name: str) -> list[NodePod]:
-        return list(self.node_pods.values()) if node_name == NODE else []
+    def on_node(self, node_name: str, *, fresh: bool = False) -> list[NodePod]:
+        self.lists.append(fresh)
+        pods = self.stale_node_pods if self.stale_node_pods is not None and not fresh else None
+        if pods is None:
+            pods = self.node_pods
+        return list(pods.values()) if node_name == NODE else []
 
     def get(self, namespace: str, name: str) -> PodInfo:
         try:

@@ -103,6 +103,23 @@ def test_an_immediate_pod_gets_no_env_and_starts_as_before(rig: AgentRig) -> Non
     assert limits_gpu(rig, ref, CORE) == GPU_B.uuid
 
 
+def test_the_api_cache_is_read_and_etcd_only_when_the_cache_lags(rig: AgentRig) -> None:
+    add_queued(rig, "q1", {"main": [GPUAllocation(GPU_A.uuid, 30, 4096)]})
+    rig.kubelet.admit(NS, "q1", ["main"])
+    assert env_of(rig, ContainerRef(NS, "q1", "main"), CORE, 30) == {
+        ENV_VISIBLE_DEVICES: GPU_A.uuid
+    }
+    assert rig.pods.lists == [False]  # one list, from the cache
+    # The cache has not seen q2 bound yet, but kubelet is admitting it: read from etcd.
+    rig.pods.stale_node_pods = dict(rig.pods.node_pods)
+    add_queued(rig, "q2", {"main": [GPUAllocation(GPU_B.uuid, 30, 4096)]})
+    rig.kubelet.admit(NS, "q2", ["main"])
+    assert env_of(rig, ContainerRef(NS, "q2", "main"), CORE, 30) == {
+        ENV_VISIBLE_DEVICES: GPU_B.uuid
+    }
+    assert rig.pods.lists == [False, False, True]
+
+
 def test_two_queued_pods_of_one_size_each_get_their_own_gpu(rig: AgentRig) -> None:
     add_queued(rig, "q1", {"main": [GPUAllocation(GPU_A.uuid, 50, 4096)]})
     add_queued(
@@ -177,7 +194,7 @@ def test_a_queued_pod_allocated_without_its_gpus_is_refused_at_start(
 ) -> None:
     # The node's pods could not be listed at Allocate (API down): nothing was served, so
     # the container would see whatever its image says. Its start is refused instead.
-    def unreachable(node_name: str) -> list[NodePod]:
+    def unreachable(node_name: str, *, fresh: bool = False) -> list[NodePod]:
         raise NodePodsError("cannot list the pods of node gpu-node-1: the API did not answer")
 
     info = add_queued(rig, "q", {"main": [GPUAllocation(GPU_A.uuid, 30, 4096)]})
