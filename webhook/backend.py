@@ -58,6 +58,9 @@ class Claim:
     # given back when the claim is charged. A claim on node "" holds no GPU: it is the
     # quota charge of a queued pod.
     replaces: tuple[GPUAllocation, ...] = ()
+    # Charges left out of this claim's quota check only (queue mode: the queued pods behind
+    # it in its namespace, which are let in to quota after it).
+    behind: tuple[GPUAllocation, ...] = ()
 
 
 class StateBackend(Protocol):

@@ -253,7 +253,7 @@ class EmbeddedState:
             if problem:
                 raise ReserveRejected(RejectKind.CAPACITY, problem)
             namespace_quotas = [
-                quotalib.charge(q, claim.replaces, {}, -1)
+                quotalib.charge(q, (*claim.replaces, *claim.behind), {}, -1)
                 for q in self._quotas
                 if q.namespace == held.namespace
             ]

@@ -22,6 +22,7 @@ from fracgpu import names
 from tests.chart.render import RendererUnavailableError, render
 
 from .harness.config import APISERVER_VERSION, E2EConfig, _default_cache_dir
+from .harness.ports import free_port
 from .harness.process import ManagedProcess
 
 # The chart's names of the sidecar's RBAC objects (release fracgpu).
@@ -53,6 +54,7 @@ def scheduler_configuration(
     resources: Sequence[str] = (names.RESOURCE_VCUDA_CORE, names.RESOURCE_VCUDA_MEMORY),
     leader_elect: bool = False,
     lock_namespace: str = "fracgpu-system",
+    local_port: int = 10251,
 ) -> dict[str, Any]:
     """A KubeSchedulerConfiguration (1.20: v1beta1) with one profile, fracgpu's, whose
     extender filters, prioritizes and binds every pod asking for the canonical resources.
@@ -68,8 +70,8 @@ def scheduler_configuration(
         "leaderElection": election,
         # Loopback only: with a configuration file 1.20 serves healthz and metrics
         # unauthenticated on every address (:10251) unless told otherwise.
-        "healthzBindAddress": "127.0.0.1:10251",
-        "metricsBindAddress": "127.0.0.1:10251",
+        "healthzBindAddress": f"127.0.0.1:{local_port}",
+        "metricsBindAddress": f"127.0.0.1:{local_port}",
         "profiles": [{"schedulerName": scheduler_name}],
         "extenders": [
             {
@@ -126,7 +128,10 @@ def fracgpu_scheduler(
     config.write_text(
         yaml.safe_dump(
             scheduler_configuration(
-                str(kubeconfig), f"http://127.0.0.1:{extender_port}", leader_elect=leader_elect
+                str(kubeconfig),
+                f"http://127.0.0.1:{extender_port}",
+                leader_elect=leader_elect,
+                local_port=free_port(),  # tests run beside other schedulers on this host
             )
         )
     )

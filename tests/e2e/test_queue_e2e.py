@@ -277,3 +277,26 @@ def test_granted_priority_goes_first_then_arrival(
     pods.delete("vip")
     wait_for(lambda: pods.get("early")["spec"].get("nodeName") == node, "early bound next")
     assert pods.get("later")["spec"].get("nodeName") is None
+
+
+def test_status_writes_are_bounded_one_event_per_waiting_pod(
+    queue_mode: Webhooks,
+    nodes: NodeFactory,
+    kube_client: kubernetes.client.ApiClient,
+    namespace: str,
+    pods: Pods,
+) -> None:
+    """Twelve pods wait through several status rounds (1 s apart here): each gets fracgpu's
+    condition and exactly one Queued event, not one per round or per scheduling attempt."""
+    node = f"qd-{uuid.uuid4().hex[:6]}"
+    nodes.gpu_node(node, gpus=1)
+    pods.create("blocker", WHOLE)
+    pods.placed_now("blocker")
+    waiting = [f"w{i:02d}" for i in range(12)]
+    for name in waiting:
+        assert queued(pods.create(name, share(60)))
+    for name in waiting:
+        pods.wait_condition(name, "fracgpu.io/Queued", f" of {len(waiting)} in the fracgpu queue")
+    time.sleep(5)  # five more rounds
+    for name in waiting:
+        assert [r for r, _ in pods.events(name)].count("Queued") == 1, name

@@ -10,10 +10,12 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import kubernetes.client
 import pytest
@@ -26,7 +28,17 @@ from .harness import ControlPlane, E2EConfig
 from .harness.ports import free_port
 from .harness.resources import create_gpuquota
 from .scheduler_harness import fracgpu_scheduler, scheduler_binary
-from .webhook_harness import WebhookReplica, running_webhooks, wait_placing
+from .webhook_harness import (
+    FRACGPU_NAMESPACE,
+    TcpBalancer,
+    WebhookReplica,
+    WebhookTLS,
+    install_webhook_rbac,
+    register_webhooks,
+    running_webhooks,
+    unregister_webhooks,
+    wait_placing,
+)
 
 pytestmark = pytest.mark.e2e
 SHARE = {"tencent.com/vcuda-core": "5", "tencent.com/vcuda-memory": "4"}
@@ -148,4 +160,91 @@ def test_creates_during_a_leader_kill(
             assert not waiting, f"{len(waiting)} queued pods never bound: {sorted(waiting)[:5]}"
         finally:
             scheduler.stop()
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+
+
+def test_pods_queued_without_a_leader_are_let_in_to_quota_in_queue_order(
+    control_plane: ControlPlane,
+    kube_client: kubernetes.client.ApiClient,
+    fracgpu_crds: list[str],
+    e2e_config: E2EConfig,
+    nodes: NodeFactory,
+    namespace: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """While another holder keeps the Lease, the replica cannot place and queues every GPU
+    pod, checking quota against its own cache only: three pods of 60 cores pass a 100-core
+    GPUQuota. Once it leads, its recount counts all three, and at bind the namespace's queued
+    pods are let in to quota in queue order: the first binds, the other two wait Pending with
+    a quota reason. Queued past quota during a failover, never run past it."""
+    binary = scheduler_binary(e2e_config)
+    node = f"lq-{uuid.uuid4().hex[:6]}"
+    nodes.gpu_node(node, gpus=4)
+    create_gpuquota(kube_client, namespace, {"cores": 100})
+    coordination = kubernetes.client.CoordinationV1Api(kube_client)
+    install_webhook_rbac(kube_client)
+    ghost = {
+        "metadata": {"name": "fracgpu-webhook", "namespace": FRACGPU_NAMESPACE},
+        "spec": {
+            "holderIdentity": "ghost",
+            "leaseDurationSeconds": 3600,
+            "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
+    with contextlib.suppress(ApiException):
+        coordination.delete_namespaced_lease("fracgpu-webhook", FRACGPU_NAMESPACE)
+    coordination.create_namespaced_lease(FRACGPU_NAMESPACE, ghost)
+    work = tmp_path_factory.mktemp("leaderless")
+    tls = WebhookTLS.create(work / "tls")
+    port = free_port()
+    replica = WebhookReplica(
+        "replica-lq",
+        control_plane.kubeconfig("webhook"),
+        tls,
+        work,
+        ["--placement-mode", "queue", "--extender-port", str(port)],
+    ).start()
+    core = kubernetes.client.CoreV1Api(kube_client)
+    scheduler = fracgpu_scheduler(
+        binary, work / "scheduler", control_plane.kubeconfig("admin"), port, {}
+    )
+    try:
+        replica.wait_ready()
+        assert not replica.placing()
+        with TcpBalancer([replica.port]) as balancer:
+            url = f"https://127.0.0.1:{balancer.port}"
+            register_webhooks(kube_client, url, tls.ca_pem)
+            try:
+                for name in ("first", "second", "third"):
+                    body = {
+                        "metadata": {"name": name},
+                        "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {
+                            "limits": {"tencent.com/vcuda-core": "60",
+                                       "tencent.com/vcuda-memory": "4"}}}]},
+                    }  # fmt: skip
+                    pod = core.create_namespaced_pod(namespace, body)
+                    assert names.ANNOTATION_QUEUED in (pod.metadata.annotations or {}), name
+                    time.sleep(0.05)  # distinct arrival times
+                coordination.delete_namespaced_lease("fracgpu-webhook", FRACGPU_NAMESPACE)
+                wait_placing([replica])
+                scheduler.start()
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline:
+                    if core.read_namespaced_pod("first", namespace).spec.node_name:
+                        break
+                    time.sleep(0.5)
+                assert core.read_namespaced_pod("first", namespace).spec.node_name == node
+                for name in ("second", "third"):
+                    reason = ""
+                    while time.monotonic() < deadline and "GPUQuota" not in reason:
+                        conditions = core.read_namespaced_pod(name, namespace).status.conditions
+                        reason = " ".join(c.message or "" for c in conditions or ())
+                        time.sleep(0.5)
+                    assert "waiting for quota" in reason, (name, reason)
+                    assert core.read_namespaced_pod(name, namespace).spec.node_name is None
+            finally:
+                unregister_webhooks(kube_client, url, tls.ca_pem)
+    finally:
+        scheduler.stop()
+        replica.stop()
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)

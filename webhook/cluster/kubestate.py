@@ -257,7 +257,8 @@ class KubeState:
             raise ReserveRejected(RejectKind.CAPACITY, problem)
         quotas = await self.quotas(held.namespace)
         # A queued pod being placed: its queued charge is given back as the real one is taken.
-        without = [quotalib.charge(q, claim.replaces, {}, -1) for q in quotas]
+        credit = (*claim.replaces, *claim.behind)
+        without = [quotalib.charge(q, credit, {}, -1) for q in quotas]
         over = quotalib.check(without, held.allocations, claim.models)
         if over is not None:
             raise ReserveRejected(RejectKind.QUOTA, over.message)

@@ -217,14 +217,20 @@ class QueueScheduler:
         models = {d.uuid: d.model for d in inventory.devices} if inventory else {}
         allocations = [a for c in placed.containers for a in c.devices]
         # The quotas count every queued charge: take back this pod's and those behind it.
-        mine = place_in_line(waiter)
-        credit = list(waiter.entry.charge())
-        for other in self._waiting.values():
-            if other.namespace == waiter.namespace and place_in_line(other) > mine:
-                credit.extend(other.entry.charge())
+        credit = (*waiter.entry.charge(), *self._behind(waiter))
         base = [quotalib.charge(q, credit, {}, -1) for q in quotas]
         over = quotalib.check(base, allocations, models)
         return None if over is None else over.message
+
+    def _behind(self, waiter: Waiter) -> tuple[GPUAllocation, ...]:
+        """The queued charges of the pods behind this one in its namespace."""
+        mine = place_in_line(waiter)
+        return tuple(
+            a
+            for other in self._waiting.values()
+            if other.namespace == waiter.namespace and place_in_line(other) > mine
+            for a in other.entry.charge()
+        )
 
     # -- bind --------------------------------------------------------------------------------
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
@@ -284,7 +290,14 @@ class QueueScheduler:
         hold = Reservation(
             reservation_id, placed.node, waiter.namespace, waiter.name, assignment.allocations(), 0
         )
-        claim = Claim(hold, entry.cpu_milli, entry.memory_mib, models, replaces=entry.charge())
+        claim = Claim(
+            hold,
+            entry.cpu_milli,
+            entry.memory_mib,
+            models,
+            replaces=entry.charge(),
+            behind=self._behind(waiter),
+        )
         try:
             await self._state.reserve(claim)
         except ReserveRejected as rejected:
