@@ -190,8 +190,9 @@ def test_unhealthy_gpu_drops_capacity_new_pods_avoid_it(
         wait_for(lambda: gpunode_health(node_tier) == [False], "GPUNode unhealthy", 30)
         denial = admission_denial(node_tier, namespace, sleeper("new", 10))
         assert "403" in denial or "400" in denial, denial
-        # The container already running is left alone, with its limits.
+        # The container already running is left alone, with its limits, and still counted.
         check_limits_inside(node_tier, namespace, "running", 30)
+        assert_accounting_matches(node_tier)
     finally:
         node_tier.set_gpu_fault(lost, None)
     wait_for(
