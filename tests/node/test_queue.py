@@ -121,3 +121,42 @@ def test_a_queued_pod_whose_env_could_pick_its_gpu_is_not_started(
         pod = wait_phase(node_tier, namespace, "sneaky", ("Failed", "Running", "Succeeded"), 120)
         assert pod.status.phase == "Failed", pod.status
         assert "envFrom[0] has no prefix" in str(pod.status.message), pod.status
+
+
+def test_queued_pods_of_one_size_released_together_each_start_as_themselves(
+    node_tier: NodeTier, namespace: str
+) -> None:
+    """Two queued pods that kubelet admits back to back, with the same token counts: the
+    agent cannot tell them apart by size, yet each container starts with its own limits
+    (its pod's name and UID) and its GPU, and nothing is refused or counted twice."""
+    with node_tier.queue_mode():
+        create(node_tier, namespace, pod_body("blocker", limits=tke(100, 8)))
+        wait_running(node_tier, namespace, "blocker")
+        twins = ("twin-a", "twin-b")
+        for name in twins:
+            create(node_tier, namespace, pod_body(name, limits=tke(40, 8)))
+        for name in twins:
+            wait_for(
+                lambda name=name: waiting_reason(node_tier, namespace, name),
+                f"{name} waiting",
+                60,
+                node_tier.explain,
+            )
+        delete(node_tier, namespace, "blocker")
+        for name in twins:
+            pod = wait_running(node_tier, namespace, name, timeout=120)
+            assignment = codec.decode_assignment(
+                pod.metadata.annotations[names.ANNOTATION_ASSIGNMENT]
+            )
+            ((gpu),) = [a.uuid for a in assignment.allocations()]
+            (status,) = pod.status.container_statuses
+            limits = decode_limits(
+                node_tier.exec_in(status.container_id, "cat", "/etc/fracgpu/limits").encode()
+            )
+            assert (limits.pod, limits.pod_uid) == (name, pod.metadata.uid)
+            assert [d.uuid for d in limits.devices] == [gpu]
+            seen = node_tier.exec_in(
+                status.container_id, "sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES"
+            )
+            assert seen.strip() == gpu
+        assert_accounting_matches(node_tier)
