@@ -48,6 +48,16 @@ class Metrics:
         )
         gauge.set_function(lambda: float(placing()))
 
+    def watch_queue(self, waiting: Callable[[], int]) -> None:
+        """Export how many GPU pods wait in fracgpu's queue (queue mode; read at scrape)."""
+        gauge = Gauge(
+            "fracgpu_webhook_queue_waiting",
+            "GPU pods created queued and not placed yet (queue mode), as this replica's pod "
+            "cache shows them",
+            registry=self.registry,
+        )
+        gauge.set_function(lambda: float(waiting()))
+
     def watch_quotas(self, quotas: Callable[[], Iterable[Quota]]) -> None:
         """Export every GPUQuota's hard limits and use (read at every scrape)."""
         self.registry.register(QuotaStats(quotas))

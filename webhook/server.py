@@ -90,6 +90,7 @@ def build_app(
         app.on_cleanup.append(_close_forwarder)
     if extender is not None:
         add_relay_routes(app, extender)
+        metrics.watch_queue(extender.scheduler.waiting)
     return app
 
 

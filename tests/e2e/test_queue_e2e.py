@@ -300,3 +300,5 @@ def test_status_writes_are_bounded_one_event_per_waiting_pod(
     time.sleep(5)  # five more rounds
     for name in waiting:
         assert [r for r, _ in pods.events(name)].count("Queued") == 1, name
+    (replica,) = queue_mode.replicas
+    assert replica.metric("fracgpu_webhook_queue_waiting") == len(waiting)

@@ -96,6 +96,9 @@ class QueueScheduler:
             self._offered.pop(gone.uid, None)
             self._held.pop(gone.uid, None)
 
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     def queue(self) -> list[Waiter]:
         return ordered(self._waiting.values())
 
