@@ -13,8 +13,12 @@ kubelet is admitting now has:
   before (a record on disk, so an agent restart keeps it), and whose assignment holds as
   many tokens of this resource as kubelet is allocating.
 
-Several pods can still fit (a pod kubelet refused whose status the API has not caught up
-with); the oldest bound is served, in kubelet's container order. What was served is
+Several pods can still fit: a pod kubelet refused at admission stays listed, and looks
+Pending until its status reaches the API. Such a pod was taken in before the one being
+admitted now (kubelet adds a pod, then admits it, then takes the next one, in bind order
+and, within one batch, creation order), so the pod bound last is served (ties: created
+last), in kubelet's container order. A tenant cannot steer that: its own refused pod is
+older than any pod admitted after it. What was served is
 recorded next to the allocation, and PreStartContainer checks that the container kubelet
 starts with these device IDs is the one served (``check_start``): a mismatch refuses the
 start rather than run a container on a GPU chosen for another.
@@ -81,9 +85,16 @@ class Candidate:
     visible_devices: str
 
 
-def _bind_order(pod: NodePod) -> tuple[str, str, str, str]:
-    # "~" sorts after every RFC 3339 time: a pod without a bind time goes last.
-    return (pod.scheduled_at or "~", pod.created_at or "~", pod.namespace, pod.name)
+def _taken_in_last_first(pods: Iterable[NodePod]) -> list[NodePod]:
+    """Bound last first, then created last; a pod without a bind time (the API writes one
+    at bind, so not a pod kubelet should be admitting) after all others."""
+    pods = list(pods)
+    bound = sorted(
+        (p for p in pods if p.scheduled_at),
+        key=lambda p: (p.scheduled_at, p.created_at, p.namespace, p.name),
+        reverse=True,
+    )
+    return bound + [p for p in pods if not p.scheduled_at]
 
 
 def candidates(
@@ -97,11 +108,11 @@ def candidates(
     served: set[tuple[str, str, str]],
 ) -> list[Candidate]:
     """The containers an Allocate of ``count`` IDs of ``resource`` may be for, at most one
-    per pod (its first unserved one, kubelet's order), pods oldest bound first. ``known``
+    per pod (its first unserved one, kubelet's order), pods bound last first. ``known``
     None: pod-resources could not be read, so that filter is left out. ``served``:
     (pod uid, container, resource) already served."""
     found = []
-    for pod in sorted(pods, key=_bind_order):
+    for pod in _taken_in_last_first(pods):
         if not pod.queued or pod.assignment is None or pod.deleting:
             continue
         if pod.phase not in _WAITING_PHASES:
@@ -190,7 +201,7 @@ class QueueDelivery:
             where = f"queued pod {pod.namespace}/{pod.name} container {container}"
             if len(found) > 1:
                 log.warning(
-                    "several queued pods fit this allocation; serving the oldest bound",
+                    "several queued pods fit this allocation; serving the one bound last",
                     extra={
                         "resource": resource,
                         "pods": [f"{c.pod.namespace}/{c.pod.name}" for c in found],

@@ -62,10 +62,14 @@ def chosen(pods: list[NodePod], count: int, **kwargs: Any) -> list[tuple[str, st
     return [(c.pod.name, c.container.name) for c in found]
 
 
-def test_oldest_bound_first_and_one_container_per_pod() -> None:
+def test_bound_last_first_and_one_container_per_pod() -> None:
     young = pod("young", "2026-01-01T00:00:09Z", {"a": 30, "b": 30})
     old = pod("old", "2026-01-01T00:00:01Z", {"a": 30, "b": 30})
-    assert chosen([young, old], 30) == [("old", "a"), ("young", "a")]
+    assert chosen([old, young], 30) == [("young", "a"), ("old", "a")]
+    # same second: created last first; no bind time: last of all
+    twin = replace(old, name="twin", created_at="2026-01-01T00:00:00Z")
+    unbound = replace(young, name="unbound", scheduled_at="")
+    assert chosen([twin, unbound, old], 30) == [("old", "a"), ("twin", "a"), ("unbound", "a")]
 
 
 def test_counts_must_match_and_kubelet_order_is_kept() -> None:

@@ -136,9 +136,10 @@ def test_two_queued_pods_of_one_size_each_get_their_own_gpu(rig: AgentRig) -> No
         assert limits_gpu(rig, ref, CORE) == gpu.uuid
 
 
-def test_a_wrong_guess_is_refused_at_start_not_run_on_the_other_pods_gpu(rig: AgentRig) -> None:
-    # Both pods look admitted (e.g. kubelet refused q1 and the API has not caught up): the
-    # oldest is served, but kubelet was allocating for q2. q2 must not start on GPU A.
+def test_a_pod_kubelet_refused_does_not_take_the_next_pods_gpu(rig: AgentRig) -> None:
+    # kubelet took in and refused q1 (its Failed status not yet in the API), then admits
+    # q2, bound after it: q2 is served, not the stale q1 (a tenant's refused pod cannot
+    # take an innocent pod's allocation).
     add_queued(rig, "q1", {"main": [GPUAllocation(GPU_A.uuid, 50, 4096)]})
     add_queued(
         rig,
@@ -149,11 +150,30 @@ def test_a_wrong_guess_is_refused_at_start_not_run_on_the_other_pods_gpu(rig: Ag
     rig.kubelet.admit(NS, "q1", ["main"])
     rig.kubelet.admit(NS, "q2", ["main"])
     ref = ContainerRef(NS, "q2", "main")
-    assert allocate(rig, ref, 50, 16) == {ENV_VISIBLE_DEVICES: GPU_A.uuid}
+    assert allocate(rig, ref, 50, 16) == {ENV_VISIBLE_DEVICES: GPU_B.uuid}
+    start(rig, ref)
+    assert limits_gpu(rig, ref, CORE) == GPU_B.uuid
+
+
+def test_a_wrong_guess_is_refused_at_start_not_run_on_the_other_pods_gpu(rig: AgentRig) -> None:
+    # Should the guess ever be wrong (here kubelet allocates for q1 while q2, bound later,
+    # is listed and unserved, which kubelet's one-at-a-time admission does not do), the
+    # start is refused: q1 must not start on q2's GPU B.
+    add_queued(rig, "q1", {"main": [GPUAllocation(GPU_A.uuid, 50, 4096)]})
+    add_queued(
+        rig,
+        "q2",
+        {"main": [GPUAllocation(GPU_B.uuid, 50, 4096)]},
+        scheduled_at="2026-11-27T10:00:01Z",
+    )
+    rig.kubelet.admit(NS, "q1", ["main"])
+    rig.kubelet.admit(NS, "q2", ["main"])
+    ref = ContainerRef(NS, "q1", "main")
+    assert allocate(rig, ref, 50, 16) == {ENV_VISIBLE_DEVICES: GPU_B.uuid}
     with pytest.raises(grpc.RpcError) as refused:
         start(rig, ref)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"pod {NS}/q1 container main" in str(refused.value.details())
+    assert f"pod {NS}/q2 container main" in str(refused.value.details())
     assert "refusing to start it on a GPU chosen for another container" in str(
         refused.value.details()
     )
