@@ -196,7 +196,8 @@ async def _serve_until_signal(
     running = await server.start(config, state, reloader, forwarder, seal=seal, extender=extender)
     log.info("serving on %s", running.url)
     loopback = None
-    if extender is not None and config.extender_port:
+    queueing = config.placement_mode is settings.PlacementMode.QUEUE
+    if extender is not None and config.extender_port and queueing:
         # Plain HTTP on loopback only: the fracgpu scheduler runs in this pod (security.md).
         loopback = web.AppRunner(loopback_app(extender), access_log=None, handle_signals=False)
         await loopback.setup()

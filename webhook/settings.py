@@ -452,8 +452,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "extender_port",
         "8889",
-        "cluster mode: port of the scheduler extender, served over plain HTTP on 127.0.0.1 "
-        "only (the scheduler runs in the same pod); 0 = none",
+        "cluster mode, queue mode: port of the scheduler extender, served over plain HTTP on "
+        "127.0.0.1 only (the scheduler runs in the same pod); 0 = none",
         _port,
     ),
     *(

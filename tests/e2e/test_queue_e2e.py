@@ -302,3 +302,51 @@ def test_status_writes_are_bounded_one_event_per_waiting_pod(
         assert [r for r, _ in pods.events(name)].count("Queued") == 1, name
     (replica,) = queue_mode.replicas
     assert replica.metric("fracgpu_webhook_queue_waiting") == len(waiting)
+
+
+def test_a_queued_entry_copied_onto_another_pod_never_places_it(
+    queue_mode: Webhooks,
+    nodes: NodeFactory,
+    kube_client: kubernetes.client.ApiClient,
+    namespace: str,
+    pods: Pods,
+) -> None:
+    """Within the admission window a tenant can copy a genuine sealed entry (and its
+    reservation ID) onto a pod of their own; the copy is charged like any queued pod, and it
+    is never placed: one reservation ID places one pod."""
+    node = f"qe-{uuid.uuid4().hex[:6]}"
+    nodes.gpu_node(node, gpus=2)
+    pods.create(
+        "blocker", {**WHOLE, "tencent.com/vcuda-core": "200", "tencent.com/vcuda-memory": "320"}
+    )
+    pods.placed_now("blocker")
+    original = pods.create("original", share(60))
+    assert queued(original)
+    copied = {
+        names.ANNOTATION_QUEUED: original["metadata"]["annotations"][names.ANNOTATION_QUEUED],
+        names.ANNOTATION_RESERVATION_ID: original["metadata"]["annotations"][
+            names.ANNOTATION_RESERVATION_ID
+        ],
+    }
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "zcopy", "annotations": copied},
+        "spec": {
+            "schedulerName": names.DEFAULT_SCHEDULER_NAME,
+            "containers": [
+                {"name": "main", "image": "cuda:12", "resources": {
+                    "limits": {"tencent.com/vcuda-core": "60", "tencent.com/vcuda-memory": "16"},
+                    "requests": {"tencent.com/vcuda-core": "60", "tencent.com/vcuda-memory": "16"},
+                }}
+            ],
+        },
+    }  # fmt: skip
+    # Within the window the copy passes admission (fresh seal) and waits, charged ...
+    assert queued(dict(kube_client.sanitize_for_serialization(
+        pods.core.create_namespaced_pod(namespace, body))))  # fmt: skip
+    pods.delete("blocker")
+    wait_for(lambda: pods.get("original")["spec"].get("nodeName") == node, "original bound")
+    # ... but never placed: the original carries the reservation ID.
+    pods.wait_condition("zcopy", "PodScheduled", "its reservation ID is carried by a placed pod")
+    assert pods.get("zcopy")["spec"].get("nodeName") is None

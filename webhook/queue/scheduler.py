@@ -125,6 +125,15 @@ class QueueScheduler:
         line = ordered(queue.values())
         position = next(i for i, w in enumerate(line, 1) if w.key == waiter.key)
         where = f"{ordinal(position)} of {len(line)} in the fracgpu queue"
+        reservation_id = str(
+            ((pod.get("metadata") or {}).get("annotations") or {}).get(
+                names.ANNOTATION_RESERVATION_ID, ""
+            )
+        )
+        if reservation_id and self._state.liveness.is_live(reservation_id):
+            # A genuine entry copied onto a second pod: one reservation ID places one pod.
+            copied = "never: its reservation ID is carried by a placed pod (a copied queued entry)"
+            return self._waits(waiter, candidates, copied, where)
         tried = [w for w in line[: position - 1] if w.uid in self._offered][:HEAD_SEARCH]
         ahead = [(w, await self._demand(w, set(self._offered[w.uid]))) for w in tried]
         alone = await self._demand(waiter, set(candidates))
