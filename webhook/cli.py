@@ -25,8 +25,6 @@ from webhook.admission import Admission
 from webhook.backend import StateBackend
 from webhook.client import build_review
 from webhook.cluster.apiclient import Endpoint, endpoint_from_kubeconfig
-from webhook.cluster.kubestate import KubeStateSettings
-from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
 from webhook.embedded import ClusterFileError, EmbeddedState
 from webhook.forward import LeaderForwarder
@@ -53,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
             mode = getattr(args, "demo_placement_mode", "immediate")
             return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout, mode))
-        config = settings.load(args, os.environ)
+        scopes = settings.ADMIT_SCOPES if command == "admit" else settings.SERVE_SCOPES
+        config = settings.load(args, os.environ, scopes)
         logging.basicConfig(
             level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
@@ -107,9 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     admit.add_argument("--username", default="alice@example.com", help="requesting user")
     admit.add_argument("--dry-run", action="store_true", help="send the request as dry-run")
-    settings.add_arguments(admit)
+    settings.add_arguments(admit, settings.ADMIT_SCOPES)
     serve = commands.add_parser("serve", help="serve the webhook over HTTPS")
-    settings.add_arguments(serve)
+    settings.add_arguments(serve, settings.SERVE_SCOPES)
     # `fracgpu` alone runs the demo with its defaults.
     parser.set_defaults(
         cluster=demo.EXAMPLES / "cluster.yaml", pods=demo.EXAMPLES / "pods", command=None
@@ -167,7 +166,7 @@ async def _serve(config: settings.Settings) -> int:
     if not config.cluster_mode:
         return await _serve_until_signal(config, _state(config), reloader)
     forwarder = LeaderForwarder(config.tls_cert_file, config.identity)
-    async with kube_state(_cluster_mode(config)) as runtime:
+    async with kube_state(ClusterMode.from_settings(config, _endpoint(config))) as runtime:
         return await _serve_until_signal(config, runtime.state, reloader, forwarder, runtime)
 
 
@@ -245,30 +244,6 @@ def _endpoint(config: settings.Settings) -> Endpoint:
         raise settings.SettingsError(f"{where}: not valid YAML{line}") from None
     except (ConfigException, yaml.YAMLError, OSError) as error:
         raise settings.SettingsError(f"{where}: {' '.join(str(error).split())}") from None
-
-
-def _cluster_mode(config: settings.Settings) -> ClusterMode:
-    return ClusterMode(
-        endpoint=_endpoint(config),
-        state=KubeStateSettings(
-            split_count=config.split_count,
-            memory_scaling=config.memory_scaling,
-            reservation_ttl_s=config.reservation_ttl_seconds,
-            settle_s=config.settle_seconds,
-            write_behind_s=config.write_behind_seconds,
-            admission_window_s=config.admission_window_seconds,
-            self_check_s=config.self_check_interval_seconds,
-        ),
-        lease=LeaseSettings(
-            config.lease_namespace,
-            config.lease_name,
-            config.identity,
-            takeover_grace_s=config.takeover_grace_seconds,
-            handover_wait_s=config.settle_seconds,
-        ),
-        controller_interval_s=config.controller_interval_seconds,
-        disable_core_limit=config.disable_core_limit,
-    )
 
 
 if __name__ == "__main__":

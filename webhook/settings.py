@@ -1,8 +1,12 @@
 """The webhook's one settings object, read once from flags and environment, then passed down.
 
 Precedence: command-line flag, then environment variable, then the default. Every option is
-declared once in ``OPTIONS`` (flag, variable, default, help); docs/configuration.md lists
-them all and a test keeps the two in step.
+declared once in ``OPTIONS``: flag, variable, default, help, and the scope that says which
+commands read it (``fracgpu admit`` only the admission settings, ``fracgpu serve`` all of
+them). ``Settings`` takes each default from there, and the defaults of settings that belong
+to a part of the core (dialects, pod limits, the split count) come from that part. Relations
+between settings are checked once, at start-up (``RELATIONS``). docs/configuration.md lists
+every option by scope, and a test keeps the two in step.
 """
 
 import argparse
@@ -20,6 +24,7 @@ from fracgpu.dialects import MAX_GPUS_PER_CONTAINER, DialectConfig, ResourceName
 from fracgpu.errors import QuantityError
 from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
+from fracgpu.placement.view import DEFAULT_SPLIT_COUNT
 from fracgpu.quantity import parse_quantity
 from webhook.podbounds import COUNTED, PodLimits
 from webhook.review import DEFAULT_MAX_BODY_BYTES
@@ -50,53 +55,21 @@ class SettingsError(ValueError):
     """A flag or environment variable with a value that cannot be used."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    host: str = "0.0.0.0"  # a Service reaches the pod on its pod IP
-    port: int = 8443
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_reload_seconds: float = 5.0
-    cluster_file: Path | None = None
-    policy: Policy = Policy.FRAGMENTATION
-    service_accounts: frozenset[str] = frozenset(DEFAULT_SERVICE_ACCOUNTS)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    pod_limits: PodLimits = dataclasses.field(default_factory=PodLimits)
-    screen_body_bytes: int = 128 * 1024
-    screen_workers: int = 1
-    dialects: DialectConfig = dataclasses.field(default_factory=DialectConfig)
-    split_count: int = 10
-    # Node defaults; a GPUNode's spec (or the cluster file) may override each per node.
-    memory_scaling: float = 1.0
-    disable_core_limit: bool = False
-    reservation_ttl_seconds: int = 300
-    placement_attempts: int = 8
-    log_level: str = "INFO"
-    # Cluster mode (state in the Kubernetes API) instead of a cluster file.
-    kubeconfig: Path | None = None
-    in_cluster: bool = False
-    identity: str = ""
-    lease_namespace: str = "fracgpu-system"
-    lease_name: str = "fracgpu-webhook"
-    settle_seconds: float = 5.0
-    controller_interval_seconds: float = 5.0
-    advertise_url: str = ""
-    takeover_grace_seconds: float = 30.0
-    write_behind_seconds: float = 0.2
-    self_check_interval_seconds: float = 60.0
-    # Host directories no pod of a managed namespace may mount (webhook.shimguard).
-    protected_host_paths: tuple[str, ...] = DEFAULT_PROTECTED_HOST_PATHS
-    # How long a reservation waits for a sign that its pod passed the rest of admission.
-    admission_window_seconds: float = 30.0
-    # Queue mode (webhook/queue): the mode, the scheduler queued pods wait for, and the
-    # loopback port of the extender that scheduler calls (0: no extender).
-    placement_mode: PlacementMode = PlacementMode.IMMEDIATE
-    scheduler_name: str = names.DEFAULT_SCHEDULER_NAME
-    extender_port: int = 8889
+class Scope(StrEnum):
+    """Which commands read a setting: ``admit`` the admission ones, ``serve`` every scope."""
 
-    @property
-    def cluster_mode(self) -> bool:
-        return self.kubeconfig is not None or self.in_cluster
+    ADMISSION = "admission"  # what admission decides with (fracgpu admit and serve)
+    SERVING = "serving"  # HTTPS and the handling of requests (fracgpu serve)
+    CLUSTER = "cluster"  # cluster mode: state in the Kubernetes API (fracgpu serve)
+
+
+ADMIT_SCOPES: Final = (Scope.ADMISSION,)
+SERVE_SCOPES: Final = (Scope.ADMISSION, Scope.SERVING, Scope.CLUSTER)
+SCOPE_TITLES: Final = {
+    Scope.ADMISSION: "admission settings",
+    Scope.SERVING: "serving settings (HTTPS, requests)",
+    Scope.CLUSTER: "cluster mode settings (state in the Kubernetes API, leader election)",
+}
 
 
 @dataclass(frozen=True)
@@ -104,9 +77,10 @@ class Option:
     """One setting: its flag, environment variable, parser and help text."""
 
     key: str
-    default: str
+    default: str  # as an operator writes it; parsed like any value
     help: str
     parse: Callable[[str], object]
+    scope: Scope = Scope.ADMISSION
 
     @property
     def flag(self) -> str:
@@ -231,11 +205,13 @@ def _gpu_count(text: str) -> int:
     return value
 
 
+_GPUSHARE_UNITS: Final = {"GiB": 1024, "MiB": 1}
+
+
 def _gpushare_unit(text: str) -> int:
-    units = {"GiB": 1024, "MiB": 1}
-    if text not in units:
+    if text not in _GPUSHARE_UNITS:
         raise ValueError("use GiB or MiB")
-    return units[text]
+    return _GPUSHARE_UNITS[text]
 
 
 def _flag(text: str) -> bool:
@@ -263,18 +239,34 @@ def _resource_name(text: str) -> str:
     return text
 
 
+def _memory_text(memory: MemoryRequest) -> str:
+    return f"{memory.percent}%" if memory.percent is not None else str(memory.mib)
+
+
+_DIALECTS: Final = DialectConfig()
 OPTIONS: Final[tuple[Option, ...]] = (
-    Option("host", "0.0.0.0", "address to listen on", str),
-    Option("port", "8443", "HTTPS port (0 picks a free one)", _port),
+    Option("host", "0.0.0.0", "address to listen on", str, scope=Scope.SERVING),
+    Option("port", "8443", "HTTPS port (0 picks a free one)", _port, scope=Scope.SERVING),
     Option(
-        "tls_cert_file", "", "PEM certificate chain; reloaded when the file changes", _optional_path
+        "tls_cert_file",
+        "",
+        "PEM certificate chain; reloaded when the file changes",
+        _optional_path,
+        scope=Scope.SERVING,
     ),
-    Option("tls_key_file", "", "PEM private key of the certificate", _optional_path),
+    Option(
+        "tls_key_file",
+        "",
+        "PEM private key of the certificate",
+        _optional_path,
+        scope=Scope.SERVING,
+    ),
     Option(
         "tls_reload_seconds",
         "5",
         "how often the TLS files are checked for changes",
         _positive_float,
+        scope=Scope.SERVING,
     ),
     Option(
         "cluster_file",
@@ -300,6 +292,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         str(DEFAULT_MAX_BODY_BYTES),
         "largest AdmissionReview body accepted",
         _positive_int,
+        scope=Scope.SERVING,
     ),
     *(
         Option(f.name, str(f.default), f"most {COUNTED[f.name]} in one pod", _positive_int)
@@ -311,37 +304,44 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "reviews larger than this are parsed and checked against the pod limits in a worker "
         "process first, off the event loop that answers every other review",
         _positive_int,
+        scope=Scope.SERVING,
     ),
     Option(
         "screen_workers",
         "1",
         "worker processes for large reviews (also the most such reviews read at once)",
         _positive_int,
+        scope=Scope.SERVING,
     ),
     Option(
         "default_gpu_memory",
-        "100%",
+        _memory_text(_DIALECTS.default_memory),
         "memory per GPU when a dialect omits it: 50%, 4096 (MiB) or 4Gi",
         _memory,
     ),
     Option(
         "default_gpu_cores",
-        "0",
+        str(_DIALECTS.default_cores),
         "compute per GPU when a dialect omits it (0 = best effort)",
         _cores,
     ),
     Option(
         "default_gpu_count",
-        "1",
+        str(_DIALECTS.default_gpu_count),
         "GPUs for a container that names memory but no GPU count: HAMi gpumem/gpucores "
         "without nvidia.com/gpu (HAMi defaultGPUNum), TKEStack vcuda-memory alone, gpushare "
         "gpu-mem without gpu-count",
         _gpu_count,
     ),
-    Option("gpushare_memory_unit", "GiB", "unit of aliyun.com/gpu-mem: GiB or MiB", _gpushare_unit),
+    Option(
+        "gpushare_memory_unit",
+        next(k for k, v in _GPUSHARE_UNITS.items() if v == _DIALECTS.gpushare_memory_unit_mib),
+        "unit of aliyun.com/gpu-mem: GiB or MiB",
+        _gpushare_unit,
+    ),
     Option(
         "split_count",
-        "10",
+        str(DEFAULT_SPLIT_COUNT),
         "most containers sharing one GPU (per-node override in the inventory)",
         _positive_int,
     ),
@@ -376,22 +376,49 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "",
         "cluster mode: kubeconfig of the API server holding the state (not with cluster_file)",
         _optional_path,
+        scope=Scope.CLUSTER,
     ),
-    Option("in_cluster", "false", "cluster mode with the pod's service account", _flag),
-    Option("identity", "", "this replica's name for leader election (default hostname)", _identity),
-    Option("lease_namespace", "fracgpu-system", "namespace of the leader-election Lease", str),
-    Option("lease_name", "fracgpu-webhook", "name of the leader-election Lease", str),
+    Option(
+        "in_cluster",
+        "false",
+        "cluster mode with the pod's service account",
+        _flag,
+        scope=Scope.CLUSTER,
+    ),
+    Option(
+        "identity",
+        "",
+        "this replica's name for leader election (default hostname)",
+        _identity,
+        scope=Scope.CLUSTER,
+    ),
+    Option(
+        "lease_namespace",
+        "fracgpu-system",
+        "namespace of the leader-election Lease",
+        str,
+        scope=Scope.CLUSTER,
+    ),
+    Option(
+        "lease_name",
+        "fracgpu-webhook",
+        "name of the leader-election Lease",
+        str,
+        scope=Scope.CLUSTER,
+    ),
     Option(
         "settle_seconds",
         "5",
         "how long a reservation outlives its pod's appearance (covers replicas' watch lag)",
         _positive_float,
+        scope=Scope.CLUSTER,
     ),
     Option(
         "controller_interval_seconds",
         "5",
         "how often the leader prunes reservations and recounts quotas",
         _positive_float,
+        scope=Scope.CLUSTER,
     ),
     Option(
         "advertise_url",
@@ -399,6 +426,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "cluster mode: this replica's https:// URL where the others forward GPU pods while it "
         "leads (default https://HOST:PORT unless HOST is a wildcard; the chart sets the pod IP)",
         _https_url,
+        scope=Scope.CLUSTER,
     ),
     Option(
         "takeover_grace_seconds",
@@ -406,6 +434,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "cluster mode: how long a new leader waits before placing when its predecessor did not "
         "hand over (covers admissions of a crashed leader still on their way to storage)",
         _non_negative_float,
+        scope=Scope.CLUSTER,
     ),
     Option(
         "write_behind_seconds",
@@ -413,6 +442,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "cluster mode: how long the leader gathers reservations and quota charges before "
         "writing them to GPUNodes and GPUQuotas",
         _positive_float,
+        scope=Scope.CLUSTER,
     ),
     Option(
         "self_check_interval_seconds",
@@ -420,6 +450,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "cluster mode: how often the leader compares its reservations and counted use with a "
         "recount from pods and GPUNodes, and repairs what differs",
         _positive_float,
+        scope=Scope.CLUSTER,
     ),
     Option(
         "protected_host_paths",
@@ -455,6 +486,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "cluster mode, queue mode: port of the scheduler extender, served over plain HTTP on "
         "127.0.0.1 only (the scheduler runs in the same pod); 0 = none",
         _port,
+        scope=Scope.CLUSTER,
     ),
     *(
         Option(
@@ -468,32 +500,167 @@ OPTIONS: Final[tuple[Option, ...]] = (
 )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare every option as a flag (default None, so the environment can fill it in)."""
-    group = parser.add_argument_group("webhook settings (flag, or environment variable)")
-    for option in OPTIONS:
-        group.add_argument(
-            option.flag,
-            dest=option.key,
-            default=None,
-            metavar=option.key.upper(),
-            # argparse formats help with %: a literal one (as in "100%") must be doubled
-            help=f"{option.help} [env {option.env}, default {option.default or '(none)'}]".replace(
-                "%", "%%"
-            ),
+def _option(key: str) -> Option:
+    return next(o for o in OPTIONS if o.key == key)
+
+
+def option_flag(key: str) -> str:
+    """The command-line flag of a setting, for messages."""
+    return _option(key).flag
+
+
+def _default(key: str) -> Any:
+    """A setting's default, parsed from its one declaration in ``OPTIONS``."""
+    option = _option(key)
+    return option.parse(option.default)
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = _default("host")  # a Service reaches the pod on its pod IP
+    port: int = _default("port")
+    tls_cert_file: Path | None = _default("tls_cert_file")
+    tls_key_file: Path | None = _default("tls_key_file")
+    tls_reload_seconds: float = _default("tls_reload_seconds")
+    cluster_file: Path | None = _default("cluster_file")
+    policy: Policy = _default("policy")
+    service_accounts: frozenset[str] = _default("service_accounts")
+    max_body_bytes: int = _default("max_body_bytes")
+    # The pod limits, dialect defaults and resource names have their defaults in their own
+    # classes (each option is declared from them).
+    pod_limits: PodLimits = dataclasses.field(default_factory=PodLimits)
+    screen_body_bytes: int = _default("screen_body_bytes")
+    screen_workers: int = _default("screen_workers")
+    dialects: DialectConfig = dataclasses.field(default_factory=DialectConfig)
+    # Node defaults; a GPUNode's spec (or the cluster file) may override each per node.
+    split_count: int = _default("split_count")
+    memory_scaling: float = _default("memory_scaling")
+    disable_core_limit: bool = _default("disable_core_limit")
+    reservation_ttl_seconds: int = _default("reservation_ttl_seconds")
+    placement_attempts: int = _default("placement_attempts")
+    log_level: str = _default("log_level")
+    # Cluster mode (state in the Kubernetes API) instead of a cluster file.
+    kubeconfig: Path | None = _default("kubeconfig")
+    in_cluster: bool = _default("in_cluster")
+    identity: str = _default("identity")
+    lease_namespace: str = _default("lease_namespace")
+    lease_name: str = _default("lease_name")
+    settle_seconds: float = _default("settle_seconds")
+    controller_interval_seconds: float = _default("controller_interval_seconds")
+    advertise_url: str = _default("advertise_url")
+    takeover_grace_seconds: float = _default("takeover_grace_seconds")
+    write_behind_seconds: float = _default("write_behind_seconds")
+    self_check_interval_seconds: float = _default("self_check_interval_seconds")
+    # Host directories no pod of a managed namespace may mount (webhook.shimguard).
+    protected_host_paths: tuple[str, ...] = _default("protected_host_paths")
+    # How long a reservation waits for a sign that its pod passed the rest of admission.
+    admission_window_seconds: float = _default("admission_window_seconds")
+    # Queue mode (webhook/queue): the mode, the scheduler queued pods wait for, and the
+    # loopback port of the extender that scheduler calls (0: no extender).
+    placement_mode: PlacementMode = _default("placement_mode")
+    scheduler_name: str = _default("scheduler_name")
+    extender_port: int = _default("extender_port")
+
+    @property
+    def cluster_mode(self) -> bool:
+        return self.kubeconfig is not None or self.in_cluster
+
+
+@dataclass(frozen=True)
+class Relation:
+    """Setting ``lower`` must stay below setting ``upper`` (``or_equal``: may equal it)."""
+
+    lower: str
+    upper: str
+    why: str
+    or_equal: bool = False
+
+    def holds(self, values: Mapping[str, Any]) -> bool:
+        low, high = values[self.lower], values[self.upper]
+        return bool(low <= high if self.or_equal else low < high)
+
+    def message(self, values: Mapping[str, Any]) -> str:
+        bound = "at most" if self.or_equal else "less than"
+        low, high = _option(self.lower), _option(self.upper)
+        return (
+            f"{low.flag} ({_shown(values[self.lower])}) must be {bound} {high.flag} "
+            f"({_shown(values[self.upper])}): {self.why}"
         )
 
 
-def load(flags: argparse.Namespace | None, environ: Mapping[str, str]) -> Settings:
-    """Build the settings; every bad value raises ``SettingsError`` naming its source."""
+RELATIONS: Final[tuple[Relation, ...]] = (
+    Relation(
+        "settle_seconds",
+        "reservation_ttl_seconds",
+        "a reservation stays until its pod has been live for the settle time, so it must not "
+        "expire first",
+    ),
+    Relation(
+        "admission_window_seconds",
+        "reservation_ttl_seconds",
+        "the window gives back the reservations of refused pods sooner than the TTL, and a "
+        "reservation must not expire while its pod may still be in admission",
+    ),
+    Relation(
+        "write_behind_seconds",
+        "admission_window_seconds",
+        "a claim whose pod has not appeared must reach its GPUNode, where the other replicas "
+        "and a successor see it, while its pod may still be in admission",
+    ),
+    Relation(
+        "controller_interval_seconds",
+        "reservation_ttl_seconds",
+        "the controllers prune expired reservations every round; rounds a TTL apart would "
+        "let them hold GPUs for up to twice their TTL",
+    ),
+    Relation(
+        "settle_seconds",
+        "takeover_grace_seconds",
+        "the settle time is also a new leader's wait after a clean handover, and after a "
+        "crash (claims possibly unwritten) it must wait at least as long",
+        or_equal=True,
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, scopes: Sequence[Scope] = SERVE_SCOPES) -> None:
+    """Declare the options of ``scopes`` as flags, one group per scope (default None, so
+    the environment can fill them in); a command shows only the flags it reads."""
+    for scope in scopes:
+        group = parser.add_argument_group(f"{SCOPE_TITLES[scope]} (flag, or environment variable)")
+        for option in OPTIONS:
+            if option.scope is not scope:
+                continue
+            group.add_argument(
+                option.flag,
+                dest=option.key,
+                default=None,
+                metavar=option.key.upper(),
+                help=_help(option),
+            )
+
+
+def _help(option: Option) -> str:
+    text = f"{option.help} [env {option.env}, default {option.default or '(none)'}]"
+    return text.replace("%", "%%")  # argparse formats help with %: a literal one is doubled
+
+
+def load(
+    flags: argparse.Namespace | None,
+    environ: Mapping[str, str],
+    scopes: Sequence[Scope] = SERVE_SCOPES,
+) -> Settings:
+    """Build the settings; every bad value raises ``SettingsError`` naming its source.
+    Options outside ``scopes`` (those the command does not read) keep their defaults."""
     values: dict[str, Any] = {}
     for option in OPTIONS:
         raw, source = option.default, "default"
-        if option.env in environ:
-            raw, source = environ[option.env], option.env
-        flag_value = getattr(flags, option.key, None) if flags is not None else None
-        if flag_value is not None:
-            raw, source = str(flag_value), option.flag
+        if option.scope in scopes:
+            if option.env in environ:
+                raw, source = environ[option.env], option.env
+            flag_value = getattr(flags, option.key, None) if flags is not None else None
+            if flag_value is not None:
+                raw, source = str(flag_value), option.flag
         try:
             values[option.key] = option.parse(raw)
         except ValueError as error:
@@ -530,6 +697,9 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
             f"{_option('cluster_file').flag} and cluster mode ({_option('kubeconfig').flag} or "
             f"{_option('in_cluster').flag}) exclude each other: pick one source of state"
         )
+    broken = [r.message(values) for r in RELATIONS if not r.holds(values)]
+    if broken:
+        raise SettingsError("; ".join(broken))
     cert, key = values["tls_cert_file"], values["tls_key_file"]
     if (cert is None) != (key is None):
         raise SettingsError(
@@ -580,15 +750,6 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
     )
 
 
-def _option(key: str) -> Option:
-    return next(o for o in OPTIONS if o.key == key)
-
-
-def option_flag(key: str) -> str:
-    """The command-line flag of a setting, for messages."""
-    return _option(key).flag
-
-
 def describe(settings: Settings) -> Sequence[str]:
     """One line per effective setting, for the startup log."""
     return [f"{f.name}={_shown(getattr(settings, f.name))}" for f in dataclasses.fields(settings)]
@@ -604,4 +765,6 @@ def _shown(value: Any) -> str:
         return "{" + ", ".join(parts) + "}"
     if value is None or value == "":
         return "(unset)"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # 5, not 5.0
     return str(value)

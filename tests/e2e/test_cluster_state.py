@@ -25,10 +25,11 @@ from fracgpu.model import (
     Reservation,
 )
 from fracgpu.placement import NoFit, PodDemand, Policy
+from tests.webhook.test_cluster_bookkeeping import kube_settings
 from webhook.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
 from webhook.cluster.apiclient import KubeApi, endpoint_from_kubeconfig
 from webhook.cluster.controllers import Controllers
-from webhook.cluster.kubestate import KubeState, KubeStateSettings
+from webhook.cluster.kubestate import KubeState
 from webhook.cluster.leader import Leadership
 
 from .fixtures import NodeFactory
@@ -58,7 +59,7 @@ async def replica(
     async with api:
         state = KubeState(
             api,
-            KubeStateSettings(reservation_ttl_s=TTL, **settings),
+            kube_settings(reservation_ttl_s=TTL, **settings),
             leadership=leadership or leading(),
         )
         task = asyncio.create_task(state.run())

@@ -21,6 +21,8 @@ import kubernetes.client
 import pytest
 
 from fracgpu import codec, names
+from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
+from webhook.mutate import bind_metadata
 
 from .fixtures import NodeFactory
 from .harness import ControlPlane, E2EConfig
@@ -158,6 +160,13 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_S)
 def queued(pod: dict[str, Any]) -> bool:
     annotations = pod["metadata"].get("annotations") or {}
     return names.ANNOTATION_QUEUED in annotations and names.ANNOTATION_ASSIGNMENT not in annotations
+
+
+def nodes_devices(client: kubernetes.client.ApiClient, node: str) -> list[str]:
+    gpunode = kubernetes.client.CustomObjectsApi(client).get_cluster_custom_object(
+        FRACGPU_GROUP, FRACGPU_VERSION, "gpunodes", node
+    )
+    return [d["uuid"] for d in gpunode["status"]["devices"]]
 
 
 def used(client: kubernetes.client.ApiClient, namespace: str) -> dict[str, int]:
@@ -350,3 +359,43 @@ def test_a_queued_entry_copied_onto_another_pod_never_places_it(
     # ... but never placed: the original carries the reservation ID.
     pods.wait_condition("zcopy", "PodScheduled", "its reservation ID is carried by a placed pod")
     assert pods.get("zcopy")["spec"].get("nodeName") is None
+
+
+def test_a_pod_placed_by_a_bind_whose_binding_failed_binds_where_it_was_placed(
+    queue_mode: Webhooks,
+    control_plane: ControlPlane,
+    nodes: NodeFactory,
+    kube_client: kubernetes.client.ApiClient,
+    namespace: str,
+    pods: Pods,
+) -> None:
+    """The extender writes the assignment, then creates the Binding; when the Binding fails
+    the pod keeps its assignment, and the next attempt binds it to that node (the filter
+    offers that node only)."""
+    busy, free = (f"qf-{i}-{uuid.uuid4().hex[:6]}" for i in range(2))
+    nodes.gpu_node(busy, gpus=1)
+    pods.create("blocker", WHOLE)
+    blocker = pods.placed_now("blocker")
+    assert (
+        codec.decode_assignment(
+            blocker["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT]
+        ).node
+        == busy
+    )
+    waiter = pods.create("waiter", share(60))
+    assert queued(waiter)
+    # What the extender's bind writes before its Binding, written here by fracgpu's account
+    # on the busy node's GPU (a bind whose Binding then failed): the pod must go there.
+    gpu = nodes_devices(kube_client, busy)[0]
+    rid = waiter["metadata"]["annotations"][names.ANNOTATION_RESERVATION_ID]
+    assignment = Assignment(
+        busy, rid, (ContainerAssignment("main", (GPUAllocation(gpu, 60, 4096),)),)
+    )
+    webhook_core = kubernetes.client.CoreV1Api(control_plane.api_client("webhook"))
+    webhook_core.patch_namespaced_pod("waiter", namespace, {"metadata": bind_metadata(assignment)})
+    # A node with room: placing the pod afresh would choose it (and the bind would refuse).
+    nodes.gpu_node(free, gpus=1)
+    bound = wait_for(
+        lambda: (p := pods.get("waiter"))["spec"].get("nodeName") and p, "the waiter bound"
+    )
+    assert bound["spec"]["nodeName"] == busy

@@ -14,9 +14,9 @@ import pytest
 
 from fracgpu import codec, names
 from fracgpu.model import Assignment, ContainerAssignment
+from tests.webhook.test_cluster_bookkeeping import kube_settings
 from webhook.backend import Claim
 from webhook.cluster.apiclient import endpoint_from_kubeconfig
-from webhook.cluster.kubestate import KubeStateSettings
 from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, kube_state
 from webhook.metrics import Metrics
@@ -30,9 +30,13 @@ pytestmark = pytest.mark.e2e
 def cluster_mode(kubeconfig: Path, namespace: str, self_check_s: float) -> ClusterMode:
     return ClusterMode(
         endpoint=endpoint_from_kubeconfig(str(kubeconfig)),
-        state=KubeStateSettings(reservation_ttl_s=TTL, self_check_s=self_check_s),
+        state=kube_settings(reservation_ttl_s=TTL, self_check_s=self_check_s),
         lease=LeaseSettings(
-            namespace, "fracgpu-selfcheck", f"replica-{uuid.uuid4().hex[:6]}", takeover_grace_s=0
+            namespace,
+            "fracgpu-selfcheck",
+            f"replica-{uuid.uuid4().hex[:6]}",
+            takeover_grace_s=0,
+            handover_wait_s=0,
         ),
         controller_interval_s=3600,  # only the self-check may repair here
     )

@@ -144,6 +144,8 @@ class WebhookReplica:
             "--settle-seconds", "2",
             # A replica killed while leading is succeeded within seconds, not half a minute.
             "--takeover-grace-seconds", "3",
+            # Below the short reservation TTLs the tests use (the window must end first).
+            "--admission-window-seconds", "10",
             *self.extra_args,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

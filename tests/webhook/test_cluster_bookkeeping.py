@@ -11,8 +11,14 @@ from fracgpu.placement import ClusterView
 from webhook.backend import Claim
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.kubestate import KubeState, KubeStateSettings
+from webhook.settings import Settings
 
 TTL = 60
+
+
+def kube_settings(**overrides: Any) -> KubeStateSettings:
+    """The cluster back end's settings as the webhook's defaults make them, then these."""
+    return replace(KubeStateSettings.from_settings(Settings()), **overrides)
 
 
 def pod(name: str, reservation: str, phase: str = "Running") -> dict[str, Any]:
@@ -32,7 +38,7 @@ def test_departed_reservations_are_forgotten_after_one_ttl_on_every_replica() ->
     # never opened: these tests feed the caches directly and make no API call
     state = KubeState(
         KubeApi(Endpoint("https://127.0.0.1:1")),
-        KubeStateSettings(reservation_ttl_s=TTL),
+        kube_settings(reservation_ttl_s=TTL),
         clock=lambda: now[0],
     )
     for i in range(200):
@@ -50,7 +56,7 @@ def cluster_state(now: list[float], settle_s: float = 5.0) -> KubeState:
     # never opened: the caches are fed directly and no API call is made
     return KubeState(
         KubeApi(Endpoint("https://127.0.0.1:1")),
-        KubeStateSettings(reservation_ttl_s=TTL, settle_s=settle_s),
+        kube_settings(reservation_ttl_s=TTL, settle_s=settle_s),
         clock=lambda: now[0],
     )
 

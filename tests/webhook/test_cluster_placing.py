@@ -7,10 +7,18 @@ import pytest
 
 from fracgpu.model import ContainerRequest, MemoryRequest
 from fracgpu.placement import Constraints, NoFit, PodDemand, Policy
-from tests.webhook.test_cluster_bookkeeping import TTL, free, gpunode, held, node, placed_pod
+from tests.webhook.test_cluster_bookkeeping import (
+    TTL,
+    free,
+    gpunode,
+    held,
+    kube_settings,
+    node,
+    placed_pod,
+)
 from webhook.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
 from webhook.cluster.apiclient import Endpoint, KubeApi
-from webhook.cluster.kubestate import KubeState, KubeStateSettings
+from webhook.cluster.kubestate import KubeState
 from webhook.cluster.leader import Leadership
 
 NOW = 1_000.0
@@ -22,7 +30,7 @@ def state_with(
     # never opened: the caches are fed directly and reserve() makes no API call
     state = KubeState(
         KubeApi(Endpoint("https://127.0.0.1:1")),
-        KubeStateSettings(reservation_ttl_s=TTL),
+        kube_settings(reservation_ttl_s=TTL),
         clock=lambda: NOW,
         leadership=leadership,
         find_leader=find_leader,
@@ -114,7 +122,7 @@ async def test_only_claims_older_than_the_write_behind_window_are_written() -> N
     unreachable = KubeApi(Endpoint("https://127.0.0.1:1"))
     state = KubeState(
         unreachable,
-        KubeStateSettings(reservation_ttl_s=TTL, write_behind_s=0.2),
+        kube_settings(reservation_ttl_s=TTL, write_behind_s=0.2),
         clock=lambda: now[0],
         leadership=leadership,
     )

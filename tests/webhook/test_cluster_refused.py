@@ -4,10 +4,18 @@ pod from storage: tests/e2e/test_refused_release_e2e.py)."""
 
 import pytest
 
-from tests.webhook.test_cluster_bookkeeping import TTL, free, gpunode, held, node, placed_pod
+from tests.webhook.test_cluster_bookkeeping import (
+    TTL,
+    free,
+    gpunode,
+    held,
+    kube_settings,
+    node,
+    placed_pod,
+)
 from webhook.backend import Claim, ForwardToLeader
 from webhook.cluster.apiclient import Endpoint, KubeApi
-from webhook.cluster.kubestate import KubeState, KubeStateSettings
+from webhook.cluster.kubestate import KubeState
 from webhook.cluster.leader import Leadership
 
 START = 1_000.0
@@ -18,7 +26,7 @@ def state_at(now: list[float], leadership: Leadership | None = None) -> KubeStat
     # never opened: the caches are fed directly; these paths make no API call
     state = KubeState(
         KubeApi(Endpoint("https://127.0.0.1:1")),
-        KubeStateSettings(reservation_ttl_s=TTL, admission_window_s=WINDOW_S),
+        kube_settings(reservation_ttl_s=TTL, admission_window_s=WINDOW_S),
         clock=lambda: now[0],
         leadership=leadership
         or Leadership(clock=lambda: now[0], placing_from=START, valid_until=START + 10**6),

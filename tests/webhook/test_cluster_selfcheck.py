@@ -2,6 +2,7 @@
 logs where, counts it for /metrics and repairs it; claims still in flight are kept.
 (Against the real API server: tests/e2e/test_selfcheck_e2e.py.)"""
 
+import asyncio
 import logging
 
 import pytest
@@ -16,6 +17,7 @@ from tests.webhook.test_cluster_bookkeeping import (
     placed_pod,
 )
 from webhook.backend import Claim
+from webhook.cluster import selfcheck
 from webhook.cluster.kubestate import KubeState
 from webhook.metrics import Metrics
 
@@ -142,3 +144,40 @@ async def test_metrics_export_the_checks_and_repairs() -> None:
     assert 'fracgpu_webhook_state_drift_repairs_total{kind="gpu"} 1.0' in text
     assert 'fracgpu_webhook_state_drifted_items{kind="gpu"} 1.0' in text
     assert 'fracgpu_webhook_state_drift_repairs_total{kind="claim"} 0.0' in text
+
+
+async def test_the_periodic_check_lets_admissions_run_between_batches_of_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [NOW]
+    state = cluster_state(now)
+    for name in ("n1", "n2", "n3"):
+        state.nodes.put(node(name))
+        state.gpunodes.put(gpunode(name, "1", []))
+    await state.view()
+    state.sync.allocate(Claim(held("lost", "n3", 0, 30, now[0] + TTL), 0, 0))
+    monkeypatch.setattr(selfcheck, "NODES_PER_STEP", 1)
+    ran_meanwhile = []
+
+    async def admission() -> None:
+        for _ in range(3):
+            ran_meanwhile.append(state.drift_counts().checks)
+            await asyncio.sleep(0)
+
+    drifts, _ = await asyncio.gather(state.self_check.check(), admission())
+    assert {(d.kind, d.where) for d in drifts} == {("gpu", "node n3 GPU n3-g0")}
+    assert ran_meanwhile == [0, 0, 0]  # all while the check was under way
+    assert state.drift_counts().repairs["gpu"] == 1
+
+
+async def test_a_node_the_view_lost_is_counted_again() -> None:
+    now = [NOW]
+    state = one_node(now)
+    before = await free(state, "n1")
+    (await state.view()).remove_node("n1")  # as if its GPUNode event had been mishandled
+    assert (await state.view()).inventory("n1") is None
+    drifts = state.self_check.check_once()
+    assert [(d.kind, d.where, d.ledger, d.recount) for d in drifts] == [
+        ("node", "node n1", "lacks the node", "has it")
+    ]
+    assert await free(state, "n1") == before

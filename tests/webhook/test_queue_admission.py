@@ -143,14 +143,14 @@ async def test_a_tenant_cannot_name_fracgpus_scheduler(queue: Webhook, pod: dict
 
 
 async def test_a_tenant_cannot_write_the_queued_annotation(start: StartWebhook) -> None:
-    hook = await start(cluster_state(), placement_mode="queue", admission_window_seconds="0.2")
+    hook = await start(cluster_state(), placement_mode="queue", admission_window_seconds="0.5")
     await fill(hook)
     genuine = (await hook.admit(gpu_pod(SHARE, name="waits"))).pod
     made_up = gpu_pod(SHARE, name="own", annotations={names.ANNOTATION_QUEUED: "{}"})
     reply = await hook.client.review("/mutate", build_review(made_up))
     assert not reply.allowed
     assert names.ANNOTATION_QUEUED in reply.message
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.6)
     # A genuine entry copied onto a pod of the tenant's own, later: refused by both webhooks.
     copied = copy.deepcopy(genuine)
     copied["metadata"]["name"] = "copy"

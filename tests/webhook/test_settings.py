@@ -1,13 +1,19 @@
 """One settings object from flags and environment; every option documented."""
 
 import argparse
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
 from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
-from webhook import settings
+from webhook import cli, settings
+from webhook.cluster.apiclient import Endpoint
+from webhook.cluster.kubestate import KubeStateSettings
+from webhook.cluster.leader import LeaseSettings
+from webhook.cluster.runtime import ClusterMode
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -116,3 +122,148 @@ def test_the_startup_log_shows_settings_as_an_operator_writes_them() -> None:
     assert "tls_cert_file=(unset)" in lines
     for python in ("PosixPath(", "<Policy.", "DialectConfig(", "frozenset(", "None"):
         assert python not in text
+
+
+def test_every_default_has_one_home() -> None:
+    """``Settings()`` and settings read from nothing agree: each default is declared once
+    (in OPTIONS, or in the class a group of options is declared from)."""
+    assert settings.Settings() == settings.from_mapping({})
+
+
+@pytest.mark.parametrize(
+    ("cls", "operator_fields"),
+    [
+        (
+            KubeStateSettings,
+            {
+                "split_count",
+                "memory_scaling",
+                "reservation_ttl_s",
+                "settle_s",
+                "write_behind_s",
+                "admission_window_s",
+                "self_check_s",
+            },
+        ),
+        (LeaseSettings, {"takeover_grace_s", "handover_wait_s"}),
+        (ClusterMode, {"controller_interval_s"}),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_sub_settings_take_operator_settings_without_defaults_of_their_own(
+    cls: type, operator_fields: set[str]
+) -> None:
+    # A second default here is how the reservation TTL came to be 60 in one place and 300
+    # in another: these fields are only ever filled from the webhook's settings.
+    with_default = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name in operator_fields
+        and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)
+    }
+    assert with_default == set()
+
+
+def test_cluster_mode_is_built_from_the_settings() -> None:
+    config = settings.from_mapping(
+        {"reservation_ttl_seconds": "120", "settle_seconds": "7", "takeover_grace_seconds": "9"}
+    )
+    mode = ClusterMode.from_settings(config, Endpoint("https://127.0.0.1:1"))
+    assert mode.state.reservation_ttl_s == 120
+    assert (mode.lease.handover_wait_s, mode.lease.takeover_grace_s) == (7, 9)
+    assert mode.controller_interval_s == config.controller_interval_seconds
+
+
+@pytest.mark.parametrize("relation", settings.RELATIONS, ids=lambda r: f"{r.lower}<{r.upper}")
+def test_each_relation_is_checked_at_start_with_both_settings_named(
+    relation: settings.Relation,
+) -> None:
+    upper = int(settings.Settings().__dict__[relation.upper])
+    # at the bound: allowed only where the relation allows equality
+    equal = {relation.lower: str(upper), relation.upper: str(upper)}
+    if relation.or_equal:
+        settings.from_mapping(equal)
+    else:
+        with pytest.raises(settings.SettingsError):
+            settings.from_mapping(equal)
+    above = {relation.lower: str(upper * 2), relation.upper: str(upper)}
+    with pytest.raises(settings.SettingsError) as raised:
+        settings.from_mapping(above)
+    message = str(raised.value)
+    lower_flag, upper_flag = (
+        settings.option_flag(relation.lower),
+        settings.option_flag(relation.upper),
+    )
+    assert f"{lower_flag} ({upper * 2}) must be" in message
+    assert f"{upper_flag} ({upper})" in message
+    assert relation.why in message
+
+
+def test_the_documented_relations_are_the_checked_ones() -> None:
+    text = DOCS.read_text()
+    section = text[text.index("## Relations checked at start-up") :]
+    section = section[: section.index("\n## ", 1)]
+    documented = set(re.findall(r"^\| `(--[\w-]+)` \| [\w ]+ \| `(--[\w-]+)` \|", section, re.M))
+    checked = {
+        (settings.option_flag(r.lower), settings.option_flag(r.upper)) for r in settings.RELATIONS
+    }
+    assert documented == checked
+
+
+def test_the_docs_list_each_option_under_its_scope_with_its_default() -> None:
+    text = DOCS.read_text()
+    headings = {
+        settings.Scope.ADMISSION: "### Admission",
+        settings.Scope.SERVING: "### Serving",
+        settings.Scope.CLUSTER: "### Cluster mode",
+    }
+    for option in settings.OPTIONS:
+        section = text[text.index(headings[option.scope]) :]
+        section = section[: section.index("\n#", 1)]
+        row = next(
+            (line for line in section.splitlines() if line.startswith(f"| `{option.flag}` |")),
+            None,
+        )
+        assert row is not None, f"{option.flag} is not under {headings[option.scope]}"
+        default = row.split(" | ")[2]
+        assert default == (f"`{option.default}`" if option.default else "(none)"), option.flag
+
+
+def help_of(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    return capsys.readouterr().out
+
+
+def test_admit_shows_only_the_settings_admission_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_of("admit", capsys)
+    for option in settings.OPTIONS:
+        shown = f"{option.flag} " in text
+        assert shown == (option.scope is settings.Scope.ADMISSION), option.flag
+    for flag in ("--tls-cert-file", "--lease-name", "--identity", "--port", "--advertise-url"):
+        assert flag not in text
+
+
+def test_serve_shows_every_setting_by_scope(capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_of("serve", capsys)
+    for option in settings.OPTIONS:
+        assert f"{option.flag} " in text, option.flag
+    for title in settings.SCOPE_TITLES.values():
+        assert title in text
+
+
+def test_admit_reads_no_variable_of_a_setting_it_does_not_use() -> None:
+    # A serving variable left in the environment must not stop `fracgpu admit`.
+    config = settings.load(None, {"FRACGPU_PORT": "not-a-port"}, settings.ADMIT_SCOPES)
+    assert config.port == settings.Settings().port
+    with pytest.raises(settings.SettingsError, match="FRACGPU_PORT='not-a-port'"):
+        settings.load(None, {"FRACGPU_PORT": "not-a-port"}, settings.SERVE_SCOPES)
+
+
+def test_lease_timings_must_nest() -> None:
+    # A leader must renew before it stops placing, and stop before another may take over.
+    with pytest.raises(ValueError, match=r"renew_deadline_s \(20\) < lease_duration_s \(15\)"):
+        LeaseSettings(
+            "ns", "lease", "me", renew_deadline_s=20, takeover_grace_s=30, handover_wait_s=5
+        )
+    LeaseSettings("ns", "lease", "me", takeover_grace_s=30, handover_wait_s=5)

@@ -51,7 +51,6 @@ from webhook.cluster.ledger import ClaimLedger, quota_key
 from webhook.cluster.liveness import PodLiveness
 from webhook.cluster.records import (
     GPUNodeRecord,
-    NodeRecord,
     PodRecord,
     gpunode_record,
     namespace_opted_out,
@@ -63,6 +62,7 @@ from webhook.cluster.selfcheck import LedgerSelfCheck
 from webhook.cluster.viewsync import ViewSync
 from webhook.cluster.watchcache import WatchCache, WatchSettings
 from webhook.cluster.writebehind import WriteBehind
+from webhook.settings import Settings
 from webhook.tolerations import Taint
 
 log = logging.getLogger(__name__)
@@ -70,21 +70,36 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class KubeStateSettings:
-    split_count: int = 10
-    memory_scaling: float = 1.0
-    reservation_ttl_s: int = 60
-    settle_s: float = 5.0
-    write_retries: int = 5
+    # The operator's settings (``from_settings``; their defaults live in webhook.settings).
+    split_count: int
+    memory_scaling: float
+    reservation_ttl_s: int
+    # How long a reservation outlives its pod's appearance (covers the replicas' watch lag).
+    settle_s: float
     # How long a claim's pod may take to appear before the claim is written to its GPUNode
-    # (one write per node carries every such claim of the round), and the wait after a
-    # failed write round.
-    write_behind_s: float = 0.2
-    write_retry_s: float = 1.0
+    # (one write per node carries every such claim of the round).
+    write_behind_s: float
     # How long a reservation waits for its confirmation, and a confirmed one for its pod.
-    admission_window_s: float = 30.0
+    admission_window_s: float
     # How often the leader compares its bookkeeping with a recount (selfcheck.py).
-    self_check_s: float = 60.0
+    self_check_s: float
+    # Tuning of this module, not operator settings: retries, and the wait after a failed
+    # write round.
+    write_retries: int = 5
+    write_retry_s: float = 1.0
     watch: WatchSettings = field(default_factory=WatchSettings)
+
+    @classmethod
+    def from_settings(cls, config: Settings) -> "KubeStateSettings":
+        return cls(
+            split_count=config.split_count,
+            memory_scaling=config.memory_scaling,
+            reservation_ttl_s=config.reservation_ttl_seconds,
+            settle_s=config.settle_seconds,
+            write_behind_s=config.write_behind_seconds,
+            admission_window_s=config.admission_window_seconds,
+            self_check_s=config.self_check_interval_seconds,
+        )
 
 
 class KubeState:
@@ -356,9 +371,6 @@ class KubeState:
     def bookkeeping_sizes(self) -> tuple[int, int]:
         """(departed, charged) entries held now; both stay bounded by one TTL of traffic."""
         return self.liveness.departed_count(), self.ledger.charged_count()
-
-    def node(self, name: str) -> NodeRecord | None:
-        return self.nodes.get(name)
 
     # -- pod events ---------------------------------------------------------------------------
     def _on_pod(self, key: str, old: PodRecord | None, new: PodRecord | None) -> None:

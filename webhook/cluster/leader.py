@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -45,12 +45,22 @@ class LeaseSettings:
     retry_interval_s: float = 2.0
     # A leader whose last renewal is older than this stops placing (< lease_duration_s).
     renew_deadline_s: float = 10.0
-    # How long a new leader waits before placing after a holder that did not hand over,
-    # and after one that did (the predecessor's newest pods reach this replica's pod cache).
-    takeover_grace_s: float = 30.0
-    handover_wait_s: float = 5.0
     # This replica's URL for followers' forwarded admissions ("" = none known yet).
     advertise_url: str = ""
+    # How long a new leader waits before placing after a holder that did not hand over,
+    # and after one that did (the predecessor's newest pods reach this replica's pod cache):
+    # operator settings (takeover_grace_seconds, settle_seconds), defaults in webhook.settings.
+    takeover_grace_s: float = field(kw_only=True)
+    handover_wait_s: float = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        # A leader must stop placing before anyone may take the Lease, and renew before that.
+        if not self.renew_interval_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError(
+                f"renew_interval_s ({self.renew_interval_s}) < renew_deadline_s "
+                f"({self.renew_deadline_s}) < lease_duration_s ({self.lease_duration_s}) "
+                "does not hold: a leader could place after another took the Lease"
+            )
 
 
 @dataclass

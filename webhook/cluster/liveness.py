@@ -70,6 +70,10 @@ class PodLiveness:
     def is_live(self, reservation_id: str) -> bool:
         return reservation_id in self._live
 
+    def carrier(self, reservation_id: str) -> str | None:
+        """The key of the live pod carrying this reservation ID, if any."""
+        return self._live.get(reservation_id)
+
     def live_reservation_ids(self) -> dict[str, str]:
         return dict(self._live)
 

@@ -12,6 +12,7 @@ from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.cluster.leader import LeaderElector, LeaseSettings
 from webhook.queue.scheduler import QueueScheduler
 from webhook.queue.status import QueueStatus
+from webhook.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -21,11 +22,28 @@ class ClusterMode:
     endpoint: Endpoint
     state: KubeStateSettings
     lease: LeaseSettings
-    controller_interval_s: float = 5.0
+    controller_interval_s: float
     # How long a leader shutting down may take to write what it holds before handing over.
     handover_timeout_s: float = 10.0
     # Queue mode: the node default placement applies when it binds queued pods.
     disable_core_limit: bool = False
+
+    @classmethod
+    def from_settings(cls, config: Settings, endpoint: Endpoint) -> "ClusterMode":
+        """Cluster mode as the operator's settings describe it (their one home)."""
+        return cls(
+            endpoint=endpoint,
+            state=KubeStateSettings.from_settings(config),
+            lease=LeaseSettings(
+                config.lease_namespace,
+                config.lease_name,
+                config.identity,
+                takeover_grace_s=config.takeover_grace_seconds,
+                handover_wait_s=config.settle_seconds,
+            ),
+            controller_interval_s=config.controller_interval_seconds,
+            disable_core_limit=config.disable_core_limit,
+        )
 
 
 @dataclass

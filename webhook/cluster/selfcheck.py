@@ -18,7 +18,9 @@ What it compares, in order (later steps use the repaired earlier ones):
 3. the view with a recount of every node: which nodes it has, their inventory, and the use
    counted on each GPU and node (CPU, memory); a node that differs is recounted.
 
-It runs between awaits, so it sees one consistent moment of the caches and the ledger.
+Each pod, claim and node is compared within one step of the event loop, so it sees one
+consistent moment of the caches and the ledger; ``check`` lets admissions run between
+batches of nodes.
 """
 
 import asyncio
@@ -34,6 +36,8 @@ from webhook.cluster.viewsync import NodeUse, ViewSync
 from webhook.cluster.watchcache import WatchCache
 
 log = logging.getLogger(__name__)
+# Nodes compared between two chances for admissions to run (see ``check``).
+NODES_PER_STEP = 100
 
 
 class DriftKind(StrEnum):
@@ -90,15 +94,29 @@ class LedgerSelfCheck:
             if not ready():
                 continue
             try:
-                self.check_once()
+                await self.check()
             except Exception:
                 # A fault in the check must not end the leader's work (its caller's gather).
                 log.exception("state self-check failed")
 
     def check_once(self) -> list[Drift]:
-        """One comparison; every drift found is logged, counted and repaired."""
-        now = self._clock()
-        found = [*self._check_liveness(), *self._check_claims(), *self._check_view(now)]
+        """One comparison in one step; every drift found is logged, counted and repaired."""
+        found = [*self._check_liveness(), *self._check_claims()]
+        found.extend(self._check_nodes(self._node_names(), self._clock()))
+        return self._record(found)
+
+    async def check(self) -> list[Drift]:
+        """``check_once`` that lets admissions in between batches of nodes (the node
+        comparison costs ~10 us per pod: a large cluster would hold the event loop for
+        tens of milliseconds). Each node is still compared within one step."""
+        found = [*self._check_liveness(), *self._check_claims()]
+        names = self._node_names()
+        for start in range(0, len(names), NODES_PER_STEP):
+            await asyncio.sleep(0)
+            found.extend(self._check_nodes(names[start : start + NODES_PER_STEP], self._clock()))
+        return self._record(found)
+
+    def _record(self, found: list[Drift]) -> list[Drift]:
         self.checks += 1
         self.drifted = dict.fromkeys(DriftKind, 0)
         for drift in found:
@@ -164,24 +182,30 @@ class LedgerSelfCheck:
         return drifts
 
     # -- 3. the view ----------------------------------------------------------------------------
-    def _check_view(self, now: float) -> list[Drift]:
+    def _node_names(self) -> list[str]:
+        return sorted(self._sync.view_node_names() | {name for name, _ in self._gpunodes.items()})
+
+    def _check_nodes(self, names: list[str], now: float) -> list[Drift]:
+        """Compare these nodes of the view with a recount, all as of ``now``."""
         # The view recounts a node when an event touches it; a reservation that merely
         # expired touches nothing until the controllers prune it. Not drift: recount first.
-        for name, record in self._gpunodes.items():
-            if any(r.expires_at <= now for r in record.reservations):
+        for name in names:
+            record = self._gpunodes.get(name)
+            if record is not None and any(r.expires_at <= now for r in record.reservations):
                 self._sync.changed(name)
+        wanted = set(names)
         for held in self._ledger.inflight_claims():
-            if held.claim.reservation.expires_at <= now:
-                self._sync.changed(held.claim.reservation.node)
-        self._sync.view()  # recount what is already known to have changed
+            reservation = held.claim.reservation
+            if reservation.node in wanted and reservation.expires_at <= now:
+                self._sync.changed(reservation.node)
+        self._sync.view(now)  # recount what is already known to have changed
         drifts = []
-        names = self._sync.view_node_names() | {name for name, _ in self._gpunodes.items()}
-        for name in sorted(names):
+        for name in names:
             found = self._node_drift(name, now)
             if found:
                 drifts.extend(found)
                 self._sync.changed(name)
-        self._sync.view()
+        self._sync.view(now)
         return drifts
 
     def _node_drift(self, name: str, now: float) -> list[Drift]:

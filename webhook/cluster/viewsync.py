@@ -62,9 +62,10 @@ class ViewSync:
         nodes.add_listener(self._on_node)
         gpunodes.add_listener(self._on_gpunode)
 
-    def view(self) -> ClusterView:
-        """The view with every dirty node recounted."""
-        self._refresh()
+    def view(self, now: float | None = None) -> ClusterView:
+        """The view with every dirty node recounted (as of ``now``, default the clock)."""
+        if self._dirty:
+            self._refresh(self._clock() if now is None else now)
         return self._view
 
     def allocate(self, claim: Claim) -> None:
@@ -131,11 +132,8 @@ class ViewSync:
         return self._taints
 
     # -- recounting -------------------------------------------------------------------------------
-    def _refresh(self) -> None:
-        if not self._dirty:
-            return
+    def _refresh(self, now: float) -> None:
         dirty, self._dirty = self._dirty, set()
-        now = self._clock()
         for name in dirty:
             record = self._gpunodes.get(name)
             node = self._nodes.get(name)

@@ -125,12 +125,14 @@ class QueueScheduler:
         line = ordered(queue.values())
         position = next(i for i, w in enumerate(line, 1) if w.key == waiter.key)
         where = f"{ordinal(position)} of {len(line)} in the fracgpu queue"
-        reservation_id = str(
-            ((pod.get("metadata") or {}).get("annotations") or {}).get(
-                names.ANNOTATION_RESERVATION_ID, ""
-            )
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        placed_before = _placed_before(annotations, candidates)
+        if placed_before is not None:
+            return placed_before  # placed by a bind whose Binding failed: that node only
+        carrier = self._state.liveness.carrier(
+            str(annotations.get(names.ANNOTATION_RESERVATION_ID, ""))
         )
-        if reservation_id and self._state.liveness.is_live(reservation_id):
+        if carrier is not None and carrier != waiter.key:
             # A genuine entry copied onto a second pod: one reservation ID places one pod.
             copied = "never: its reservation ID is carried by a placed pod (a copied queued entry)"
             return self._waits(waiter, candidates, copied, where)
@@ -327,6 +329,23 @@ class QueueScheduler:
             await self._state.release(reservation_id)
             raise BindError(f"writing the assignment of {waiter.key} failed: {error}") from None
         return assignment
+
+
+def _placed_before(annotations: Mapping[str, Any], candidates: Sequence[str]) -> Decision | None:
+    """The decision for a queued pod that already carries its assignment: its node, if
+    offered, else every offered node refused with the reason."""
+    raw = annotations.get(names.ANNOTATION_ASSIGNMENT)
+    if not isinstance(raw, str):
+        return None
+    try:
+        assignment = decode_assignment(raw)
+    except FracgpuError as error:
+        return Decision(None, dict.fromkeys(candidates, f"{PREFIX}{error}"), str(error))
+    if assignment.node in candidates:
+        placement = Placement(assignment.node, assignment.containers)
+        return Decision(placement, {}, f"placed on {assignment.node}")
+    why = f"placed on {assignment.node} already"
+    return Decision(None, dict.fromkeys(candidates, PREFIX + why), why)
 
 
 def _waiter(pod: Mapping[str, Any]) -> Waiter:
