@@ -29,10 +29,12 @@ from agent.housekeeping import Housekeeper
 from agent.inventory import InventoryLoop, InventoryPublisher
 from agent.logs import setup_logging
 from agent.metrics import AgentCollector, build_registry
+from agent.nodepods import KubernetesNodePods
 from agent.nodesettings import follow_memory_scaling
 from agent.nvml_backend import NvmlError, PynvmlBackend
 from agent.podlookup import KubernetesPodLookup
 from agent.podresources import PodResourcesClient, PodResourcesError
+from agent.queuedelivery import QueueDelivery
 from agent.settings import AgentExit, AgentSettings, SettingsError, parse_settings
 from agent.shim_install import ShimInstallError, install_shim
 from agent.slice_audit import SliceAudit, SliceAuditLoop, SliceAuditSettings
@@ -143,15 +145,23 @@ class Agent:
         resources = (s.compute_resource, s.memory_resource)
         # kubelet gives PreStartContainer 30 s: 10 lookups of at most 2 s, 0.5 s apart, fit.
         pod_resources = PodResourcesClient(s.pod_resources_socket, timeout_seconds=2.0)
+        core_api = client.CoreV1Api(api_client)
+        delivery = QueueDelivery(
+            node_name=s.node_name,
+            pods=KubernetesNodePods(core_api),
+            known_pods=pod_resources.known_pods,
+            files=files,
+        )
         starter = ContainerStarter(
             node_name=s.node_name,
             resources=resources,
             pod_resources=pod_resources,
-            pods=KubernetesPodLookup(client.CoreV1Api(api_client)),
+            pods=KubernetesPodLookup(core_api),
             files=files,
             gpus=state.gpus,
             lookup_attempts=s.prestart_lookup_attempts,
             lookup_interval_seconds=s.prestart_lookup_interval_seconds,
+            delivery=delivery,
         )
         plugins = [
             DevicePlugin(

@@ -1,9 +1,11 @@
 """What happens on the host when kubelet allocates and starts a fracgpu container.
 
-Allocate: a fresh per-allocation directory. PreStartContainer: find the one container
-holding these device IDs (kubelet pod-resources), read its pod's assignment, and write the
-limits file into every allocation directory of that container (a container holding both
-canonical resources has one per resource; kubelet mounts one of them, so both must agree).
+Allocate: a fresh per-allocation directory, and for a queued pod its GPUs in the env
+(agent.queuedelivery). PreStartContainer: find the one container holding these device IDs
+(kubelet pod-resources), read its pod's assignment, check a queued pod's container is the
+one Allocate served, and write the limits file into every allocation directory of that
+container (a container holding both canonical resources has one per resource; kubelet
+mounts one of them, so both must agree).
 """
 
 import logging
@@ -11,10 +13,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from agent.deviceplugin.units import ResourceKind
 from agent.hostfiles import AllocationFiles, allocation_key
 from agent.limits import AllocatedTokens, LimitsError, limits_for, render_limits
 from agent.podlookup import PodLookup, PodLookupError
 from agent.podresources import ContainerDevices, PodResourcesError, find_holder
+from agent.queuedelivery import QueueDelivery, QueueDeliveryError
 from fracgpu.model import GPUDevice
 from fracgpu.shim_abi import Limits
 
@@ -41,6 +45,7 @@ class ContainerStarter:
         gpus: Callable[[], dict[str, GPUDevice]],
         lookup_attempts: int,
         lookup_interval_seconds: float,
+        delivery: QueueDelivery,
     ) -> None:
         self._node = node_name
         self._resources = tuple(resources)
@@ -50,11 +55,20 @@ class ContainerStarter:
         self._gpus = gpus
         self._attempts = max(1, lookup_attempts)
         self._interval = lookup_interval_seconds
+        self._delivery = delivery
 
-    def allocation_prepared(self, resource: str, device_ids: Iterable[str]) -> str:
-        key = allocation_key(resource, device_ids)
+    def allocation_prepared(
+        self, resource: str, kind: ResourceKind, device_ids: Iterable[str]
+    ) -> tuple[str, dict[str, str]]:
+        """(allocation key, env for the container): a fresh directory, and a queued pod's
+        GPUs when the allocation is for one."""
+        ids = list(device_ids)
+        key = allocation_key(resource, ids)
         self._files.prepare(key)
-        return key
+        try:
+            return key, self._delivery.allocate_env(resource, kind, key, ids)
+        except (QueueDeliveryError, OSError) as error:
+            raise ContainerStartError(str(error)) from None
 
     def container_starting(self, resource: str, device_ids: Iterable[str]) -> Limits:
         ids = list(device_ids)
@@ -69,11 +83,27 @@ class ContainerStarter:
             limits = limits_for(pod, holder.container, self._node, self._gpus(), allocated)
         except (PodLookupError, LimitsError) as error:
             raise ContainerStartError(str(error)) from None
+        keys = {
+            name: allocation_key(name, held)
+            for name, held in holder.devices.items()
+            if name in self._resources
+        }
+        try:
+            self._delivery.check_start(
+                namespace=holder.namespace,
+                pod=holder.pod,
+                uid=pod.uid,
+                container=holder.container,
+                queued=pod.queued,
+                visible_devices=",".join(d.uuid for d in limits.devices),
+                keys=keys,
+            )
+        except QueueDeliveryError as error:
+            raise ContainerStartError(str(error)) from None
         content = render_limits(limits)
         try:
-            for name, held in sorted(holder.devices.items()):
-                if name in self._resources:
-                    self._files.write_limits(allocation_key(name, held), content)
+            for key in sorted(keys.values()):
+                self._files.write_limits(key, content)
         except OSError as error:
             raise ContainerStartError(f"cannot write the limits file: {error}") from None
         log.info(

@@ -4,6 +4,8 @@ Each allocation (one resource's device IDs for one container) gets a directory u
 state dir, named from a hash of the resource and its sorted device IDs:
 
     <state>/<key>/limits   the limits file, mode 0444, mounted read-only at /etc/fracgpu/limits
+    <state>/<key>/served   queue mode: which queued pod's container Allocate served these
+                           IDs to (agent-only, never mounted)
     <state>/<key>/run/     mounted read-write at /var/run/fracgpu; the shim keeps its
                            accounting region here
 
@@ -25,6 +27,7 @@ from agent.atomic import write_atomically
 from fracgpu.shim_abi import LIMITS_MAX_BYTES
 
 LIMITS_FILE = "limits"
+SERVED_FILE = "served"
 RUN_DIR = "run"
 REGION_FILE = "region"
 
@@ -39,6 +42,8 @@ class UntrustedRead:
     mtime: float
     size: int
 
+
+SERVED_MAX_BYTES = 4096
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
@@ -151,6 +156,7 @@ class AllocationFiles:
         it keeps its region; the one before that is removed.
         """
         self.limits_path(key).unlink(missing_ok=True)
+        self.served_path(key).unlink(missing_ok=True)
         run = self.run_dir(key)
         for old in self.directory(key).glob(f"{RUN_DIR}.old-*"):
             shutil.rmtree(old, ignore_errors=True)
@@ -163,6 +169,20 @@ class AllocationFiles:
     def write_limits(self, key: str, content: str) -> None:
         self.run_dir(key).mkdir(parents=True, exist_ok=True)
         write_atomically(self.limits_path(key), content.encode(), 0o444)
+
+    def served_path(self, key: str) -> Path:
+        return self.directory(key) / SERVED_FILE
+
+    def write_served(self, key: str, content: bytes) -> None:
+        write_atomically(self.served_path(key), content, 0o400)
+
+    def read_served(self, key: str) -> bytes | None:
+        """The served record of this allocation, None without one (or if it is not sane)."""
+        try:
+            read = read_untrusted(self.served_path(key), SERVED_MAX_BYTES)
+        except UntrustedFileError:
+            return None
+        return None if read is None else read.data
 
     def read_limits(self, key: str) -> str | None:
         """The limits file the agent wrote (None if missing or not a sane plain file)."""

@@ -7,7 +7,12 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from fracgpu.names import ANNOTATION_ASSIGNMENT, ANNOTATION_PRIORITY, HAMI_ANNOTATION_PRIORITY
+from fracgpu.names import (
+    ANNOTATION_ASSIGNMENT,
+    ANNOTATION_PRIORITY,
+    ANNOTATION_QUEUED,
+    HAMI_ANNOTATION_PRIORITY,
+)
 
 # The pod annotations the node side reads besides the assignment.
 _READ_ANNOTATIONS = (ANNOTATION_PRIORITY, HAMI_ANNOTATION_PRIORITY)
@@ -29,6 +34,8 @@ class PodInfo:
     assignment: str | None  # the raw annotation, decoded by the caller
     # Compute priority annotations as written (fracgpu.io/priority, nvidia.com/priority).
     priority: Mapping[str, str] = field(default_factory=dict)
+    # Queue mode: its GPUs reach the containers through Allocate (agent.queuedelivery).
+    queued: bool = False
 
 
 class PodLookup(Protocol):
@@ -60,4 +67,5 @@ class KubernetesPodLookup:
             node_name=str(pod.spec.node_name or ""),
             assignment=annotations.get(ANNOTATION_ASSIGNMENT),
             priority={k: annotations[k] for k in _READ_ANNOTATIONS if k in annotations},
+            queued=ANNOTATION_QUEUED in annotations,
         )

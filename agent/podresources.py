@@ -28,15 +28,19 @@ class ContainerDevices:
     devices: dict[str, frozenset[str]]
 
 
+# (namespace, pod) -> container -> the resources it holds devices of
+KnownPods = dict[tuple[str, str], dict[str, frozenset[str]]]
+
+
 class PodResourcesClient:
     def __init__(self, socket: Path, timeout_seconds: float = 5.0) -> None:
         self._socket = socket
         self._timeout = timeout_seconds
 
-    def list(self) -> list[ContainerDevices]:
+    def _reply(self) -> pb.ListPodResourcesResponse:
         try:
             with grpc.insecure_channel(f"unix://{self._socket}") as channel:
-                reply = pb_grpc.PodResourcesListerStub(channel).List(
+                reply: pb.ListPodResourcesResponse = pb_grpc.PodResourcesListerStub(channel).List(
                     pb.ListPodResourcesRequest(), timeout=self._timeout
                 )
         except grpc.RpcError as error:
@@ -44,8 +48,25 @@ class PodResourcesClient:
                 f"kubelet pod-resources List on {self._socket} failed: "
                 f"{error.code().name}: {error.details()}"
             ) from None
+        return reply
+
+    def known_pods(self) -> KnownPods:
+        """Every pod kubelet has taken in (including the one it is admitting now: kubelet
+        adds a pod to its pod manager before admitting it), with what each container holds."""
+        return {
+            (pod.namespace, pod.name): {
+                container.name: frozenset(
+                    group.resource_name for group in container.devices if group.device_ids
+                )
+                for container in pod.containers
+            }
+            for pod in self._reply().pod_resources
+        }
+
+    def list(self) -> list[ContainerDevices]:
+        """The containers holding devices, with their device IDs per resource."""
         out = []
-        for pod in reply.pod_resources:
+        for pod in self._reply().pod_resources:
             for container in pod.containers:
                 devices: dict[str, set[str]] = {}
                 for group in container.devices:

@@ -111,9 +111,18 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                     f"{self.resource_name}: unknown device IDs {unknown[:3]}; "
                     f"expected IDs advertised by this plugin (<gpu-uuid>-{self.kind.value}-<n>)",
                 )
-            key = self._starter.allocation_prepared(self.resource_name, ids)
+            try:
+                key, envs = self._starter.allocation_prepared(self.resource_name, self.kind, ids)
+            except ContainerStartError as error:
+                log.error(
+                    "allocation refused",
+                    extra={"resource": self.resource_name, "error": str(error)},
+                )
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
             responses.append(
                 pb.ContainerAllocateResponse(
+                    # Only for a queued pod: its GPUs, chosen after the pod was created.
+                    envs=envs,
                     mounts=[
                         pb.Mount(
                             container_path=CONTAINER_LIBRARY_PATH,
@@ -142,7 +151,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                             host_path=str(self._node_dir),
                             read_only=True,
                         ),
-                    ]
+                    ],
                 )
             )
             log.info(

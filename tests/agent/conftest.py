@@ -14,8 +14,10 @@ from agent.deviceplugin.server import PluginManager
 from agent.deviceplugin.state import DeviceState
 from agent.deviceplugin.units import ResourceKind
 from agent.hostfiles import AllocationFiles, prepare_node_dir
+from agent.nodepods import NodePod
 from agent.podlookup import PodInfo, PodLookupError
 from agent.podresources import PodResourcesClient
+from agent.queuedelivery import QueueDelivery
 from agent.shim_install import InstalledShim, install_shim
 from fracgpu.codec import encode_assignment
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, GPUDevice
@@ -42,13 +44,27 @@ def short_dir() -> Iterator[Path]:
 
 
 class PodTable:
-    """The pods the API would return (the agent reads them through the PodLookup seam)."""
+    """The pods the API would return (the agent reads them through the PodLookup and
+    NodePods seams); a queued pod also carries how the node's pod list shows it."""
 
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], PodInfo] = {}
+        self.node_pods: dict[tuple[str, str], NodePod] = {}
+        # What the API server's cache shows when it lags (None: the same as node_pods).
+        self.stale_node_pods: dict[tuple[str, str], NodePod] | None = None
+        self.lists: list[bool] = []  # each list of the node's pods: fresh or not
 
-    def add(self, pod: PodInfo) -> None:
+    def add(self, pod: PodInfo, on_node: NodePod | None = None) -> None:
         self.pods[(pod.namespace, pod.name)] = pod
+        if on_node is not None:
+            self.node_pods[(pod.namespace, pod.name)] = on_node
+
+    def on_node(self, node_name: str, *, fresh: bool = False) -> list[NodePod]:
+        self.lists.append(fresh)
+        pods = self.stale_node_pods if self.stale_node_pods is not None and not fresh else None
+        if pods is None:
+            pods = self.node_pods
+        return list(pods.values()) if node_name == NODE else []
 
     def get(self, namespace: str, name: str) -> PodInfo:
         try:
@@ -104,15 +120,20 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     shim = install_shim(fake_shim_library(short_dir / "image" / "libfracgpu.so"), short_dir / "lib")
     pods = PodTable()
     resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
+    pod_resources = PodResourcesClient(short_dir / "pr.sock")
+    delivery = QueueDelivery(
+        node_name=NODE, pods=pods, known_pods=pod_resources.known_pods, files=files
+    )
     starter = ContainerStarter(
         node_name=NODE,
         resources=resources,
-        pod_resources=PodResourcesClient(short_dir / "pr.sock"),
+        pod_resources=pod_resources,
         pods=pods,
         files=files,
         gpus=state.gpus,
         lookup_attempts=3,
         lookup_interval_seconds=0.05,
+        delivery=delivery,
     )
     plugins = [
         DevicePlugin(

@@ -5,7 +5,8 @@
 - Allocation like kubelet's device manager: GetPreferredAllocation over the healthy free
   IDs, Allocate, record the container's devices, then PreStartContainer.
 - The pod-resources API (v1 List, GetAllocatableResources) on its own socket, answering
-  from the recorded allocations.
+  from the recorded allocations and the pods taken in (``admit``: kubelet lists a pod from
+  the moment it starts admitting it, its containers without devices until allocated).
 - restart(): like a kubelet restart, removes every socket in the directory and serves a
   new kubelet.sock.
 """
@@ -66,6 +67,8 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
     ) -> pr.ListPodResourcesResponse:
         pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         with self._kubelet.lock:
+            for (namespace, name), names in self._kubelet.admitted.items():
+                pods[(namespace, name)] = {c: {} for c in names}
             for (ref, resource), ids in self._kubelet.allocations.items():
                 containers = pods.setdefault((ref.namespace, ref.pod), {})
                 containers.setdefault(ref.container, {})[resource] = sorted(ids)
@@ -113,6 +116,7 @@ class TestKubelet:
         self.plugins: dict[str, PluginConnection] = {}
         self.allocations: dict[tuple[ContainerRef, str], list[str]] = {}
         self.allocate_responses: dict[tuple[ContainerRef, str], dp.ContainerAllocateResponse] = {}
+        self.admitted: dict[tuple[str, str], list[str]] = {}
         self._server: grpc.Server | None = None
         self._pr_server: grpc.Server | None = None
 
@@ -203,6 +207,11 @@ class TestKubelet:
             return dict(conn.devices)
 
     # -- kubelet's device manager ----------------------------------------------------------
+    def admit(self, namespace: str, pod: str, containers: list[str]) -> None:
+        """Take a pod in, as kubelet does before admitting it (and so before Allocate)."""
+        with self.lock:
+            self.admitted[(namespace, pod)] = list(containers)
+
     def allocate(
         self, ref: ContainerRef, resource: str, count: int
     ) -> tuple[list[str], dp.ContainerAllocateResponse]:

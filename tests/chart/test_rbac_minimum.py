@@ -82,7 +82,11 @@ def _client_grant(path: Path, text: str, method: str) -> Grant:
     verb = _CLIENT_VERBS.get(verb_word)
     if verb is None:
         pytest.fail(f"{path}: unknown kubernetes client verb in {method}")
-    scope_free = rest.removeprefix("namespaced_").removesuffix("_with_http_info")
+    scope_free = (
+        rest.removeprefix("namespaced_")
+        .removesuffix("_with_http_info")
+        .removesuffix("_for_all_namespaces")
+    )
     subresource = ""
     if scope_free.endswith("_status"):
         scope_free, subresource = scope_free.removesuffix("_status"), "/status"

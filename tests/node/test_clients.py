@@ -1,7 +1,10 @@
 """CUDA-stack clients written by others, in containers of the tier: NVIDIA's pynvml
-(nvidia-ml-py, what monitoring agents and `nvidia-smi`-like tools use) and cuda-bindings
+(nvidia-ml-py, what monitoring agents and `nvidia-smi`-like tools use), cuda-bindings
 (the CUDA driver API for Python, which resolves every driver function through
-cuGetProcAddress) see the slice, and cuda-bindings gets CUDA's out-of-memory error past it.
+cuGetProcAddress), numba-cuda (device arrays, copies, memsets) and cuda-core (memory pools,
+streams, events, a kernel launch) see the slice, and all but pynvml get CUDA's
+out-of-memory error past it. numba-cuda and cuda-core run the same programs as off
+Kubernetes (tests/shim/test_clients.py), here as a user's pod runs them.
 
 The image holds no Python: the Python that runs the tests and its site-packages are mounted
 read-only into the pod from the host (hostPath volumes of the test pod, not something
@@ -17,9 +20,10 @@ from typing import Any
 import pytest
 
 from fracgpu import names
+from tests.shim.test_clients import CUDA_CORE, NUMBA, cuda_core_expected, numba_expected
 
 from .pods import GIB, pod_body, run_probe, sections
-from .tier.tier import GPU_UUID, PYTHON_PREFIX, PYTHON_SITE, NodeTier
+from .tier.tier import GPU_UUID, PYTHON_PREFIX, PYTHON_SITE, NodeTier, cuda_runtime
 
 PYNVML = """
 import pynvml as n
@@ -65,12 +69,15 @@ def client_pod(name: str, limits: dict[str, str], code: str) -> dict[str, Any]:
     body = pod_body(name, limits=limits, command=script)
     container = body["spec"]["containers"][0]
     container["env"] = [
-        {"name": "CLIENT_CODE", "value": code},
+        # Site-packages is mounted, not installed: its .pth files (numba-cuda's redirect of
+        # numba.cuda to itself) are read only for a site directory, not for PYTHONPATH.
+        {"name": "CLIENT_CODE", "value": f"import site; site.addsitedir('/site')\n{code}"},
         {"name": "PYTHONHOME", "value": str(MOUNTED_PREFIX)},
         {"name": "PYTHONPATH", "value": "/site"},
         # a Python built with a shared libpython finds it by an absolute RUNPATH
         {"name": "LD_LIBRARY_PATH", "value": str(MOUNTED_PREFIX / "lib")},
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        {"name": "CUDA_PYTHON_DISABLE_MAJOR_VERSION_WARNING", "value": "1"},
     ]
     container["volumeMounts"] = [
         {"name": "python", "mountPath": str(MOUNTED_PREFIX), "readOnly": True},
@@ -107,3 +114,27 @@ def test_cuda_bindings_in_a_container_sees_the_slice_and_runs_out_of_memory_past
         "half 0 0",
         "more 2",
     ], report
+
+
+def test_numba_cuda_in_a_container_sees_the_slice_and_runs_out_of_memory_past_it(
+    node_tier: NodeTier, namespace: str
+) -> None:
+    pytest.importorskip("numba.cuda")
+    if not cuda_runtime():
+        pytest.skip("numba-cuda needs the CUDA runtime (libcudart) in the image; the host has none")
+    limits = {names.RESOURCE_VCUDA_CORE: "20", names.RESOURCE_VCUDA_MEMORY: "4"}  # 1 GiB
+    report = run_probe(node_tier, namespace, client_pod("numba", limits, NUMBA), timeout=180)
+    lines = sections(report)["client"]
+    assert lines[-1] == "exit=0", report
+    assert lines[:-1] == numba_expected(GIB), report
+
+
+def test_cuda_core_in_a_container_sees_the_slice_and_runs_out_of_memory_past_it(
+    node_tier: NodeTier, namespace: str
+) -> None:
+    pytest.importorskip("cuda.core")
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1536", "nvidia.com/gpucores": "20"}
+    report = run_probe(node_tier, namespace, client_pod("core", limits, CUDA_CORE), timeout=180)
+    lines = sections(report)["client"]
+    assert lines[-1] == "exit=0", report
+    assert lines[:-1] == cuda_core_expected(1536 << 20), report

@@ -190,8 +190,9 @@ def test_unhealthy_gpu_drops_capacity_new_pods_avoid_it(
         wait_for(lambda: gpunode_health(node_tier) == [False], "GPUNode unhealthy", 30)
         denial = admission_denial(node_tier, namespace, sleeper("new", 10))
         assert "403" in denial or "400" in denial, denial
-        # The container already running is left alone, with its limits.
+        # The container already running is left alone, with its limits, and still counted.
         check_limits_inside(node_tier, namespace, "running", 30)
+        assert_accounting_matches(node_tier)
     finally:
         node_tier.set_gpu_fault(lost, None)
     wait_for(
@@ -256,4 +257,49 @@ def test_drain_evicts_gpu_pods_and_new_ones_avoid_the_node(
     # The whole GPU is free again: the drained pod's slice was released.
     wait_for(admitted, "a whole-GPU pod admitted after uncordon", 30)
     wait_running(node_tier, namespace, "after-uncordon")
+    assert_accounting_matches(node_tier)
+
+
+def test_node_removal_drops_its_capacity_and_its_pods_and_a_returning_node_is_whole(
+    node_tier: NodeTier, namespace: str
+) -> None:
+    create(node_tier, namespace, sleeper("stranded", 40))
+    wait_running(node_tier, namespace, "stranded")
+    node_tier.remove_node()
+    try:
+        # Placement leaves a GPUNode without its Node out: no GPU pod is placed there.
+        def refused() -> str | None:
+            try:
+                create(node_tier, namespace, sleeper(f"new-{uuid.uuid4().hex[:4]}", 10))
+            except ApiException as error:
+                return f"{error.status} {error.body}"
+            return None
+
+        denial = wait_for(refused, "a new GPU pod refused with the node gone", 30)
+        assert denial.startswith("403") and "mutate.fracgpu.io" in denial, denial
+        assert not [p for p in node_tier.core.list_namespaced_pod(namespace).items
+                    if p.metadata.name != "stranded"]  # fmt: skip
+        # The pod GC deletes pods bound to a node that stays gone (40 s quarantine in 1.20):
+        # the pod is accounted as gone, and nothing is promised on the GPU any more.
+        wait_for(
+            lambda: not node_tier.core.list_namespaced_pod(namespace).items,
+            "the stranded pod deleted by the pod GC",
+            150,
+            node_tier.explain,
+        )
+        assert recount(node_tier) == (0, 0, 0)
+    finally:
+        node_tier.restore_node()
+
+    # Back: the whole GPU can be had (the stranded pod's slice was not kept), and the
+    # kubelet that returned killed the orphan's container rather than count it.
+    def admitted() -> bool:
+        try:
+            create(node_tier, namespace, sleeper("whole", 100))
+        except ApiException:
+            return False
+        return True
+
+    wait_for(admitted, "a whole-GPU pod admitted on the returned node", 60, node_tier.explain)
+    wait_running(node_tier, namespace, "whole", timeout=90)
     assert_accounting_matches(node_tier)

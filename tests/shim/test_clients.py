@@ -57,21 +57,25 @@ print("memset", int((out[:4096] == 0x5A).sum()), int((out[4096:] == src[4096:]).
 """
 
 
-def test_numba_cuda_sees_the_slice_copies_bytes_and_runs_out_of_memory_past_it(
-    node: Sandbox,
-) -> None:
-    pytest.importorskip("numba.cuda")
-    lines = run_client(node, NUMBA)
+def numba_expected(slice_bytes: int) -> list[str]:
+    """What NUMBA prints in a slice of ``slice_bytes`` (also run in tier pods, tests/node)."""
     rest = (1 << 20) - 4096
     # 2 = CUDA_ERROR_OUT_OF_MEMORY
-    assert lines == [
-        f"info {SLICE} {SLICE}",
+    return [
+        f"info {slice_bytes} {slice_bytes}",
         "over error 2",
         "half ok ok",
         "more error 2",
         f"roundtrip {1 << 20} {1 << 20}",
         f"memset 4096 {rest}",
     ]
+
+
+def test_numba_cuda_sees_the_slice_copies_bytes_and_runs_out_of_memory_past_it(
+    node: Sandbox,
+) -> None:
+    pytest.importorskip("numba.cuda")
+    assert run_client(node, NUMBA) == numba_expected(SLICE)
 
 
 CUDA_CORE = """
@@ -124,11 +128,10 @@ print("kernel", round(end - start))
 """
 
 
-def test_cuda_core_sees_the_slice_runs_out_of_memory_past_it_and_launches(node: Sandbox) -> None:
-    pytest.importorskip("cuda.core")
-    lines = run_client(node, CUDA_CORE)
-    assert lines == [
-        f"info {SLICE} {SLICE}",
+def cuda_core_expected(slice_bytes: int) -> list[str]:
+    """What CUDA_CORE prints in a slice of ``slice_bytes`` (also run in tier pods)."""
+    return [
+        f"info {slice_bytes} {slice_bytes}",
         "over CUDA_ERROR_OUT_OF_MEMORY",
         "half ok ok",
         "more CUDA_ERROR_OUT_OF_MEMORY",
@@ -137,6 +140,11 @@ def test_cuda_core_sees_the_slice_runs_out_of_memory_past_it_and_launches(node: 
         "event True",
         "kernel 20",
     ]
+
+
+def test_cuda_core_sees_the_slice_runs_out_of_memory_past_it_and_launches(node: Sandbox) -> None:
+    pytest.importorskip("cuda.core")
+    assert run_client(node, CUDA_CORE) == cuda_core_expected(SLICE)
 
 
 CUDA_BINDINGS = """

@@ -79,7 +79,13 @@ def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
     tar.addfile(info)
 
 
-def _rootfs_layer(busybox: Path, programs: dict[str, Path], closure_of: Iterable[Path]) -> bytes:
+def _rootfs_layer(
+    busybox: Path,
+    programs: dict[str, Path],
+    closure_of: Iterable[Path],
+    mounted: Iterable[Path],
+    extra: Iterable[Path],
+) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for directory in (
@@ -105,10 +111,18 @@ def _rootfs_layer(busybox: Path, programs: dict[str, Path], closure_of: Iterable
             _add_link(tar, f"bin/{tool}", "busybox")
         _add_file(tar, "etc/passwd", b"root:x:0:0:root:/:/bin/sh\n")
         _add_file(tar, "etc/group", b"root:x:0:\n")
-        libraries = _shared_libraries([*programs.values(), *closure_of])
+        # Libraries inside a directory mounted into the pod (numpy's vendored BLAS in
+        # site-packages) are found there through their RUNPATH: no copy in the image.
+        carried = [m.resolve() for m in mounted]
+        libraries = {
+            library
+            for library in _shared_libraries([*programs.values(), *closure_of])
+            if not any(library.resolve().is_relative_to(m) for m in carried)
+        }
         # glibc's compatibility libraries, which programs dlopen by name (cuda-pathfinder
         # opens libdl.so.2) although no binary links them any more.
         libraries |= {p for p in (Path("/", _ARCH_LIB, n) for n in _DLOPENED) if p.exists()}
+        libraries |= set(extra)
         for library in sorted(libraries):
             real = library.resolve()
             # The loader is found by its absolute path (/lib64/ld-linux-x86-64.so.2); the
@@ -129,13 +143,20 @@ def _blob(blobs: dict[str, bytes], data: bytes) -> dict[str, object]:
 
 
 def build_image_archive(
-    path: Path, busybox: Path, programs: dict[str, Path], closure_of: Iterable[Path] = ()
+    path: Path,
+    busybox: Path,
+    programs: dict[str, Path],
+    closure_of: Iterable[Path] = (),
+    mounted: Iterable[Path] = (),
+    libraries: Iterable[Path] = (),
 ) -> Path:
     """Write an OCI image layout archive of IMAGE to `path` (for `ctr images import`).
     `closure_of`: binaries not copied in whose shared libraries the image must still carry
-    (a program mounted into the container from the host, and its extension modules)."""
+    (a program mounted into the container from the host, and its extension modules), except
+    those inside the `mounted` directories, which come with the mount. `libraries`: more
+    libraries the image carries itself (the CUDA runtime, as CUDA's runtime images do)."""
     blobs: dict[str, bytes] = {}
-    layer = _rootfs_layer(busybox, programs, closure_of)
+    layer = _rootfs_layer(busybox, programs, closure_of, mounted, libraries)
     layer_desc = {"mediaType": "application/vnd.oci.image.layer.v1.tar", **_blob(blobs, layer)}
     config = {
         "architecture": "amd64",

@@ -35,7 +35,14 @@ from tests.e2e.harness import ControlPlane, E2EConfig, apply_crds
 from tests.e2e.harness.binaries import Binaries
 from tests.e2e.harness.identities import WEBHOOK_NAMESPACE, Identity
 from tests.e2e.harness.process import ManagedProcess
-from tests.e2e.webhook_harness import Webhooks, running_webhooks
+from tests.e2e.scheduler_harness import fracgpu_scheduler
+from tests.e2e.webhook_harness import (
+    WebhookReplica,
+    Webhooks,
+    free_port,
+    running_webhooks,
+    wait_placing,
+)
 
 from . import controllers
 from .agent import SHIM_BUILD, Agent
@@ -62,15 +69,36 @@ PYTHON_PREFIX = Path(sys.base_prefix)
 PYTHON_SITE = Path(sysconfig.get_paths()["purelib"])
 
 
+# Packages with compiled modules that client pods import (tests/node/test_clients.py):
+# cuda-bindings and cuda-core (C++), numba-cuda, numba and llvmlite (LLVM), numpy.
+CLIENT_PACKAGES = ("cuda", "numba", "numba_cuda", "llvmlite", "numpy")
+
+
+def cuda_runtime() -> list[Path]:
+    """The host's CUDA runtime (libcudart.so.N, found as its loader finds it), which a CUDA
+    image carries and numba-cuda loads; [] when the host has none."""
+    listed = subprocess.run(
+        ["ldconfig", "-p"], capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    found = []
+    for line in listed:
+        name, _, path = line.strip().partition(" => ")
+        if name.startswith("libcudart.so.") and "x86-64" in name and Path(path).exists():
+            found.append(Path(path))
+    return found
+
+
 def python_closure() -> list[Path]:
     binary = Path(os.path.realpath(sys.executable))
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     dynload = PYTHON_PREFIX / "lib" / version / "lib-dynload"
-    # the compiled modules of cuda-bindings (C++: libstdc++, libgcc_s)
-    bindings = (
-        sorted((PYTHON_SITE / "cuda").rglob("*.so")) if (PYTHON_SITE / "cuda").is_dir() else []
-    )
-    return [binary, *sorted(dynload.glob("*.so")), *bindings]
+    compiled = [
+        module
+        for package in CLIENT_PACKAGES
+        if (PYTHON_SITE / package).is_dir()
+        for module in sorted((PYTHON_SITE / package).rglob("*.so"))
+    ]
+    return [binary, *sorted(dynload.glob("*.so")), *compiled]
 
 
 def wait_for(
@@ -182,6 +210,8 @@ class NodeTier:
                 self.binaries.busybox,
                 {name: SHIM_BUILD / "tests" / name for name in PROBES},
                 python_closure(),
+                mounted=[PYTHON_SITE],
+                libraries=cuda_runtime(),
             ),
         )
         wrapper = write_toolkit_wrapper(
@@ -350,6 +380,22 @@ class NodeTier:
         self.kubelet.start()
         self._sysctls.restore()
 
+    def remove_node(self) -> None:
+        """Node removal as an operator does it: kubelet stopped, the Node object deleted
+        (its containers keep running until a kubelet comes back and finds them orphaned)."""
+        assert self.kubelet is not None
+        self.kubelet.stop()
+        self.core.delete_node(NODE_NAME)
+        wait_for(lambda: self.node() is None, f"node {NODE_NAME} deleted", 30)
+
+    def restore_node(self) -> None:
+        """kubelet started again: it registers the Node anew; the agent registers its plugins."""
+        assert self.kubelet is not None
+        self.kubelet.start()
+        self._sysctls.restore()
+        self.wait_node_ready()
+        self.wait_gpu_allocatable()
+
     def set_gpu_fault(self, key: str, value: int | None) -> None:
         """Add (or with None remove) one line of the fake driver's configuration, e.g.
         `device.0.nvml_error.nvmlDeviceGetMemoryInfo=15` (GPU is lost); NVML users, the agent
@@ -370,6 +416,38 @@ class NodeTier:
 
     def cordon(self, unschedulable: bool) -> None:
         self.core.patch_node(NODE_NAME, {"spec": {"unschedulable": unschedulable}})
+
+    @contextlib.contextmanager
+    def queue_mode(self) -> Iterator[None]:
+        """The webhook in queue mode with the fracgpu scheduler calling its extender; put
+        back to immediate mode (and the scheduler stopped) afterwards."""
+        assert self.webhooks is not None
+        (replica,) = self.webhooks.replicas
+        port = free_port()
+        # The stock kube-scheduler as fracgpu-scheduler, configured as the chart's sidecar.
+        scheduler = fracgpu_scheduler(
+            self.binaries.kube_scheduler,
+            self.work / "fracgpu-scheduler",
+            self.plane.kubeconfig("scheduler"),
+            port,
+            self.env,
+        )
+        self._restart_webhook(replica, ["--placement-mode=queue", f"--extender-port={port}"])
+        self.processes.append(scheduler)
+        try:
+            scheduler.start()
+            yield
+        finally:
+            scheduler.stop()
+            self.processes.remove(scheduler)
+            self._restart_webhook(replica, [])
+
+    def _restart_webhook(self, replica: WebhookReplica, extra_args: list[str]) -> None:
+        replica.stop()
+        replica.extra_args = list(extra_args)
+        replica.start()
+        replica.wait_ready()
+        wait_placing([replica])
 
     def restart_agent(self, *, crash: bool) -> None:
         """SIGTERM (or SIGKILL, as a crash) the agent and start it again."""
