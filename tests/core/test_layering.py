@@ -16,7 +16,7 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 def _about_the_core(contract: dict[str, Any]) -> bool:
     """Whether the contract can be checked here: the tree has the core, and components empty.
 
-    A contract over a component's sub-packages (webhook.admission...) needs their code."""
+    A contract over a component's sub-packages (those of webhook/, say) needs their code."""
     named: list[str] = [
         module
         for key in ("source_modules", "forbidden_modules", "modules", "layers", "containers")
