@@ -11,9 +11,11 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 
 from . import authority, files
+from .commandline import Command, parse_command_line
+from .durations import format_duration
 from .errors import CertsError
 from .reconcile import ensure
-from .settings import Command, Settings, format_duration, parse_command_line
+from .settings import Settings
 from .store import KubeStore, connect
 
 log = logging.getLogger("fracgpu.certs")

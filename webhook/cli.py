@@ -26,7 +26,8 @@ from webhook.backend import StateBackend
 from webhook.client import build_review
 from webhook.cluster.apiclient import Endpoint, endpoint_from_kubeconfig
 from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
-from webhook.embedded import ClusterFileError, EmbeddedState
+from webhook.clusterfile import ClusterFileError
+from webhook.embedded import EmbeddedState
 from webhook.forward import LeaderForwarder
 from webhook.gcpause import freeze_when_ready
 from webhook.metrics import Metrics

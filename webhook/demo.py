@@ -20,8 +20,9 @@ from fracgpu.codec import decode_assignment
 from fracgpu.errors import FracgpuError
 from webhook import documents, selfsigned, server, settings
 from webhook.client import WebhookClient, build_review, patch_of
+from webhook.clusterfile import load_cluster_file
 from webhook.demand import gpu_requests
-from webhook.embedded import EmbeddedState, load_cluster_file
+from webhook.embedded import EmbeddedState
 from webhook.tls import CertificateReloader, TLSFiles
 
 # The repository's examples/ when run from a checkout; an installed wheel carries the demo's

@@ -9,7 +9,9 @@ from typing import Any
 
 import yaml
 
-from certs.settings import Settings, build_parser, format_duration
+from certs.commandline import build_parser
+from certs.durations import format_duration
+from certs.settings import Settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "certificates.md"
 

@@ -8,8 +8,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from certs import authority
+from certs.durations import Window
 from certs.policy import Action, StoredState, carry_out, decide, next_due
-from certs.settings import Settings, Window
+from certs.settings import Settings
 
 YEAR = timedelta(days=365)
 

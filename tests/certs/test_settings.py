@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from certs.commandline import parse_command_line
+from certs.durations import Window, parse_duration
 from certs.errors import SettingsError
-from certs.settings import Settings, Window, parse_command_line, parse_duration
+from certs.settings import Settings
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agent.settings import parse_settings
-from certs.settings import parse_command_line
+from certs.commandline import parse_command_line
 from tests.chart import chartfiles
 from tests.chart.render import (
     Rendered,

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,12 +13,24 @@ ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
+def _about_the_core(contract: dict[str, Any]) -> bool:
+    """Whether the contract can be checked here: the tree has the core, and components empty.
+
+    A contract over a component's sub-packages (those of webhook/, say) needs their code."""
+    named: list[str] = [
+        module
+        for key in ("source_modules", "forbidden_modules", "modules", "layers", "containers")
+        for module in contract.get(key, [])
+    ]
+    return not any("." in m and m.split(".")[0] != "fracgpu" for m in named)
+
+
 def _run_contracts(tree: Path) -> subprocess.CompletedProcess[str]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     ini = ["[importlinter]", "root_packages ="]
     ini += [f"    {p}" for p in config["root_packages"]]
     ini.append("include_external_packages = True")
-    for i, contract in enumerate(config["contracts"]):
+    for i, contract in enumerate(c for c in config["contracts"] if _about_the_core(c)):
         ini.append(f"[importlinter:contract:{i}]")
         for key, value in contract.items():
             if isinstance(value, list):

@@ -11,7 +11,8 @@ import yaml
 
 from webhook import selfsigned, server, settings
 from webhook.client import Reply, WebhookClient, build_review, patch_of
-from webhook.embedded import EmbeddedState, parse_cluster
+from webhook.clusterfile import parse_cluster
+from webhook.embedded import EmbeddedState
 from webhook.tls import CertificateReloader, TLSFiles
 
 A100: Final = "NVIDIA A100-SXM4-40GB"

@@ -23,7 +23,8 @@ from tests.webhook.support import (
 from webhook import server, settings
 from webhook.backend import ForwardToLeader
 from webhook.client import WebhookClient, build_review, patch_of
-from webhook.embedded import EmbeddedState, parse_cluster
+from webhook.clusterfile import parse_cluster
+from webhook.embedded import EmbeddedState
 from webhook.forward import LeaderForwarder
 from webhook.tls import CertificateReloader, TLSFiles
 

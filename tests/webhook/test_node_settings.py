@@ -14,7 +14,7 @@ from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, T4_0, Webhook, cluster_state, gpu_pod
 from webhook import settings
 from webhook.client import build_review
-from webhook.embedded import ClusterFileError, parse_cluster
+from webhook.clusterfile import ClusterFileError, parse_cluster
 
 CORE, MEM = names.RESOURCE_VCUDA_CORE, names.RESOURCE_VCUDA_MEMORY
 ON_T4 = {"nvidia.com/use-gputype": "T4"}

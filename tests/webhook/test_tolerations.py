@@ -9,7 +9,7 @@ import yaml
 from fracgpu import names
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, cluster_state, gpu_pod
-from webhook.embedded import ClusterFileError, parse_cluster
+from webhook.clusterfile import ClusterFileError, parse_cluster
 from webhook.tolerations import Taint, untolerated_nodes
 
 NODES = {

@@ -23,8 +23,9 @@ from kubernetes.client.exceptions import ApiException
 
 from certs import authority
 from certs.authority import CertKeyPair
+from certs.durations import Window
 from certs.reconcile import ensure
-from certs.settings import Settings, Window
+from certs.settings import Settings
 from certs.store import KubeStore
 
 from .conftest import admission_api, core_api, webhook_entry
