@@ -19,7 +19,7 @@ _PROBES = {
     "bare interpreter": "pass",
     "import kubernetes (the old plugin's first step)": "import kubernetes.config",
     "kubectl fracgpu up to its first request": (
-        "from webhook import kubectl_plugin; "
+        "from webhook.kubectl import plugin as kubectl_plugin; "
         "kubectl_plugin.main(['--kubeconfig', '/nonexistent/kubeconfig', 'nodes'])"
     ),
 }

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fracgpu.model import Quota, ResourceAmounts, ResourceLimits
-from webhook.backend import DriftCounts
+from webhook.state.backend import DriftCounts
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 # Admission must answer well inside the API server's 10 s default timeout.

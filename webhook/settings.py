@@ -26,8 +26,8 @@ from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
 from fracgpu.placement.view import DEFAULT_SPLIT_COUNT
 from fracgpu.quantity import parse_quantity
-from webhook.podbounds import COUNTED, PodLimits
-from webhook.review import DEFAULT_MAX_BODY_BYTES
+from webhook.admission.review import DEFAULT_MAX_BODY_BYTES
+from webhook.rules.podbounds import COUNTED, PodLimits
 
 ENV_PREFIX: Final = "FRACGPU_"
 DEFAULT_SERVICE_ACCOUNTS: Final = (
@@ -551,7 +551,7 @@ class Settings:
     takeover_grace_seconds: float = _default("takeover_grace_seconds")
     write_behind_seconds: float = _default("write_behind_seconds")
     self_check_interval_seconds: float = _default("self_check_interval_seconds")
-    # Host directories no pod of a managed namespace may mount (webhook.shimguard).
+    # Host directories no pod of a managed namespace may mount (webhook.admission.shimguard).
     protected_host_paths: tuple[str, ...] = _default("protected_host_paths")
     # How long a reservation waits for a sign that its pod passed the rest of admission.
     admission_window_seconds: float = _default("admission_window_seconds")

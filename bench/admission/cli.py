@@ -32,7 +32,7 @@ from bench.admission.load import (
     process_cpu_seconds,
     timed_calls,
 )
-from webhook import selfsigned
+from webhook.cli import selfsigned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,7 +95,7 @@ def _pod(name: str) -> dict[str, Any]:
 
 
 def _review(i: int) -> dict[str, Any]:
-    from webhook.client import build_review  # noqa: PLC0415 - keeps --help fast
+    from webhook.cli.client import build_review  # noqa: PLC0415 - keeps --help fast
 
     return build_review(_pod(f"bench-{i}"), uid=str(uuid.uuid4()))
 

@@ -22,11 +22,12 @@ from pathlib import Path
 import orjson
 
 from bench.admission.cli import _cluster_file, _review
-from webhook import responses, settings
-from webhook.admission import Admission
-from webhook.embedded import EmbeddedState
+from webhook import settings
+from webhook.admission import responses
+from webhook.admission.decide import Admission
+from webhook.admission.review import parse_review
 from webhook.metrics import Metrics
-from webhook.review import parse_review
+from webhook.state.embedded import EmbeddedState
 
 # Set in the child that runs under callgrind: switch counting on and off around the loop.
 _UNDER_CALLGRIND = "FRACGPU_BENCH_UNDER_CALLGRIND"

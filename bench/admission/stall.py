@@ -86,7 +86,7 @@ def _large_pods(size: int) -> dict[str, dict[str, Any]]:
 
 
 def _bodies(size: int) -> list[tuple[str, bytes]]:
-    from webhook.client import build_review  # noqa: PLC0415 - keeps --help fast
+    from webhook.cli.client import build_review  # noqa: PLC0415 - keeps --help fast
 
     return [
         (name, orjson.dumps(build_review(pod, uid=str(uuid.uuid4()), dry_run=True)))
@@ -104,7 +104,7 @@ async def _load(
     large: list[tuple[str, bytes]],
 ) -> tuple[Result, Result | None]:
     """Ordinary pods from ``workers`` clients, large ones from ``attackers`` (0: none)."""
-    from webhook.client import build_review  # noqa: PLC0415
+    from webhook.cli.client import build_review  # noqa: PLC0415
 
     context = ssl.create_default_context(cafile=str(ca_file))
     ordinary: list[float] = []

@@ -21,8 +21,8 @@ from fracgpu.model import Assignment
 from tests.chart import crdschema
 from tests.webhook.support import Webhook, start_webhook, stop_webhook
 from webhook import settings
-from webhook.clusterfile import ClusterFile, load_cluster_file
-from webhook.embedded import EmbeddedState
+from webhook.state.clusterfile import ClusterFile, load_cluster_file
+from webhook.state.embedded import EmbeddedState
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

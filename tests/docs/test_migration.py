@@ -21,8 +21,8 @@ from fracgpu import names
 from tests.chart import crdschema
 from tests.chart.chartfiles import CHART_DIR
 from tests.chart.test_monitoring import exported_series
-from webhook import kubectl_plugin
 from webhook import settings as webhook_settings
+from webhook.kubectl import plugin as kubectl_plugin
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "migration.md"
 SOURCES = ("From TKEStack gpu-manager", "From HAMi", "From Alibaba gpushare")

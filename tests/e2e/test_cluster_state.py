@@ -26,11 +26,11 @@ from fracgpu.model import (
 )
 from fracgpu.placement import NoFit, PodDemand, Policy
 from tests.webhook.test_cluster_bookkeeping import kube_settings
-from webhook.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
 from webhook.cluster.apiclient import KubeApi, endpoint_from_kubeconfig
 from webhook.cluster.controllers import Controllers
 from webhook.cluster.kubestate import KubeState
 from webhook.cluster.leader import Leadership
+from webhook.state.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
 
 from .fixtures import NodeFactory
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_gpuquota

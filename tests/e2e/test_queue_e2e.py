@@ -22,7 +22,7 @@ import pytest
 
 from fracgpu import codec, names
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
-from webhook.mutate import bind_metadata
+from webhook.admission.mutate import bind_metadata
 
 from .fixtures import NodeFactory
 from .harness import ControlPlane, E2EConfig

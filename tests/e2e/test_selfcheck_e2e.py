@@ -15,11 +15,11 @@ import pytest
 from fracgpu import codec, names
 from fracgpu.model import Assignment, ContainerAssignment
 from tests.webhook.test_cluster_bookkeeping import kube_settings
-from webhook.backend import Claim
 from webhook.cluster.apiclient import endpoint_from_kubeconfig
 from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, kube_state
 from webhook.metrics import Metrics
+from webhook.state.backend import Claim
 
 from .fixtures import NodeFactory
 from .test_cluster_state import TTL, admit, wait_for

@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.chart.chartfiles import rbac_objects, webhook_configurations
 from tests.e2e.harness.kube import body as harness_body
-from webhook import selfsigned
+from webhook.cli import selfsigned
 
 ROOT = Path(__file__).resolve().parents[2]
 FRACGPU = Path(sys.executable).with_name("fracgpu")

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from webhook import selfsigned
+from webhook.cli import selfsigned
 from webhook.kubectl import fetch, kubeapi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,7 +259,7 @@ def test_api_errors_and_tls_errors_are_explained(api: FakeApiServer, tmp_path: P
 def test_the_plugin_does_not_import_the_kubernetes_package() -> None:
     probe = (
         "import sys\n"
-        "from webhook import kubectl_plugin\n"
+        "from webhook.kubectl import plugin as kubectl_plugin\n"
         "kubectl_plugin.main(['--kubeconfig', '/nonexistent', 'nodes'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('kubernetes', 'prometheus_client', 'numpy', 'aiohttp')))\n"

@@ -18,7 +18,7 @@ import yaml
 from fracgpu import names
 from tests.chart.render import RendererUnavailableError, render
 from tests.kubectl.objects import assigned_pod
-from webhook import kubectl_plugin
+from webhook.kubectl import plugin as kubectl_plugin
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,8 @@ from prometheus_client.registry import Collector
 
 from fracgpu import __version__, names
 from tests.kubectl.objects import assigned_pod, gpu_uuid, gpunode, gpuquota, reservation
-from webhook import kubectl_plugin
 from webhook.kubectl import fetch, report, tables
+from webhook.kubectl import plugin as kubectl_plugin
 
 NOW = 1_800_000_000.0  # 2027-01-15: the fixtures' reservations expire in 2030
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.webhook.support import gpu_pod, write_tls
-from webhook.client import build_review, trusting
+from webhook.cli.client import build_review, trusting
 
 ROOT = Path(__file__).resolve().parents[2]
 TLS_ALERT = 0x15  # TLS record type of an alert
@@ -46,7 +46,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     _, ca, cert, key = write_tls(directory)
     port = _free_port()
     args = [
-        sys.executable, "-m", "webhook.cli", "serve",
+        sys.executable, "-m", "webhook.cli.main", "serve",
         "--host", "127.0.0.1", "--port", str(port),
         "--tls-cert-file", str(cert), "--tls-key-file", str(key),
         "--cluster-file", str(ROOT / "examples" / "cluster.yaml"),

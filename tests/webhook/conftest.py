@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.webhook.support import Webhook, cluster_state, start_webhook, stop_webhook
-from webhook.embedded import EmbeddedState
+from webhook.state.embedded import EmbeddedState
 
 
 @pytest.fixture(autouse=True)

@@ -9,11 +9,13 @@ from typing import Any, Final
 import jsonpatch
 import yaml
 
-from webhook import selfsigned, server, settings
-from webhook.client import Reply, WebhookClient, build_review, patch_of
-from webhook.clusterfile import parse_cluster
-from webhook.embedded import EmbeddedState
-from webhook.tls import CertificateReloader, TLSFiles
+from webhook import settings
+from webhook.cli import selfsigned
+from webhook.cli.client import Reply, WebhookClient, build_review, patch_of
+from webhook.serving import server
+from webhook.serving.tls import CertificateReloader, TLSFiles
+from webhook.state.clusterfile import parse_cluster
+from webhook.state.embedded import EmbeddedState
 
 A100: Final = "NVIDIA A100-SXM4-40GB"
 T4: Final = "Tesla T4"

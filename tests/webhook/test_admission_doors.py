@@ -9,7 +9,7 @@ import pytest
 
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, Webhook, cluster_state, gpu_pod, plain_pod
-from webhook.client import build_review
+from webhook.cli.client import build_review
 
 CORE, MEM = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
 SHARE = {CORE: "50", MEM: "4"}

@@ -13,8 +13,8 @@ import yaml
 from fracgpu import __version__, names
 from fracgpu.codec import decode_assignment
 from tests.webhook.support import gpu_pod, write_tls
-from webhook.cli import _parser
-from webhook.client import WebhookClient, build_review
+from webhook.cli.client import WebhookClient, build_review
+from webhook.cli.main import _parser
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -22,7 +22,7 @@ EXAMPLES = ROOT / "examples"
 
 def fracgpu(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "webhook.cli", *args],
+        [sys.executable, "-m", "webhook.cli.main", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -188,7 +188,7 @@ async def test_serve_answers_over_https_and_stops_on_sigterm(tmp_path: Path) -> 
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "webhook.cli",
+        "webhook.cli.main",
         "serve",
         "--host",
         "127.0.0.1",

@@ -8,10 +8,10 @@ import pytest
 from fracgpu import codec, names
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Reservation
 from fracgpu.placement import ClusterView
-from webhook.backend import Claim
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.kubestate import KubeState, KubeStateSettings
 from webhook.settings import Settings
+from webhook.state.backend import Claim
 
 TTL = 60
 

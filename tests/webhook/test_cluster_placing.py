@@ -16,10 +16,10 @@ from tests.webhook.test_cluster_bookkeeping import (
     node,
     placed_pod,
 )
-from webhook.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.kubestate import KubeState
 from webhook.cluster.leader import Leadership
+from webhook.state.backend import Claim, ForwardToLeader, RejectKind, ReserveRejected
 
 NOW = 1_000.0
 

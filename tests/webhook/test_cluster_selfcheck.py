@@ -16,10 +16,10 @@ from tests.webhook.test_cluster_bookkeeping import (
     node,
     placed_pod,
 )
-from webhook.backend import Claim
 from webhook.cluster import selfcheck
 from webhook.cluster.kubestate import KubeState
 from webhook.metrics import Metrics
+from webhook.state.backend import Claim
 
 NOW = 1_000.0
 

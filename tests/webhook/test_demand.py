@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fracgpu.errors import FracgpuError
 from fracgpu.quantity import parse_quantity
-from webhook.demand import cpu_and_memory
+from webhook.rules.demand import cpu_and_memory
 
 QUANTITIES = st.sampled_from(["0", "1", "250m", "1500m", "2", "64Mi", "1Gi", "1.5Gi", "100"])
 

@@ -9,7 +9,7 @@ import pytest
 
 from fracgpu import names
 from tests.webhook.support import WEBHOOK_SA, Webhook, plain_pod
-from webhook.client import build_review, patch_of
+from webhook.cli.client import build_review, patch_of
 
 VOID = {"name": names.ENV_VISIBLE_DEVICES, "value": names.VISIBLE_DEVICES_NONE}
 

@@ -20,13 +20,14 @@ from tests.webhook.support import (
     stop_webhook,
     write_tls,
 )
-from webhook import server, settings
-from webhook.backend import ForwardToLeader
-from webhook.client import WebhookClient, build_review, patch_of
-from webhook.clusterfile import parse_cluster
-from webhook.embedded import EmbeddedState
-from webhook.forward import LeaderForwarder
-from webhook.tls import CertificateReloader, TLSFiles
+from webhook import settings
+from webhook.cli.client import WebhookClient, build_review, patch_of
+from webhook.serving import server
+from webhook.serving.forward import LeaderForwarder
+from webhook.serving.tls import CertificateReloader, TLSFiles
+from webhook.state.backend import ForwardToLeader
+from webhook.state.clusterfile import parse_cluster
+from webhook.state.embedded import EmbeddedState
 
 SHARE = {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}
 

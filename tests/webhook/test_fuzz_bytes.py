@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.webhook.support import Webhook, gpu_pod
-from webhook import server
-from webhook.client import build_review
-from webhook.review import JSON_CONTENT_TYPE
+from webhook.admission.review import JSON_CONTENT_TYPE
+from webhook.cli.client import build_review
+from webhook.serving import server
 
 FUZZ_EXAMPLES = int(os.environ.get("FRACGPU_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(

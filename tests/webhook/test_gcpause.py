@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from webhook.gcpause import freeze_when_ready
+from webhook.serving.gcpause import freeze_when_ready
 
 
 @pytest.fixture

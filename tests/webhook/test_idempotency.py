@@ -6,7 +6,7 @@ import jsonpatch
 
 from fracgpu import names
 from tests.webhook.support import WEBHOOK_SA, Webhook, gpu_pod
-from webhook.client import build_review, patch_of
+from webhook.cli.client import build_review, patch_of
 
 SHARE = {"tencent.com/vcuda-core": "25", "tencent.com/vcuda-memory": "8"}
 

@@ -1,4 +1,5 @@
-"""webhook.jsondiff: the patch it computes, applied by an independent RFC 6902 implementation,
+"""webhook.admission.jsondiff: the patch it computes, applied by an independent RFC 6902
+implementation,
 turns the source document into the target."""
 
 import copy
@@ -8,7 +9,7 @@ import jsonpatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.jsondiff import diff
+from webhook.admission.jsondiff import diff
 
 KEYS = st.sampled_from(["a", "b", "c/d", "e~f", "", "fracgpu.io/assignment"])
 SCALARS = st.one_of(

@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import Webhook, gpu_pod, plain_pod
-from webhook.client import build_review
+from webhook.cli.client import build_review
 from webhook.metrics import LATENCY_BUCKETS, Metrics
 
 Labels = tuple[tuple[str, str], ...]

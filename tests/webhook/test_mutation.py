@@ -12,8 +12,8 @@ from fracgpu.dialects import DialectConfig
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import A100, CLUSTER, T4, Webhook, cluster_state, gpu_pod
-from webhook.client import build_review, patch_of
-from webhook.mutate import decide
+from webhook.admission.mutate import decide
+from webhook.cli.client import build_review, patch_of
 
 CORE, MEM, LIMIT = (
     "tencent.com/vcuda-core",

@@ -13,8 +13,8 @@ from fracgpu import names
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, T4_0, Webhook, cluster_state, gpu_pod
 from webhook import settings
-from webhook.client import build_review
-from webhook.clusterfile import ClusterFileError, parse_cluster
+from webhook.cli.client import build_review
+from webhook.state.clusterfile import ClusterFileError, parse_cluster
 
 CORE, MEM = names.RESOURCE_VCUDA_CORE, names.RESOURCE_VCUDA_MEMORY
 ON_T4 = {"nvidia.com/use-gputype": "T4"}
@@ -82,7 +82,7 @@ async def test_a_node_scaling_factor_offers_more_memory_than_physical(
 async def test_the_cluster_default_scaling_applies_where_a_node_sets_none(
     start: StartWebhook,
 ) -> None:
-    # The state takes the cluster default from the same settings (webhook.cli builds both).
+    # The state takes the cluster default from the same settings (webhook.cli.main builds both).
     hook = await start(cluster_state(memory_scaling=1.5), memory_scaling="1.5")
     first, second = await hook.admit(t4_pod("a", 48)), await hook.admit(t4_pod("b", 48))
     assert first.allowed and not second.allowed  # 15 GiB x 1.5 = 22.5 GiB: 12 GiB + 12 GiB no

@@ -6,8 +6,8 @@ import pytest
 
 from fracgpu import names
 from tests.webhook.support import Webhook, gpu_pod
-from webhook.nodeaffinity import allowed_nodes
-from webhook.pod import PodShapeError
+from webhook.rules.nodeaffinity import allowed_nodes
+from webhook.rules.pod import PodShapeError
 
 NODES = {
     "n1": {"zone": "a", "gpu": "a100", "cores": "64"},

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from fracgpu import names
 from fracgpu.dialects import DialectConfig
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
-from webhook.mutate import decide, make_patch, patch_for
+from webhook.admission.mutate import decide, make_patch, patch_for
 
 CONFIG = DialectConfig()
 

@@ -15,11 +15,14 @@ import pytest
 
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import WEBHOOK_SA, Webhook, gpu_pod, plain_pod
-from webhook import ephemeral, nodeaffinity, server, settings, tolerations
-from webhook.client import build_review
-from webhook.podbounds import PodLimits
-from webhook.review import AdmissionRequest, read_request
-from webhook.tolerations import Taint
+from webhook import settings
+from webhook.admission import ephemeral
+from webhook.admission.review import AdmissionRequest, read_request
+from webhook.cli.client import build_review
+from webhook.rules import nodeaffinity, tolerations
+from webhook.rules.podbounds import PodLimits
+from webhook.rules.tolerations import Taint
+from webhook.serving import server
 
 GPU = {"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "8"}
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"

@@ -20,8 +20,8 @@ from fracgpu.dialects import DialectConfig, parse_container
 from fracgpu.errors import FracgpuError
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import A100, CLUSTER, T4, WEBHOOK_SA, Webhook, cluster_state
-from webhook.client import build_review, patch_of
-from webhook.mutate import canonical_resources
+from webhook.admission.mutate import canonical_resources
+from webhook.cli.client import build_review, patch_of
 
 CONFIG = DialectConfig()
 BIG_CLUSTER = copy.deepcopy(CLUSTER) | {

@@ -14,7 +14,7 @@ import pytest
 from fracgpu import names
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import WEBHOOK_SA, Webhook, cluster_state, gpu_pod, plain_pod
-from webhook.client import build_review
+from webhook.cli.client import build_review
 from webhook.queue import entry as queued
 
 WHOLE: Final = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}

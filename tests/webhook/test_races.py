@@ -9,8 +9,8 @@ from fracgpu.model import Quota, Reservation
 from fracgpu.placement import ClusterView
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, cluster_state, gpu_pod
-from webhook.backend import Claim
-from webhook.embedded import EmbeddedState
+from webhook.state.backend import Claim
+from webhook.state.embedded import EmbeddedState
 
 CARD = {g["uuid"]: g["memoryMiB"] for n in CLUSTER["nodes"] for g in n["gpus"]}
 

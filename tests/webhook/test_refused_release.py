@@ -7,9 +7,9 @@ import yaml
 
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, Webhook, gpu_pod
-from webhook.client import build_review, patch_of
-from webhook.clusterfile import parse_cluster
-from webhook.embedded import EmbeddedState
+from webhook.cli.client import build_review, patch_of
+from webhook.state.clusterfile import parse_cluster
+from webhook.state.embedded import EmbeddedState
 
 WINDOW_S = 5.0
 TTL_S = 300

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from webhook.admission import ReservationIds
+from webhook.admission.decide import ReservationIds
 
 ID = re.compile(r"r-[0-9a-f]{16}")
 

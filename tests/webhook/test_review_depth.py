@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook import review
-from webhook.podbounds import PodLimits
-from webhook.review import MAX_NESTING, MalformedReviewError, parse_review
-from webhook.screen import Screened, screen
+from webhook.admission import review
+from webhook.admission.review import MAX_NESTING, MalformedReviewError, parse_review
+from webhook.rules.podbounds import PodLimits
+from webhook.serving.screen import Screened, screen
 
 
 def review_with_depth(levels: int, leaf: object) -> bytes:
@@ -65,7 +65,7 @@ def test_the_shortcut_never_skips_a_document_that_nests_too_deep(value: object, 
 
 @pytest.mark.parametrize("leaf", [1, "x", [], {}])
 def test_the_screening_worker_keeps_the_limit(leaf: object) -> None:
-    """A large review is parsed in a worker first (webhook.screen), which checks the nesting
+    """A large review is parsed in a worker first (webhook.serving.screen), which checks the nesting
     that the loop then does not check again."""
     pad = b' "pad": "' + b"p" * 200_000 + b'",'
     at_limit = review_with_depth(MAX_NESTING, leaf).replace(b"{", b"{" + pad, 1)

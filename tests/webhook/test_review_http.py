@@ -7,7 +7,7 @@ import pytest
 
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import Webhook, gpu_pod, plain_pod
-from webhook.client import build_review
+from webhook.cli.client import build_review
 
 
 def review_with(**request_changes: Any) -> bytes:

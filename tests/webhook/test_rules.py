@@ -9,7 +9,7 @@ import pytest
 from fracgpu import names
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, WEBHOOK_SA, Webhook, cluster_state, gpu_pod, plain_pod
-from webhook.client import build_review
+from webhook.cli.client import build_review
 
 CORE, MEM = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
 SHARE = {CORE: "10", MEM: "4"}

@@ -9,7 +9,8 @@ import pytest
 
 from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
-from webhook import cli, settings
+from webhook import settings
+from webhook.cli import main as cli
 from webhook.cluster.apiclient import Endpoint
 from webhook.cluster.kubestate import KubeStateSettings
 from webhook.cluster.leader import LeaseSettings

@@ -6,8 +6,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook import grants, shimguard
-from webhook import pod as podlib
+from webhook.admission import grants, shimguard
+from webhook.rules import pod as podlib
 from webhook.settings import DEFAULT_PROTECTED_HOST_PATHS
 
 scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=12)

@@ -11,9 +11,11 @@ import pytest
 from cryptography import x509
 
 from tests.webhook.support import cluster_state, gpu_pod
-from webhook import selfsigned, server, settings
-from webhook.client import WebhookClient, build_review, trusting
-from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles, server_context
+from webhook import settings
+from webhook.cli import selfsigned
+from webhook.cli.client import WebhookClient, build_review, trusting
+from webhook.serving import server
+from webhook.serving.tls import CertificateReloader, TLSConfigError, TLSFiles, server_context
 
 
 class SecretVolume:

@@ -9,8 +9,8 @@ import yaml
 from fracgpu import names
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, cluster_state, gpu_pod
-from webhook.clusterfile import ClusterFileError, parse_cluster
-from webhook.tolerations import Taint, untolerated_nodes
+from webhook.rules.tolerations import Taint, untolerated_nodes
+from webhook.state.clusterfile import ClusterFileError, parse_cluster
 
 NODES = {
     "plain": (),

@@ -23,11 +23,11 @@ import aiohttp
 
 from fracgpu.model import GPUAllocation, Quota, ResourceAmounts, virtual_memory_mib
 from fracgpu.names import CORES_PER_GPU
-from webhook import quota as quotalib
 from webhook.cluster import stores
 from webhook.cluster.apiclient import ApiError, KubeApi
 from webhook.cluster.kubestate import KubeState
 from webhook.cluster.records import GPUNodeRecord, QuotaRecord
+from webhook.rules import quota as quotalib
 
 log = logging.getLogger(__name__)
 

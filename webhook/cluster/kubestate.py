@@ -41,9 +41,6 @@ import aiohttp
 from fracgpu import names
 from fracgpu.model import Quota, Reservation
 from fracgpu.placement import ClusterView
-from webhook import quota as quotalib
-from webhook.backend import Claim, DriftCounts, ForwardToLeader, RejectKind, ReserveRejected
-from webhook.capacity import capacity_problem
 from webhook.cluster import paths
 from webhook.cluster.apiclient import ApiError, KubeApi
 from webhook.cluster.leader import Leadership
@@ -62,8 +59,11 @@ from webhook.cluster.selfcheck import LedgerSelfCheck
 from webhook.cluster.viewsync import ViewSync
 from webhook.cluster.watchcache import WatchCache, WatchSettings
 from webhook.cluster.writebehind import WriteBehind
+from webhook.rules import quota as quotalib
+from webhook.rules.capacity import capacity_problem
+from webhook.rules.tolerations import Taint
 from webhook.settings import Settings
-from webhook.tolerations import Taint
+from webhook.state.backend import Claim, DriftCounts, ForwardToLeader, RejectKind, ReserveRejected
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence, ValuesView
 from typing import NamedTuple
 
 from fracgpu.model import GPUAllocation, Quota
-from webhook import quota as quotalib
-from webhook.backend import Claim
+from webhook.rules import quota as quotalib
+from webhook.state.backend import Claim
 
 
 class Held(NamedTuple):

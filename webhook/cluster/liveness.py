@@ -9,8 +9,8 @@ reservation write).
 from collections.abc import Callable, Iterable
 
 from fracgpu.model import Reservation
-from webhook import quota as quotalib
 from webhook.cluster.records import PodRecord
+from webhook.rules import quota as quotalib
 
 
 class PodLiveness:

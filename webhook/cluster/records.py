@@ -20,10 +20,10 @@ from fracgpu.model import (
     Reservation,
 )
 from fracgpu.quantity import parse_quantity
-from webhook.demand import cpu_and_memory
 from webhook.queue import entry as queue_entry
 from webhook.queue.entry import QueuedEntry
-from webhook.tolerations import Taint
+from webhook.rules.demand import cpu_and_memory
+from webhook.rules.tolerations import Taint
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)

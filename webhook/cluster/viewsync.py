@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from fracgpu.model import NodeInventory, virtual_memory_mib
 from fracgpu.placement import ClusterView, Usage
-from webhook.backend import Claim
 from webhook.cluster.ledger import ClaimLedger
 from webhook.cluster.liveness import PodLiveness
 from webhook.cluster.records import GPUNodeRecord, NodeRecord, PodRecord
 from webhook.cluster.watchcache import WatchCache
-from webhook.tolerations import Taint
+from webhook.rules.tolerations import Taint
+from webhook.state.backend import Claim
 
 
 @dataclass(frozen=True)

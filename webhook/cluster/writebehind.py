@@ -17,14 +17,14 @@ import aiohttp
 
 from fracgpu.codec import decode_quota
 from fracgpu.model import Quota, Reservation
-from webhook import quota as quotalib
-from webhook.backend import Claim, RejectKind, ReserveRejected
 from webhook.cluster import paths, stores
 from webhook.cluster.apiclient import ApiError, ConflictError, KubeApi, NotFoundError, Obj
 from webhook.cluster.ledger import ClaimLedger, quota_key, with_claims
 from webhook.cluster.liveness import PodLiveness
 from webhook.cluster.records import GPUNodeRecord
 from webhook.cluster.watchcache import WatchCache
+from webhook.rules import quota as quotalib
+from webhook.state.backend import Claim, RejectKind, ReserveRejected
 
 log = logging.getLogger(__name__)
 QUOTA_RETRY_FACTOR = 4

@@ -31,7 +31,7 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[kubeapi.KubeCl
 def _call(what: str, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         return request(*args, **kwargs)
-    except kubeapi.ApiError as error:
+    except kubeapi.KubeApiError as error:
         if error.status == 404:
             raise FetchError(f"{what}: not found") from None
         if error.status == 403:

@@ -37,7 +37,7 @@ class KubeConfigError(Exception):
     """The kubeconfig cannot be used; says which entry and why."""
 
 
-class ApiError(Exception):
+class KubeApiError(Exception):
     """The API server answered with an error status (or could not be reached: status 0)."""
 
     def __init__(self, status: int, reason: str) -> None:
@@ -305,19 +305,19 @@ class KubeClient:
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 self.close()
                 if attempt:
-                    raise ApiError(0, "the API server closed the connection") from None
+                    raise KubeApiError(0, "the API server closed the connection") from None
                 continue
             except ssl.SSLCertVerificationError as error:
                 self.close()
-                raise ApiError(0, f"TLS verification failed ({error.verify_message})") from None
+                raise KubeApiError(0, f"TLS verification failed ({error.verify_message})") from None
             except OSError as error:
                 self.close()
-                raise ApiError(0, f"cannot reach the API server ({error})") from None
+                raise KubeApiError(0, f"cannot reach the API server ({error})") from None
             if len(body) > MAX_BODY_BYTES:
                 self.close()
-                raise ApiError(0, f"answer larger than {MAX_BODY_BYTES // 2**20} MiB")
+                raise KubeApiError(0, f"answer larger than {MAX_BODY_BYTES // 2**20} MiB")
             if response.status >= 400:
-                raise ApiError(response.status, _reason(response.reason, body))
+                raise KubeApiError(response.status, _reason(response.reason, body))
             return body.decode("utf-8", errors="replace")
         raise AssertionError("unreachable")
 

@@ -14,7 +14,7 @@ from typing import Any
 from fracgpu import codec, names
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, GPUDevice, Quota, ResourceAmounts
-from webhook import quota as quotalib
+from webhook.rules import quota as quotalib
 
 Obj = Mapping[str, Any]
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

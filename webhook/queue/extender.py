@@ -21,10 +21,10 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from webhook.backend import ForwardToLeader, StateBackend, StateUnavailable
-from webhook.forward import ForwardError, LeaderForwarder
 from webhook.queue.keys import SharedKey
 from webhook.queue.scheduler import BindError, QueueScheduler
+from webhook.serving.forward import ForwardError, LeaderForwarder
+from webhook.state.backend import ForwardToLeader, StateBackend, StateUnavailable
 
 log = logging.getLogger(__name__)
 VERBS: Final = ("filter", "prioritize", "bind")

@@ -23,14 +23,12 @@ from fracgpu.codec import decode_assignment
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, GPUAllocation, Reservation
 from fracgpu.placement import ClusterView, NoFit, NoFitReason, Placement, PodDemand
-from webhook import assignments
-from webhook import quota as quotalib
-from webhook.backend import Claim, ReserveRejected
+from webhook.admission import assignments
+from webhook.admission.mutate import bind_metadata
 from webhook.cluster import paths
 from webhook.cluster.apiclient import ApiError, KubeApi, NotFoundError
 from webhook.cluster.kubestate import KubeState
 from webhook.cluster.records import PodRecord
-from webhook.mutate import bind_metadata
 from webhook.queue import entry as queued
 from webhook.queue.order import (
     HEAD_SEARCH,
@@ -41,6 +39,8 @@ from webhook.queue.order import (
     place_in_line,
     target_node,
 )
+from webhook.rules import quota as quotalib
+from webhook.state.backend import Claim, ReserveRejected
 
 log = logging.getLogger(__name__)
 # Nodes kube-scheduler offered a pod, kept for this many pods at most (oldest dropped).

@@ -10,7 +10,7 @@
   lets any container rewrite its neighbours' limits.
 - Privileged GPU pods (``privileged``, ``hostPID``, or SYS_ADMIN / SYS_PTRACE / SYS_MODULE /
   ALL capabilities in any container, debug containers included): they can unmount the shim
-  or reach every GPU. Allowed only where an administrator granted it (``webhook.grants``).
+  or reach every GPU. Allowed only where an administrator granted it (``webhook.admission.grants``).
 
 Paths are compared after normalising them as the runtime would (``//``, ``.``, ``..``,
 a trailing ``/``), as the pod spec cannot contain anything else that changes them.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from fracgpu import names
-from webhook import pod as podlib
+from webhook.rules import pod as podlib
 
 # What the device plugin mounts into a GPU container, and the directories that are fracgpu's.
 _CONTAINER_OWNED: Final = (

@@ -11,7 +11,12 @@ from typing import Any, Final
 
 import orjson
 
-from webhook.review import API_VERSION, KIND, AdmissionResponseBody, AdmissionReviewResponse
+from webhook.admission.review import (
+    API_VERSION,
+    KIND,
+    AdmissionResponseBody,
+    AdmissionReviewResponse,
+)
 
 # Kubernetes shows warnings to kubectl users; it truncates long ones, so do we, predictably.
 MAX_WARNING_CHARS: Final = 512

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fracgpu import names
-from webhook import pod as podlib
+from webhook.rules import pod as podlib
 
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
 
@@ -162,7 +162,7 @@ def _node_requirements(spec: Mapping[str, Any], limits: PodLimits) -> str | None
 
 def _is_pin(requirement: Mapping[str, Any]) -> bool:
     """``metadata.name In [node]``: what fracgpu ANDs into every term to pin a pod it placed
-    (webhook.mutate), or the pod would be over a limit at validation that it was not at
+    (webhook.admission.mutate), or the pod would be over a limit at validation that it was not at
     mutation."""
     values = requirement.get("values")
     return (

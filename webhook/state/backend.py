@@ -1,6 +1,6 @@
 """The cluster state admission needs, as one small interface with two back ends.
 
-- ``webhook.embedded.EmbeddedState``: a YAML/JSON file (demo, ``fracgpu admit``, tests);
+- ``webhook.state.embedded.EmbeddedState``: a YAML/JSON file (demo, ``fracgpu admit``, tests);
 - the Kubernetes back end (watch caches; the leader replica places, holds reservations and
   quota charges in memory and writes them behind to GPUNode and GPUQuota status).
 
@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 from fracgpu.model import GPUAllocation, Quota, Reservation
 from fracgpu.placement import ClusterView
-from webhook.tolerations import Taint
+from webhook.rules.tolerations import Taint
 
 
 class RejectKind(StrEnum):

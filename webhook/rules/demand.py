@@ -22,7 +22,7 @@ from fracgpu.errors import FracgpuError, QuantityError
 from fracgpu.model import ContainerRequest
 from fracgpu.placement import Constraints, PodDemand, Policy
 from fracgpu.quantity import parse_quantity
-from webhook import pod as podlib
+from webhook.rules import pod as podlib
 
 # Annotation -> the Constraints field it feeds; fracgpu's own and HAMi's names combine.
 _CONSTRAINT_ANNOTATIONS: Final = {

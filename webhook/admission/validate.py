@@ -11,8 +11,8 @@ from fracgpu.codec import decode_assignment
 from fracgpu.dialects import DialectConfig
 from fracgpu.errors import CodecError
 from fracgpu.model import Assignment, Reservation
-from webhook import pod as podlib
-from webhook.mutate import patch_for
+from webhook.admission.mutate import patch_for
+from webhook.rules import pod as podlib
 
 # What fracgpu itself writes on a pod it placed.
 WRITTEN_METADATA: Final = frozenset(

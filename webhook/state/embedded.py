@@ -1,4 +1,5 @@
-"""The embedded back end: cluster state from a cluster file (``webhook.clusterfile``), in memory.
+"""The embedded back end: cluster state from a cluster file (``webhook.state.clusterfile``), in
+memory.
 
 Quota use is counted from the file's pods (as the recount controller does), not read from
 the file. Reservations made by admission stay until released: there is no pod watch here,
@@ -16,11 +17,11 @@ from pathlib import Path
 from fracgpu import names
 from fracgpu.model import GPUAllocation, Quota, Reservation, ResourceAmounts
 from fracgpu.placement import ClusterView
-from webhook import quota as quotalib
-from webhook.backend import Claim, RejectKind, ReserveRejected
-from webhook.capacity import capacity_problem
-from webhook.clusterfile import ClusterFile, load_cluster_file
-from webhook.tolerations import Taint
+from webhook.rules import quota as quotalib
+from webhook.rules.capacity import capacity_problem
+from webhook.rules.tolerations import Taint
+from webhook.state.backend import Claim, RejectKind, ReserveRejected
+from webhook.state.clusterfile import ClusterFile, load_cluster_file
 
 
 class EmbeddedState:

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from webhook.review import API_VERSION, JSON_CONTENT_TYPE, KIND, Operation
+from webhook.admission.review import API_VERSION, JSON_CONTENT_TYPE, KIND, Operation
 
 
 def build_review(

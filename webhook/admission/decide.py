@@ -9,8 +9,8 @@ Validation (CREATE, UPDATE): dialect rules, tampering, and on CREATE that every 
 carries exactly what fracgpu wrote for a reservation it holds; a CREATE that passes confirms
 that reservation (unconfirmed ones are given back: a later admission step refused the pod).
 
-Both refuse the doors a pod spec could open around its slice (``webhook.shimguard``,
-``webhook.grants``): hostPath to protected host directories, mounts over the shim's paths,
+Both refuse the doors a pod spec could open around its slice (``webhook.admission.shimguard``,
+``webhook.admission.grants``): hostPath to protected host directories, mounts over the shim's paths,
 privileged GPU pods and high priority beyond what the namespace was granted.
 """
 
@@ -27,10 +27,21 @@ from fracgpu.dialects import DialectConfig
 from fracgpu.errors import FracgpuError
 from fracgpu.model import Assignment, ContainerRequest, Dialect, Priority, Reservation
 from fracgpu.placement import ClusterView, NoFit, NoFitReason, Placement, PodDemand
-from webhook import assignments, ephemeral, grants, responses, shimguard, validate
-from webhook import pod as podlib
-from webhook import quota as quotalib
-from webhook.backend import (
+from webhook.admission import assignments, ephemeral, grants, responses, shimguard, validate
+from webhook.admission.mutate import canonical_resources, patch_for, queued_patch_for
+from webhook.admission.review import AdmissionRequest
+from webhook.metrics import Metrics
+from webhook.queue import entry as queued
+from webhook.queue.keys import SharedKey
+from webhook.rules import pod as podlib
+from webhook.rules import quota as quotalib
+from webhook.rules.demand import PodAsk, gpu_container_names, read_ask
+from webhook.rules.nodeaffinity import NodeIndexCache, allowed_nodes
+from webhook.rules.podbounds import gpu_containers_problem
+from webhook.rules.podbounds import problem as pod_problem
+from webhook.rules.tolerations import Taint, untolerated_taints
+from webhook.settings import PlacementMode, Settings
+from webhook.state.backend import (
     Claim,
     ForwardToLeader,
     NodeLabels,
@@ -39,17 +50,6 @@ from webhook.backend import (
     ReserveRejected,
     StateBackend,
 )
-from webhook.demand import PodAsk, gpu_container_names, read_ask
-from webhook.metrics import Metrics
-from webhook.mutate import canonical_resources, patch_for, queued_patch_for
-from webhook.nodeaffinity import NodeIndexCache, allowed_nodes
-from webhook.podbounds import gpu_containers_problem
-from webhook.podbounds import problem as pod_problem
-from webhook.queue import entry as queued
-from webhook.queue.keys import SharedKey
-from webhook.review import AdmissionRequest
-from webhook.settings import PlacementMode, Settings
-from webhook.tolerations import Taint, untolerated_taints
 
 log = logging.getLogger(__name__)
 # Sub-resources whose object is the pod and may carry containers (kubectl debug).

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from webhook import pod as podlib
+from webhook.rules import pod as podlib
 
 NODE_NAME_FIELD: Final = "metadata.name"
 _OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")

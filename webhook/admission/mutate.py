@@ -2,7 +2,7 @@
 
 ``decide`` is a fixed point: applied to a pod it already wrote, it changes nothing. The
 validating webhook relies on that to check that a pod carries exactly what fracgpu wrote.
-Patches are always a diff of before vs after (``webhook.jsondiff``), never hand-written
+Patches are always a diff of before vs after (``webhook.admission.jsondiff``), never hand-written
 ops. Only the parts ``decide`` writes (metadata annotations and labels, spec.affinity,
 containers' env and resources) are copied, written and compared: the rest of a pod is
 shared unchanged, and copying and diffing it was most of the cost of an admission.
@@ -16,8 +16,8 @@ from fracgpu import names
 from fracgpu.codec import encode_assignment
 from fracgpu.dialects import DialectConfig, canonical_quantities
 from fracgpu.model import Assignment, ContainerAssignment
-from webhook import jsondiff
-from webhook import pod as podlib
+from webhook.admission import jsondiff
+from webhook.rules import pod as podlib
 
 # matchFields on metadata.name pins to the Node object itself (the hostname label can differ).
 NODE_NAME_FIELD: Final = "metadata.name"
@@ -226,7 +226,7 @@ def canonical_resources(held: ContainerAssignment, config: DialectConfig) -> dic
 
 def set_env(container: dict[str, Any], name: str, value: str) -> None:
     """Set one variable, replacing any entry of that name (explicit env beats envFrom).
-    Also used for ephemeral containers (``webhook.ephemeral``)."""
+    Also used for ephemeral containers (``webhook.admission.ephemeral``)."""
     env = _child_list(container, "env")
     entry = {"name": name, "value": value}
     matches = [i for i, e in enumerate(env) if isinstance(e, dict) and e.get("name") == name]

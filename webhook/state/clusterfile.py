@@ -1,6 +1,6 @@
 """The cluster file: nodes, GPUs, assigned pods, namespaces and quotas, read and checked.
 
-The embedded back end (``webhook.embedded``) holds what it describes. Format (see
+The embedded back end (``webhook.state.embedded``) holds what it describes. Format (see
 examples/cluster.yaml)::
 
     nodes:        [{name, cpu, memory, pool?, splitCount?, memoryScaling?, disableCoreLimit?,
@@ -25,7 +25,7 @@ from fracgpu.errors import CodecError, FracgpuError
 from fracgpu.model import GPUAllocation, NodeInventory, Quota
 from fracgpu.quantity import parse_quantity
 from webhook import documents
-from webhook.tolerations import Taint
+from webhook.rules.tolerations import Taint
 
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 _NODE_REQUIRED: Final = frozenset({"name", "cpu", "memory", "gpus"})

@@ -18,16 +18,18 @@ import jsonpatch
 from fracgpu import names
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import FracgpuError
-from webhook import documents, selfsigned, server, settings
-from webhook.client import WebhookClient, build_review, patch_of
-from webhook.clusterfile import load_cluster_file
-from webhook.demand import gpu_requests
-from webhook.embedded import EmbeddedState
-from webhook.tls import CertificateReloader, TLSFiles
+from webhook import documents, settings
+from webhook.cli import selfsigned
+from webhook.cli.client import WebhookClient, build_review, patch_of
+from webhook.rules.demand import gpu_requests
+from webhook.serving import server
+from webhook.serving.tls import CertificateReloader, TLSFiles
+from webhook.state.clusterfile import load_cluster_file
+from webhook.state.embedded import EmbeddedState
 
 # The repository's examples/ when run from a checkout; an installed wheel carries the demo's
 # cluster file and pods under <prefix>/share/fracgpu/examples (pyproject's data-files).
-_CHECKOUT_EXAMPLES: Final = Path(__file__).resolve().parent.parent / "examples"
+_CHECKOUT_EXAMPLES: Final = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLES: Final = (
     _CHECKOUT_EXAMPLES
     if (_CHECKOUT_EXAMPLES / "cluster.yaml").is_file()
@@ -37,7 +39,7 @@ VALUE_WIDTH: Final = 96
 
 
 @dataclass
-class Outcome:
+class DemoResult:
     source: str
     pod: str
     dialect: str
@@ -114,12 +116,12 @@ async def _admit(
     pod: dict[str, Any],
     dialects: Any,
     gpu_index: Mapping[str, int],
-) -> Outcome:
+) -> DemoResult:
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     short = meta.get("name") or meta.get("generateName", "") + "*"
     name = f"{meta.get('namespace', 'default')}/{short}"
-    outcome = Outcome(source, name, _dialects(pod, dialects), "")
+    outcome = DemoResult(source, name, _dialects(pod, dialects), "")
     mutated = await client.review("/mutate", build_review(pod))
     outcome.warnings = list(mutated.response.get("warnings") or [])
     if not mutated.allowed:
@@ -159,7 +161,7 @@ def _dialects(pod: Mapping[str, Any], dialects: Any) -> str:
     return ",".join(sorted({r.dialect.value for r in requests})) or "-"
 
 
-def _print(outcomes: Sequence[Outcome], out: TextIO) -> None:
+def _print(outcomes: Sequence[DemoResult], out: TextIO) -> None:
     header = ["#", "POD", "DIALECT", "VERDICT", "NODE", "GPUS (container: gpu cores memory)"]
     rows = [
         [o.source[:2], o.pod, o.dialect, o.verdict, o.node or "-", "\n".join(o.gpus) or "-"]

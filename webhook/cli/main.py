@@ -20,21 +20,23 @@ import yaml
 from aiohttp import web
 
 from fracgpu import __version__
-from webhook import demo, documents, server, settings
-from webhook.admission import Admission
-from webhook.backend import StateBackend
-from webhook.client import build_review
+from webhook import documents, settings
+from webhook.admission.decide import Admission
+from webhook.admission.review import parse_review
+from webhook.cli import demo
+from webhook.cli.client import build_review
 from webhook.cluster.apiclient import Endpoint, endpoint_from_kubeconfig
 from webhook.cluster.runtime import ClusterMode, ClusterRuntime, kube_state
-from webhook.clusterfile import ClusterFileError
-from webhook.embedded import EmbeddedState
-from webhook.forward import LeaderForwarder
-from webhook.gcpause import freeze_when_ready
 from webhook.metrics import Metrics
 from webhook.queue.extender import Extender, loopback_app
 from webhook.queue.keys import SharedKey
-from webhook.review import parse_review
-from webhook.tls import CertificateReloader, TLSConfigError, TLSFiles
+from webhook.serving import server
+from webhook.serving.forward import LeaderForwarder
+from webhook.serving.gcpause import freeze_when_ready
+from webhook.serving.tls import CertificateReloader, TLSConfigError, TLSFiles
+from webhook.state.backend import StateBackend
+from webhook.state.clusterfile import ClusterFileError
+from webhook.state.embedded import EmbeddedState
 
 LOOPBACK = "127.0.0.1"
 # Bind addresses that name no reachable address of this replica.

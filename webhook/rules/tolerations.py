@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from webhook import pod as podlib
+from webhook.rules import pod as podlib
 
 BLOCKING_EFFECTS: Final = ("NoSchedule", "NoExecute")
 _ANY_EFFECT: Final = ""

@@ -18,14 +18,14 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from webhook import podbounds
-from webhook.review import (
+from webhook.admission.review import (
     AdmissionRequest,
     MalformedReviewError,
     check_nesting,
     load_review,
     read_request,
 )
+from webhook.rules import podbounds
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from fracgpu import names
-from webhook import jsondiff, responses, validate
-from webhook import pod as podlib
-from webhook.mutate import set_env
-from webhook.review import AdmissionRequest
+from webhook.admission import jsondiff, responses, validate
+from webhook.admission.mutate import set_env
+from webhook.admission.review import AdmissionRequest
+from webhook.rules import pod as podlib
 
 SUB_RESOURCE: Final = "ephemeralcontainers"
 EPHEMERAL_KIND: Final = {"group": "", "version": "v1", "kind": "EphemeralContainers"}

@@ -16,24 +16,24 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from webhook import responses
-from webhook.admission import Admission
-from webhook.backend import (
+from webhook.admission import responses
+from webhook.admission.decide import Admission
+from webhook.admission.review import AdmissionRequest, MalformedReviewError, parse_review
+from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from webhook.metrics import Metrics
+from webhook.queue.extender import Extender, add_relay_routes
+from webhook.queue.keys import SharedKey
+from webhook.serving.forward import FORWARDED_BY_HEADER, ForwardError, LeaderForwarder
+from webhook.serving.screen import Screened, Screener, ScreenUnavailableError
+from webhook.serving.tls import CertificateReloader
+from webhook.settings import PlacementMode, Settings
+from webhook.state.backend import (
     ForwardToLeader,
     QuotaListing,
     SelfChecked,
     StateBackend,
     StateUnavailable,
 )
-from webhook.forward import FORWARDED_BY_HEADER, ForwardError, LeaderForwarder
-from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from webhook.metrics import Metrics
-from webhook.queue.extender import Extender, add_relay_routes
-from webhook.queue.keys import SharedKey
-from webhook.review import AdmissionRequest, MalformedReviewError, parse_review
-from webhook.screen import Screened, Screener, ScreenUnavailableError
-from webhook.settings import PlacementMode, Settings
-from webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def _admission_handler(
                 return web.Response(body=forwarded, content_type="application/json")
             verdict = forwarded
             if endpoint == "mutate" and app[SETTINGS].placement_mode is PlacementMode.QUEUE:
-                # No leader to place it: queued, not refused (webhook.admission._place).
+                # No leader to place it: queued, not refused (webhook.admission.decide._place).
                 try:
                     verdict = await app[ADMISSION].mutate(review, leaderless=True)
                 except Exception:
@@ -190,7 +190,7 @@ def _admission_handler(
 async def _read(request: web.Request) -> tuple[bytes, bool] | Screened:
     """The body (and whether its depth was checked), or a worker's finding that answers it:
     a body larger than ``screen_body_bytes`` (or of unknown length) is read only when a
-    screening slot is free, and screened off the loop (``webhook.screen``)."""
+    screening slot is free, and screened off the loop (``webhook.serving.screen``)."""
     settings = request.app[SETTINGS]
     length = request.content_length
     if length is not None and length <= settings.screen_body_bytes:

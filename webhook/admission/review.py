@@ -95,7 +95,8 @@ def parse_review(
     body: bytes, content_type: str, max_body_bytes: int, *, check_depth: bool = True
 ) -> AdmissionRequest:
     """Parse an HTTP body into a request, or raise ``MalformedReviewError`` saying what is wrong.
-    ``check_depth=False`` only for a body whose depth was checked already (``webhook.screen``)."""
+    ``check_depth=False`` only for a body whose depth was checked already
+    (``webhook.serving.screen``)."""
     document = load_review(body, content_type, max_body_bytes)
     if check_depth:
         check_nesting(body, document)

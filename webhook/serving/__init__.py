@@ -1,0 +1,1 @@
+"""The HTTPS edge: the app, TLS reloading, big-review screening, leader forwarding."""

@@ -1,0 +1,1 @@
+"""Cluster state for admission: the StateBackend interface and the embedded back end."""
