@@ -4,6 +4,7 @@ pod from storage: tests/e2e/test_refused_release_e2e.py)."""
 
 import pytest
 
+from fracgpu.model import Reservation
 from tests.webhook.test_cluster_bookkeeping import (
     TTL,
     free,
@@ -16,7 +17,7 @@ from tests.webhook.test_cluster_bookkeeping import (
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.kubestate import KubeState
 from webhook.cluster.leader import Leadership
-from webhook.state.backend import Claim, ForwardToLeader
+from webhook.state.backend import Claim, ForwardToLeader, ReserveRejected
 
 START = 1_000.0
 WINDOW_S = 5.0
@@ -75,3 +76,26 @@ async def test_a_follower_forwards_the_confirmation_to_the_leader() -> None:
     with pytest.raises(ForwardToLeader) as where:
         await follower.confirm("r1", "p1")
     assert where.value.leader_url == "https://leader:8443"
+
+
+async def test_one_reservation_id_places_one_pod() -> None:
+    """A queued entry copied onto a second pod carries the original's reservation ID: the
+    first bind to reserve GPUs with it wins, and a second pod's reservation under the same
+    ID is refused, whether the first is still in flight or already a live pod."""
+    now = [START]
+    state = state_at(now)
+    first = claim("r1", 30)
+    await state.reserve(first)
+    copy = Claim(
+        Reservation("r1", "n1", "team", "zcopy", held("r1", "n1", 1, 30, 0).allocations, 0),
+        0,
+        0,
+        {"n1-g1": "T4"},
+    )
+    with pytest.raises(ReserveRejected, match="one reservation ID places one pod"):
+        await state.reserve(copy)
+    assert (await free(state, "n1"))[1][0] == 100  # the copy took nothing
+    state.ledger.drop("r1")
+    state.pods.put(placed_pod("p1", "r1", "n1", 0, 30))  # the first is a live pod now
+    with pytest.raises(ReserveRejected, match="already placed pod team/p1"):
+        await state.reserve(copy)

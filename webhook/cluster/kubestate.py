@@ -277,12 +277,31 @@ class KubeState:
         over = quotalib.check(without, held.allocations, claim.models)
         if over is not None:
             raise ReserveRejected(RejectKind.QUOTA, over.message)
+        if not queued:
+            # Checked after the last await, so no other bind runs in between: a queued entry
+            # copied onto a second pod carries the same ID, and one ID places one pod.
+            other = self._placed_with(held.id)
+            if other and other != f"{held.namespace}/{held.pod}":
+                raise ReserveRejected(
+                    RejectKind.CAPACITY,
+                    f"reservation {held.id} already placed pod {other}: one reservation ID "
+                    "places one pod (a copied queued entry)",
+                )
         # Counted by the view and by quotas() until the writer or the recount writes it.
         self.ledger.hold(claim, (quota_key(q) for q in quotas), self._clock())
         self.forget_old()
         if not queued:
             self.sync.allocate(claim)
             self.writer.queue_node(held.node)
+
+    def _placed_with(self, reservation_id: str) -> str:
+        """The pod (namespace/name) a reservation ID already placed, if any: an in-flight
+        claim holding GPUs, or a live pod carrying the ID on a node."""
+        held = self.ledger.inflight(reservation_id)
+        if held is not None and held.claim.reservation.node:
+            placed = held.claim.reservation
+            return f"{placed.namespace}/{placed.pod}"
+        return self.liveness.carrier(reservation_id) or ""
 
     async def release(self, reservation_id: str) -> None:
         """Give a reservation back: unwritten parts are dropped, written ones written back."""
