@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, default=BASELINE)
     parser.add_argument("--update-baseline", action="store_true", help="write the baseline")
     parser.add_argument("--tolerance", type=float, help="with --update-baseline (default 0.25)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--admissions", type=int, default=800)
     parser.add_argument(
         "--budget", type=float, default=0.15, help="CPU seconds per placement measurement"
