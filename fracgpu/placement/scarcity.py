@@ -1,11 +1,19 @@
 """How scarce each kind of untouched node is, kept as nodes are opened and freed.
 
 A node is *untouched* when none of its GPUs' compute is in use (its live GPUs' free compute
-is all of it); its *kind* is (free CPU, free memory, GPU compute). For an untouched node of
-kind k, D(k) counts the untouched nodes that could host whatever it could (all three at
-least k's, k's own nodes included) and U all untouched nodes; its scarcity is ln(U / D(k)):
-0 for the smallest common kind, most for the one kind able to hold the largest whole-node
-pods.
+is all of it); its *kind* is (free CPU, free memory, GPU compute, GPU model). For an
+untouched node of kind k, D(k) counts the untouched nodes that could host whatever it could
+(the same model, and free CPU, free memory and GPU compute each at least k's; k's own nodes
+included) and U all untouched nodes. Its scarcity is ln(U / D(k)) + LAST_FEW / D(k): the
+log ranks kinds by how rare they are among untouched nodes (0 for the smallest common kind);
+the second part makes the last few nodes of a kind dear whatever U is, as those are what a
+pod needing that kind whole (all of a node, or a model few nodes have) waits for.
+
+The model is part of the kind because a pod limited to a model can use no other: before it
+was, a node of a rare model counted as covered by the many bigger nodes of other models, and
+pods that could run anywhere opened the rare model's nodes first (on a trace with 30 % of
+the pods limited to one or two models, the first 8-GPU pod limited to a model with 21 such
+nodes was refused with the cluster 18-40 % full).
 
 The table counts untouched nodes per kind and keeps D per kind: a node entering or leaving
 the untouched set (or changing kind) moves one count and the D of the kinds it covers,
@@ -19,8 +27,13 @@ import numpy as np
 
 from fracgpu.placement.state import ClusterState, FloatArray, IntArray
 
-# (free CPU milli, free memory MiB, GPU compute units over live GPUs)
-Kind = tuple[int, int, int]
+# (free CPU milli, free memory MiB, GPU compute units over live GPUs, model key): the model
+# key is the model id when all the node's GPUs are one model, else a negative id per mix.
+Kind = tuple[int, int, int, int]
+# The weight of 1 / D in a kind's scarcity. With ln(U / D) alone the last node of a kind
+# cost little more than the tenth; 20-300 were tried on the default trace and four derived
+# ones (3-4 seeds each): 60 kept the most allocation with the 8-GPU pods placeable.
+LAST_FEW = 60.0
 NOT_UNTOUCHED = -1
 # Kind ids no untouched node has any more, kept before the table is renumbered.
 MAX_DEAD_KINDS = 256
@@ -31,12 +44,30 @@ def kind_of(state: ClusterState, row: int) -> Kind | None:
     capacity = int(state.n_unit_capacity[row])
     if capacity <= 0 or not state.n_live[row] or int(state.n_free_units[row]) != capacity:
         return None
-    return (int(state.n_cpu_free[row]), int(state.n_mem_free[row]), capacity)
+    return (int(state.n_cpu_free[row]), int(state.n_mem_free[row]), capacity, model_key(state, row))
+
+
+def model_key(state: ClusterState, row: int) -> int:
+    """The node's GPU model id when its GPUs are all one model, else a negative number that
+    stands for its sorted set of model ids (the same set, the same number)."""
+    first = int(state.n_first[row])
+    models = np.unique(state.g_model[first : first + int(state.n_count[row])])
+    if len(models) == 1:
+        return int(models[0])
+    return -1 - hash(tuple(models.tolist())) % (1 << 40)
 
 
 def covers(big: Kind, small: Kind) -> bool:
     """A node of kind ``big`` could host whatever one of kind ``small`` could."""
-    return big[0] >= small[0] and big[1] >= small[1] and big[2] >= small[2]
+    return big[3] == small[3] and big[0] >= small[0] and big[1] >= small[1] and big[2] >= small[2]
+
+
+def scarcity(untouched: int, covering: int, *, opened: bool = True) -> float:
+    """The scarcity of a kind that ``covering`` of the ``untouched`` nodes cover; without
+    ``opened``, the log part only (a pod without GPUs leaves the node in the table: see
+    ``FragmentationIndex.scarcity_cost``)."""
+    log_part = math.log(untouched / covering)
+    return log_part + LAST_FEW / covering if opened else log_part
 
 
 class ScarcityTable:
@@ -54,8 +85,9 @@ class ScarcityTable:
         self.row_kind: IntArray = np.full(rows, NOT_UNTOUCHED, np.int64)
         self._count: dict[int, int] = {}  # kind id -> untouched nodes, kinds with any
         self._covering: dict[int, int] = {}  # kind id -> D, for the same kinds
-        self._cost: FloatArray | None = None  # ln(U / D) by kind id, until U or D change
+        self._cost: FloatArray | None = None  # scarcity by kind id, until U or D change
         self._cost_list: list[float] | None = None  # the same as a list
+        self._cost_kept: FloatArray | None = None  # the log parts alone
         self.untouched = 0  # U
 
     def rebuild(self, state: ClusterState) -> None:
@@ -66,13 +98,19 @@ class ScarcityTable:
         rows = np.flatnonzero((capacity > 0) & state.n_live & (state.n_free_units == capacity))
         if not len(rows):
             return
-        columns = (state.n_cpu_free[rows], state.n_mem_free[rows], capacity[rows])
+        columns = (
+            state.n_cpu_free[rows],
+            state.n_mem_free[rows],
+            capacity[rows],
+            _model_keys(state, rows),
+        )
         kinds, inverse, counts = np.unique(
             np.stack(columns, axis=1), axis=0, return_inverse=True, return_counts=True
         )
-        ids = np.array([self._id((int(c), int(m), int(g))) for c, m, g in kinds.tolist()])
+        ids = np.array([self._id((c, m, g, o)) for c, m, g, o in kinds.tolist()])
         self.row_kind[rows] = ids[inverse.reshape(-1)]
-        covered_by = (kinds[None, :, :] >= kinds[:, None, :]).all(axis=2)  # [kind, by kind]
+        same_model = kinds[None, :, 3] == kinds[:, None, 3]
+        covered_by = same_model & (kinds[None, :, :3] >= kinds[:, None, :3]).all(axis=2)
         covering = covered_by.astype(np.int64) @ counts
         for kind_id, count, d in zip(ids.tolist(), counts.tolist(), covering.tolist(), strict=True):
             self._count[kind_id] = count
@@ -104,7 +142,7 @@ class ScarcityTable:
         return found
 
     def _move(self, kind_id: int, delta: int) -> None:
-        self._cost = self._cost_list = None  # U changed, so every ln(U / D) did
+        self._cost = self._cost_list = self._cost_kept = None  # U changed: every kind's did
         self.untouched += delta
         kind = self.kinds[kind_id]
         if kind_id not in self._count:  # new to the table: count the nodes that cover it
@@ -119,17 +157,21 @@ class ScarcityTable:
         if self._count[kind_id] == 0:
             del self._count[kind_id], self._covering[kind_id]
 
-    def _costs_by_kind(self) -> FloatArray:
-        cost = self._cost
+    def _costs_by_kind(self, *, opened: bool = True) -> FloatArray:
+        cost = self._cost if opened else self._cost_kept
         if cost is None:
-            cost = self._cost = np.zeros(len(self.kinds) + 1)  # the last one for NOT_UNTOUCHED
+            cost = np.zeros(len(self.kinds) + 1)  # the last one for NOT_UNTOUCHED
             for kind_id, covering in self._covering.items():
-                cost[kind_id] = math.log(self.untouched / covering)
+                cost[kind_id] = scarcity(self.untouched, covering, opened=opened)
+            if opened:
+                self._cost = cost
+            else:
+                self._cost_kept = cost
         return cost
 
-    def costs(self, rows: IntArray) -> FloatArray:
-        """Per row: its kind's scarcity ln(U / D) when untouched, else 0."""
-        result: FloatArray = self._costs_by_kind()[self.row_kind[rows]]
+    def costs(self, rows: IntArray, *, opened: bool = True) -> FloatArray:
+        """Per row: its kind's ``scarcity`` when untouched, else 0."""
+        result: FloatArray = self._costs_by_kind(opened=opened)[self.row_kind[rows]]
         return result
 
     def cost_of_kind(self, kind_id: int) -> float:
@@ -143,3 +185,14 @@ class ScarcityTable:
     def covering(self) -> dict[Kind, int]:
         """D per kind with untouched nodes (for tests against a recount)."""
         return {self.kinds[k]: d for k, d in self._covering.items()}
+
+
+def _model_keys(state: ClusterState, rows: IntArray) -> IntArray:
+    """``model_key`` of each row, in one pass: nodes whose GPUs are one model (nearly all)
+    take the first GPU's model; the others are keyed one by one."""
+    mismatch = state.g_model != state.g_model[state.n_first[state.g_node]]
+    mixed = np.bincount(state.g_node[mismatch], minlength=len(state.n_first)) > 0
+    keys: IntArray = state.g_model[state.n_first[rows]].copy()
+    for k in np.flatnonzero(mixed[rows]).tolist():
+        keys[k] = model_key(state, int(rows[k]))
+    return keys

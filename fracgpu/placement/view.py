@@ -68,7 +68,7 @@ class ClusterView:
         self._fgd_workload = WorkloadModel(
             half_life=FGD_HALF_LIFE, max_shapes=FGD_MAX_SHAPES, keep_wide=False
         )
-        self._fgd = FragmentationIndex(stranding=False, whole_node_penalty=0.0)
+        self._fgd = FragmentationIndex(stranding=False, whole_node_penalty=0.0, model_rarity=0.0)
         self._fgd_seen = 0
         self._fgd_fixed = False  # set_fgd_workload was called: observe leaves it alone
         for node in nodes:

@@ -1,24 +1,36 @@
 """The fragmentation index recounts changed nodes lazily, in one pass: its sums must equal an
 index built from scratch over the same state."""
 
+import dataclasses
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fracgpu.model import GPUAllocation
+from fracgpu.model import WHOLE_CARD, GPUAllocation
+from fracgpu.placement import ClusterView, Constraints, Placement, PodDemand, Policy
 from fracgpu.placement.candidates import CandidateFinder
 from fracgpu.placement.fragmentation import (
+    MODEL_RARITY_GPUS,
     SCARCE_NODE_GPUS,
     WHOLE_NODE_PENALTY,
     FragmentationIndex,
 )
-from fracgpu.placement.scarcity import MAX_DEAD_KINDS, ScarcityTable, covers, kind_of
+from fracgpu.placement.scarcity import (
+    LAST_FEW,
+    MAX_DEAD_KINDS,
+    ScarcityTable,
+    covers,
+    kind_of,
+    scarcity,
+)
 from fracgpu.placement.state import ClusterState
 from fracgpu.placement.workload import WorkloadModel, shape_of
-from tests.placement.helpers import node, share
+from tests.placement.helpers import container, node, share
 
+MODELS = ("Tesla T4", "NVIDIA A100")
 SHAPES = [share(10, 1024), share(50, 8192, cpu_milli=4000), share(100, 0, gpus=2)]
 
 
@@ -73,9 +85,9 @@ def test_lazy_recount_equals_a_fresh_index(
 def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     """A one-GPU share scored on every GPU: candidates on untouched nodes lose
     WHOLE_NODE_PENALTY x (frequency of multi-GPU shapes) GPUs more than without the
-    penalty, plus SCARCE_NODE_GPUS x ln(U / D) for the node's kind (U untouched nodes, D of
-    them with at least its GPUs: CPU and memory are alike here); those on a node already in
-    use lose the same."""
+    penalty, plus SCARCE_NODE_GPUS x (ln(U / D) + LAST_FEW / D) for the node's kind (U
+    untouched nodes, D of them with at least its GPUs: CPU, memory and model are alike here);
+    those on a node already in use lose the same."""
     state, index = counted(8)
     state.apply("n1", [GPUAllocation("n1-gpu0", 10, 0)], 0, 0, sign=1)  # n1 is in use
     plain = FragmentationIndex(whole_node_penalty=0.0)
@@ -93,9 +105,9 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     untouched_gpus = [i % 4 for i in range(8) if i % 4 > 0 and f"n{i}" != "n1"]
     gpus = np.array([state.n_count[r] for r in cands.rows[~used]])
     hosts = np.array([sum(1 for g in untouched_gpus if g >= n) for n in gpus])
-    scarcity = np.log(len(untouched_gpus) / hosts)
-    assert scarcity.max() > 0  # the 3-GPU nodes are scarcer than the 1-GPU ones
-    expected = (WHOLE_NODE_PENALTY * wide + SCARCE_NODE_GPUS * scarcity) * state.gpu_units
+    scarce = np.log(len(untouched_gpus) / hosts) + LAST_FEW / hosts
+    assert scarce.max() > scarce.min()  # the 3-GPU nodes are scarcer than the 1-GPU ones
+    expected = (WHOLE_NODE_PENALTY * wide + SCARCE_NODE_GPUS * scarce) * state.gpu_units
     assert np.allclose(extra[~used], expected)
 
 
@@ -120,9 +132,69 @@ def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
         assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
 
 
+def rare_model_cluster() -> ClusterState:
+    """Six T4 nodes and one A100 node, 4 GPUs each, each with a sliver taken (so no node is
+    untouched and the opening costs stay out)."""
+    state = ClusterState(100)
+    for i in range(6):
+        state.add_node(node(f"t{i}", 4, model="Tesla T4"), split_count=4)
+    state.add_node(node("a", 4, model="NVIDIA A100"), split_count=4)
+    for name in [f"t{i}" for i in range(6)] + ["a"]:
+        state.apply(name, [GPUAllocation(f"{name}-gpu0", 5, 0)], 0, 0, sign=1)
+    return state
+
+
+@pytest.mark.parametrize("limited_share", [0.0, 0.25, 0.5])
+def test_a_gpu_of_a_rare_model_costs_as_much_as_pods_ask_for_models(limited_share: float) -> None:
+    """Taking a GPU costs MODEL_RARITY_GPUS x (frequency of the shapes limited to models) x
+    units taken x ln(live GPUs / live GPUs of its model), on top of the usable capacity lost:
+    28 GPUs, 4 of them A100, so an A100 costs ln 7 and a T4 ln(7 / 6). Without pods limited
+    to models it costs nothing."""
+    state = rare_model_cluster()
+    anywhere = shape_of(share(100, 0))
+    on_a100 = shape_of(share(100, 0, constraints=Constraints(include_models=("A100",))))
+    assert anywhere is not None and on_a100 is not None
+    typical = [(anywhere, 1.0 - limited_share)] + (
+        [(on_a100, limited_share)] if limited_share else []
+    )
+    with_rarity, without = FragmentationIndex(), FragmentationIndex(model_rarity=0.0)
+    for index in (with_rarity, without):
+        index.set_workload(typical, state)
+    cands = CandidateFinder(state).find(share(100, 0))
+    extra = with_rarity.loss(state, cands, 0, 0) - without.loss(state, cands, 0, 0)
+    on_a = np.array([state.node_names[r] == "a" for r in cands.rows])
+    scale = MODEL_RARITY_GPUS * limited_share * 100
+    assert np.allclose(extra[on_a], scale * math.log(28 / 4))
+    assert np.allclose(extra[~on_a], scale * math.log(28 / 24))
+
+
+def test_pods_that_could_run_anywhere_leave_a_rare_model_alone() -> None:
+    """A quarter of the pods ask for a T4; none has asked for the A100 yet. A pod that could
+    run anywhere loses the same usable capacity on the A100 node (listed first, so it wins
+    the tie) and on a V100 node; with pods asking for models it takes the V100, leaving the
+    one A100 node to pods that may ask for it."""
+    nodes = [node("a", 4, model="NVIDIA A100", cpu_milli=64000)]
+    nodes += [node(f"v{i}", 4, model="Tesla V100", cpu_milli=64000) for i in range(6)]
+    nodes += [node(f"t{i}", 4, model="Tesla T4", cpu_milli=64000) for i in range(6)]
+    view = ClusterView(nodes)
+    anywhere = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=16000)
+    on_t4 = PodDemand(
+        (container("main", 100, WHOLE_CARD),),
+        cpu_milli=16000,
+        constraints=Constraints(include_models=("T4",)),
+    )
+    for inventory in nodes:  # a sliver everywhere: no node is untouched
+        view.allocate(inventory.name, [GPUAllocation(f"{inventory.name}-gpu0", 5, 0)])
+    for i in range(40):
+        view.observe(on_t4 if i % 4 == 0 else anywhere)
+    result = view.place(anywhere, Policy.FRAGMENTATION)
+    assert isinstance(result, Placement)
+    assert result.node.startswith("v")
+
+
 def test_scarcity_ranks_untouched_nodes_by_what_they_could_host() -> None:
     """Untouched nodes differing in free CPU only: D is the number at least as big, so
-    scarcity is ln(U / rank from the top); a node in use scores 0."""
+    scarcity is ln(U / rank from the top) + LAST_FEW / rank; a node in use scores 0."""
     nodes = 40
     state = ClusterState(100)
     for i in range(nodes):
@@ -130,13 +202,47 @@ def test_scarcity_ranks_untouched_nodes_by_what_they_could_host() -> None:
     state.apply("n0", [GPUAllocation("n0-gpu0", 10, 0)], 0, 0, sign=1)
     table = ScarcityTable()
     table.rebuild(state)
-    scarcity = table.costs(np.arange(nodes))
-    assert scarcity[0] == 0.0
+    costs = table.costs(np.arange(nodes))
+    assert costs[0] == 0.0
     at_least = np.arange(nodes - 1, 0, -1)  # n1 is matched by every untouched node
-    assert np.allclose(scarcity[1:], np.log((nodes - 1) / at_least))
+    assert np.allclose(costs[1:], np.log((nodes - 1) / at_least) + LAST_FEW / at_least)
 
 
-def recount(state: ClusterState) -> dict[tuple[int, int, int], int]:
+def test_a_rare_model_is_scarce_whatever_bigger_nodes_of_other_models_there_are() -> None:
+    """Three small A100 nodes among twenty bigger T4 ones: a pod limited to A100 can use no
+    T4, so the A100 nodes' D is 3, not 23, and each costs more to open than a T4 node. Each
+    T4 node is covered only by the T4 nodes."""
+    state = ClusterState(100)
+    for i in range(20):
+        state.add_node(node(f"t{i}", 8, cpu_milli=96000, model="Tesla T4"), split_count=4)
+    for i in range(3):
+        state.add_node(node(f"a{i}", 4, cpu_milli=32000, model="NVIDIA A100"), split_count=4)
+    table = ScarcityTable()
+    table.rebuild(state)
+    costs = table.costs(np.arange(23))
+    assert np.allclose(costs[:20], math.log(23 / 20) + LAST_FEW / 20)
+    assert np.allclose(costs[20:], math.log(23 / 3) + LAST_FEW / 3)
+    assert sorted(table.covering().values()) == [3, 20]
+
+
+def test_a_node_of_mixed_models_is_a_kind_of_its_own() -> None:
+    """A node with a T4 and an A100 hosts neither an all-T4 pod of 2 GPUs nor an all-A100
+    one: no single-model node covers it and it covers none."""
+    state = ClusterState(100)
+    state.add_node(node("t", 2, model="Tesla T4"), split_count=4)
+    mixed = node("m", 2, model="Tesla T4")
+    devices = (mixed.devices[0], dataclasses.replace(mixed.devices[1], model="NVIDIA A100"))
+    state.add_node(dataclasses.replace(mixed, devices=devices), split_count=4)
+    table = ScarcityTable()
+    table.rebuild(state)
+    kinds = [kind_of(state, row) for row in range(2)]
+    assert kinds[0] is not None and kinds[1] is not None
+    assert kinds[0][3] != kinds[1][3]
+    assert not covers(kinds[0], kinds[1]) and not covers(kinds[1], kinds[0])
+    assert table.covering() == recount(state) == {kinds[0]: 1, kinds[1]: 1}
+
+
+def recount(state: ClusterState) -> dict[tuple[int, int, int, int], int]:
     """D per kind of untouched node, counted from scratch over every pair of nodes."""
     kinds = [k for k in (kind_of(state, row) for row in range(len(state.n_first))) if k]
     return {k: sum(1 for other in kinds if covers(other, k)) for k in kinds}
@@ -144,7 +250,11 @@ def recount(state: ClusterState) -> dict[tuple[int, int, int], int]:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=10),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 4), st.sampled_from(MODELS)),
+        min_size=1,
+        max_size=10,
+    ),
     st.lists(
         st.tuples(
             st.integers(0, 9),
@@ -157,14 +267,14 @@ def recount(state: ClusterState) -> dict[tuple[int, int, int], int]:
     ),
 )
 def test_the_scarcity_table_equals_a_recount(
-    shapes: list[tuple[int, int]], changes: list[tuple[int, int, int, int, bool]]
+    shapes: list[tuple[int, int, str]], changes: list[tuple[int, int, int, int, bool]]
 ) -> None:
     """Pods come and go (GPU shares, CPU-only pods, whole nodes freed): after each change the
     table kept row by row, and one rebuilt from scratch, hold the untouched nodes and, per
     kind, the D a recount over every pair of untouched nodes gives; ln(U / D) follows."""
     state = ClusterState(100)
-    for i, (gpus, cpus) in enumerate(shapes):
-        state.add_node(node(f"n{i}", gpus, cpu_milli=8000 * cpus), split_count=4)
+    for i, (gpus, cpus, model) in enumerate(shapes):
+        state.add_node(node(f"n{i}", gpus, cpu_milli=8000 * cpus, model=model), split_count=4)
     table = ScarcityTable()
     table.rebuild(state)
     held: list[tuple[str, list[GPUAllocation], int]] = []
@@ -191,7 +301,7 @@ def test_the_scarcity_table_equals_a_recount(
         assert table.untouched == sum(1 for r in range(len(state.n_first)) if kind_of(state, r))
         rows = np.arange(len(state.n_first))
         wanted = [
-            math.log(table.untouched / expected[k]) if (k := kind_of(state, r)) else 0.0
+            scarcity(table.untouched, expected[k]) if (k := kind_of(state, r)) else 0.0
             for r in range(len(rows))
         ]
         assert np.allclose(table.costs(rows), wanted)
