@@ -4,10 +4,13 @@ A node is *untouched* when none of its GPUs' compute is in use (its live GPUs' f
 is all of it); its *kind* is (free CPU, free memory, GPU compute, GPU model). For an
 untouched node of kind k, D(k) counts the untouched nodes that could host whatever it could
 (the same model, and free CPU, free memory and GPU compute each at least k's; k's own nodes
-included) and U all untouched nodes. Its scarcity is ln(U / D(k)) + LAST_FEW / D(k): the
-log ranks kinds by how rare they are among untouched nodes (0 for the smallest common kind);
-the second part makes the last few nodes of a kind dear whatever U is, as those are what a
-pod needing that kind whole (all of a node, or a model few nodes have) waits for.
+included) and U all untouched nodes. Its scarcity is ln(U / D(k)) + LAST_FEW x (1 / D(k) -
+1 / U): the log ranks kinds by how rare they are among untouched nodes; the second part makes
+the last few nodes of a kind dear, as those are what a pod needing that kind whole (all of a
+node, or a model few nodes have) waits for. Both are 0 for a kind every untouched node
+covers: in a small cluster, or one of alike nodes, opening the commonest kind costs nothing
+(with LAST_FEW / D alone, the one untouched node of a two-node cluster cost 6 GPUs to open,
+and a pod packed onto the other node's GPU rather than open it).
 
 The model is part of the kind because a pod limited to a model can use no other: before it
 was, a node of a rare model counted as covered by the many bigger nodes of other models, and
@@ -67,7 +70,7 @@ def scarcity(untouched: int, covering: int, *, opened: bool = True) -> float:
     ``opened``, the log part only (a pod without GPUs leaves the node in the table: see
     ``FragmentationIndex.scarcity_cost``)."""
     log_part = math.log(untouched / covering)
-    return log_part + LAST_FEW / covering if opened else log_part
+    return log_part + LAST_FEW * (1 / covering - 1 / untouched) if opened else log_part
 
 
 class ScarcityTable:

@@ -85,7 +85,7 @@ def test_lazy_recount_equals_a_fresh_index(
 def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     """A one-GPU share scored on every GPU: candidates on untouched nodes lose
     WHOLE_NODE_PENALTY x (frequency of multi-GPU shapes) GPUs more than without the
-    penalty, plus SCARCE_NODE_GPUS x (ln(U / D) + LAST_FEW / D) for the node's kind (U
+    penalty, plus SCARCE_NODE_GPUS x (ln(U / D) + LAST_FEW x (1 / D - 1 / U)) for its kind (U
     untouched nodes, D of them with at least its GPUs: CPU, memory and model are alike here);
     those on a node already in use lose the same."""
     state, index = counted(8)
@@ -105,7 +105,8 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     untouched_gpus = [i % 4 for i in range(8) if i % 4 > 0 and f"n{i}" != "n1"]
     gpus = np.array([state.n_count[r] for r in cands.rows[~used]])
     hosts = np.array([sum(1 for g in untouched_gpus if g >= n) for n in gpus])
-    scarce = np.log(len(untouched_gpus) / hosts) + LAST_FEW / hosts
+    u = len(untouched_gpus)
+    scarce = np.log(u / hosts) + LAST_FEW * (1 / hosts - 1 / u)
     assert scarce.max() > scarce.min()  # the 3-GPU nodes are scarcer than the 1-GPU ones
     expected = (WHOLE_NODE_PENALTY * wide + SCARCE_NODE_GPUS * scarce) * state.gpu_units
     assert np.allclose(extra[~used], expected)
@@ -194,7 +195,8 @@ def test_pods_that_could_run_anywhere_leave_a_rare_model_alone() -> None:
 
 def test_scarcity_ranks_untouched_nodes_by_what_they_could_host() -> None:
     """Untouched nodes differing in free CPU only: D is the number at least as big, so
-    scarcity is ln(U / rank from the top) + LAST_FEW / rank; a node in use scores 0."""
+    scarcity is ln(U / rank) + LAST_FEW x (1 / rank - 1 / U), rank counted from the top; a
+    node in use scores 0."""
     nodes = 40
     state = ClusterState(100)
     for i in range(nodes):
@@ -205,7 +207,8 @@ def test_scarcity_ranks_untouched_nodes_by_what_they_could_host() -> None:
     costs = table.costs(np.arange(nodes))
     assert costs[0] == 0.0
     at_least = np.arange(nodes - 1, 0, -1)  # n1 is matched by every untouched node
-    assert np.allclose(costs[1:], np.log((nodes - 1) / at_least) + LAST_FEW / at_least)
+    u = nodes - 1
+    assert np.allclose(costs[1:], np.log(u / at_least) + LAST_FEW * (1 / at_least - 1 / u))
 
 
 def test_a_rare_model_is_scarce_whatever_bigger_nodes_of_other_models_there_are() -> None:
@@ -220,9 +223,26 @@ def test_a_rare_model_is_scarce_whatever_bigger_nodes_of_other_models_there_are(
     table = ScarcityTable()
     table.rebuild(state)
     costs = table.costs(np.arange(23))
-    assert np.allclose(costs[:20], math.log(23 / 20) + LAST_FEW / 20)
-    assert np.allclose(costs[20:], math.log(23 / 3) + LAST_FEW / 3)
+    assert np.allclose(costs[:20], math.log(23 / 20) + LAST_FEW * (1 / 20 - 1 / 23))
+    assert np.allclose(costs[20:], math.log(23 / 3) + LAST_FEW * (1 / 3 - 1 / 23))
     assert sorted(table.covering().values()) == [3, 20]
+
+
+def test_in_a_small_cluster_the_commonest_kind_costs_nothing_to_open() -> None:
+    """Two nodes, one in use: the other is the only untouched node, so every untouched node
+    covers its kind (D = U = 1) and opening it costs nothing (LAST_FEW / D alone made it 6
+    GPUs, and pods packed onto the node in use rather than open it). With a second, smaller
+    untouched node, the bigger one is the scarcer."""
+    state = ClusterState(100)
+    state.add_node(node("used", 1, cpu_milli=8000), split_count=4)
+    state.add_node(node("big", 2, cpu_milli=32000), split_count=4)
+    state.apply("used", [GPUAllocation("used-gpu0", 10, 0)], 0, 0, sign=1)
+    table = ScarcityTable()
+    table.rebuild(state)
+    assert table.costs(np.arange(2)).tolist() == [0.0, 0.0]
+    state.add_node(node("small", 1, cpu_milli=8000), split_count=4)
+    table.rebuild(state)
+    assert np.allclose(table.costs(np.arange(3)), [0.0, math.log(2) + LAST_FEW / 2, 0.0])
 
 
 def test_a_node_of_mixed_models_is_a_kind_of_its_own() -> None:
