@@ -42,12 +42,15 @@ NOT_UNTOUCHED = -1
 MAX_DEAD_KINDS = 256
 
 
-def kind_of(state: ClusterState, row: int) -> Kind | None:
-    """Node ``row``'s kind when it is untouched (it has live GPUs, all free), else None."""
+def kind_of(state: ClusterState, row: int, model: int | None = None) -> Kind | None:
+    """Node ``row``'s kind when it is untouched (it has live GPUs, all free), else None;
+    ``model``: its ``model_key`` when already known."""
     capacity = int(state.n_unit_capacity[row])
     if capacity <= 0 or not state.n_live[row] or int(state.n_free_units[row]) != capacity:
         return None
-    return (int(state.n_cpu_free[row]), int(state.n_mem_free[row]), capacity, model_key(state, row))
+    if model is None:
+        model = model_key(state, row)
+    return (int(state.n_cpu_free[row]), int(state.n_mem_free[row]), capacity, model)
 
 
 def model_key(state: ClusterState, row: int) -> int:
@@ -86,6 +89,7 @@ class ScarcityTable:
         self._id_of: dict[Kind, int] = {}
         self.kinds: list[Kind] = []  # by kind id; ids are not reused until a rebuild
         self.row_kind: IntArray = np.full(rows, NOT_UNTOUCHED, np.int64)
+        self._row_model: IntArray = np.zeros(rows, np.int64)  # model_key per row
         self._count: dict[int, int] = {}  # kind id -> untouched nodes, kinds with any
         self._covering: dict[int, int] = {}  # kind id -> D, for the same kinds
         self._cost: FloatArray | None = None  # scarcity by kind id, until U or D change
@@ -97,6 +101,9 @@ class ScarcityTable:
         """From scratch, over every node (after a topology change): grouped with numpy, not
         row by row, as this runs in the decision after a node joins or leaves."""
         self._reset(len(state.n_first))
+        # A node's models change only with the topology: keyed once here, read per update.
+        with_gpus = np.flatnonzero(state.n_count > 0)
+        self._row_model[with_gpus] = _model_keys(state, with_gpus)
         capacity = state.n_unit_capacity
         rows = np.flatnonzero((capacity > 0) & state.n_live & (state.n_free_units == capacity))
         if not len(rows):
@@ -105,7 +112,7 @@ class ScarcityTable:
             state.n_cpu_free[rows],
             state.n_mem_free[rows],
             capacity[rows],
-            _model_keys(state, rows),
+            self._row_model[rows],
         )
         kinds, inverse, counts = np.unique(
             np.stack(columns, axis=1), axis=0, return_inverse=True, return_counts=True
@@ -122,7 +129,7 @@ class ScarcityTable:
 
     def update_row(self, state: ClusterState, row: int) -> None:
         """Node ``row``'s state changed: move it between kinds, or in or out of the table."""
-        kind = kind_of(state, row)
+        kind = kind_of(state, row, int(self._row_model[row]))
         new = NOT_UNTOUCHED if kind is None else self._id(kind)
         old = int(self.row_kind[row])
         if new == old:
