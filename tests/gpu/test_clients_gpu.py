@@ -1,0 +1,164 @@
+"""CUDA clients written by others, on the real driver under the shim: each sees its slice
+as the GPU's memory, gets CUDA's out-of-memory error past it, and computes correctly
+inside it. The memory programs are the ones run on the fake driver (tests/shim) and in
+tier pods (tests/node); the kernels here are real ones, compiled on the machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.shim.test_clients import (
+    CUDA_BINDINGS_MEMORY,
+    CUDA_CORE_MEMORY,
+    NUMBA,
+    cuda_bindings_memory_expected,
+    cuda_core_memory_expected,
+    numba_expected,
+)
+
+from .container import Container, GiB
+
+pytestmark = pytest.mark.gpu
+
+SLICE = 2 * GiB  # the box fixture's slice
+
+
+def needs(box: Container, module: str) -> None:
+    if not box.imports(module):
+        pytest.skip(f"no {module} in {box.gpu.python}")
+
+
+NUMBA_KERNEL = """
+import numpy as np
+# numba-cuda's compiler still names np.row_stack, which numpy 2.5 removed (seen on the GPU
+# machine's image); its own alias keeps the JIT usable there
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+from numba import cuda
+@cuda.jit
+def axpy(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+n = 1 << 22
+x = np.arange(n, dtype=np.float32)
+y = np.ones(n, dtype=np.float32)
+out = cuda.device_array(n, dtype=np.float32)
+axpy[(n + 255) // 256, 256](out, np.float32(2), cuda.to_device(x), cuda.to_device(y))
+print("axpy", bool(np.array_equal(out.copy_to_host(), 2 * x + y)))
+free, total = cuda.current_context().get_memory_info()
+print("used", total - free)
+"""
+
+
+def test_numba_cuda_sees_the_slice_and_runs_out_of_memory_past_it(box: Container) -> None:
+    needs(box, "numba.cuda")
+    assert box.lines(NUMBA) == numba_expected(SLICE)
+
+
+def test_numba_cuda_jit_kernel_computes_inside_the_slice(box: Container) -> None:
+    needs(box, "numba.cuda")
+    status, output = box.run(NUMBA_KERNEL, preload=False)
+    if status != 0:
+        pytest.skip(f"numba's JIT fails without the shim too: {output.splitlines()[-1]}")
+    # three arrays of 16 MiB: the slice counts exactly what the program allocated
+    assert box.lines(NUMBA_KERNEL) == ["axpy True", f"used {3 * (4 << 22)}"]
+
+
+CUDA_CORE_KERNEL = """
+import numpy as np
+from cuda.bindings import driver
+from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
+dev = Device(0)
+dev.set_current()
+stream = dev.create_stream()
+source = '''
+extern "C" __global__ void fill(unsigned *p, unsigned v, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v + (unsigned)i;
+}'''
+program = Program(source, code_type="c++", options=ProgramOptions(arch=f"sm_{dev.arch}"))
+kernel = program.compile("cubin").get_kernel("fill")
+n = 1 << 20
+buf = dev.memory_resource.allocate(4 * n, stream=stream)
+launch(stream, LaunchConfig(grid=(n + 255) // 256, block=256), kernel, buf, np.uint32(7),
+       np.uint64(n))
+host = np.zeros(n, np.uint32)
+stream.sync()
+driver.cuMemcpyDtoH(host.ctypes.data, int(buf.handle), 4 * n)
+print("fill", bool((host == 7 + np.arange(n, dtype=np.uint32)).all()))
+"""
+
+
+def test_cuda_core_sees_the_slice_and_runs_a_compiled_kernel(box: Container) -> None:
+    needs(box, "cuda.core")
+    assert box.lines(CUDA_CORE_MEMORY) == cuda_core_memory_expected(SLICE)
+    assert box.lines(CUDA_CORE_KERNEL) == ["fill True"]
+
+
+def test_cuda_bindings_and_pynvml_see_the_slice(box: Container) -> None:
+    needs(box, "cuda.bindings")
+    needs(box, "pynvml")
+    assert box.lines(CUDA_BINDINGS_MEMORY) == cuda_bindings_memory_expected(SLICE)
+
+
+CUPY = """
+import cupy as cp
+import numpy as np
+free, total = cp.cuda.runtime.memGetInfo()
+print("info", free, total)
+def alloc(n):
+    try:
+        return cp.empty(n, dtype=cp.uint8), "ok"
+    except cp.cuda.memory.OutOfMemoryError:
+        return None, "oom"
+print("over", alloc(total + 1)[1])
+a, ra = alloc(total // 2)
+print("half", ra)
+print("more", alloc(total // 2 + (1 << 20))[1])
+del a
+cp.get_default_memory_pool().free_all_blocks()
+rng = np.random.default_rng(3)
+x = rng.standard_normal((1024, 1024), dtype=np.float32)
+y = rng.standard_normal((1024, 1024), dtype=np.float32)
+product = cp.asnumpy(cp.asarray(x) @ cp.asarray(y))
+print("matmul", bool(np.allclose(product, x @ y, rtol=1e-3, atol=1e-3)))
+"""
+
+
+def test_cupy_sees_the_slice_runs_out_of_memory_past_it_and_multiplies(box: Container) -> None:
+    needs(box, "cupy")
+    assert box.lines(CUPY) == [
+        f"info {SLICE} {SLICE}",
+        "over oom",
+        "half ok",
+        "more oom",
+        "matmul True",
+    ]
+
+
+JAX = """
+import json
+import jax
+import jax.numpy as jnp
+device = jax.devices("gpu")[0]
+limit = device.memory_stats()["bytes_limit"]
+x = jnp.arange(1 << 10, dtype=jnp.float32)
+total = float(jnp.sum(x * 2))
+try:
+    jnp.zeros(({slice_bytes} // 4,), dtype=jnp.float32).block_until_ready()
+    whole = "ok"
+except Exception as e:  # XlaRuntimeError: RESOURCE_EXHAUSTED
+    whole = "RESOURCE_EXHAUSTED" if "RESOURCE_EXHAUSTED" in str(e) else repr(e)
+print(json.dumps({{"limit": limit, "sum": total, "whole": whole}}))
+"""
+
+
+def test_jax_preallocates_from_the_slice_not_the_gpu(box: Container) -> None:
+    needs(box, "jax")
+    got = box.result(JAX.format(slice_bytes=SLICE))
+    # XLA takes 75 % of the memory the driver reports free: the slice's, not the GPU's
+    limit = got["limit"]
+    assert isinstance(limit, int) and 0.70 * SLICE <= limit <= 0.76 * SLICE, got
+    assert got["sum"] == float((1 << 10) * ((1 << 10) - 1))
+    assert got["whole"] == "RESOURCE_EXHAUSTED", got
