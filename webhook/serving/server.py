@@ -165,24 +165,7 @@ def _admission_handler(
             verdict = responses.errored(
                 f"fracgpu webhook failed on request {review.uid}; the error is in its log"
             )
-        metrics.admission(endpoint, verdict.outcome.value, time.perf_counter() - started)
-        log.info(
-            "%s uid=%s %s %s/%s user=%s dryRun=%s -> %s %s",
-            endpoint,
-            review.uid,
-            review.operation,
-            review.namespace,
-            review.name,
-            review.username,
-            review.dry_run,
-            verdict.outcome.value,
-            verdict.message,
-        )
-        # orjson: the answer is encoded several times faster than by json_response's json.
-        return web.Response(
-            body=orjson.dumps(responses.to_review(review.uid, verdict)),
-            content_type="application/json",
-        )
+        return _answer(metrics, endpoint, started, review, verdict)
 
     return handle
 
@@ -219,18 +202,35 @@ async def _screened(
     review = screened.request
     assert review is not None
     verdict = await app[ADMISSION].refuse(review, screened.problem)
+    return _answer(metrics, endpoint, started, review, verdict, screened=True)
+
+
+def _answer(
+    metrics: Metrics,
+    endpoint: str,
+    started: float,
+    review: AdmissionRequest,
+    verdict: responses.Verdict,
+    *,
+    screened: bool = False,
+) -> web.Response:
+    """One place for how a decided review is counted, logged and answered: a review
+    answered from its screening alone says so in its log line (and has no dryRun there)."""
     metrics.admission(endpoint, verdict.outcome.value, time.perf_counter() - started)
     log.info(
-        "%s uid=%s %s %s/%s user=%s -> %s %s (screened)",
+        "%s uid=%s %s %s/%s user=%s%s -> %s %s%s",
         endpoint,
         review.uid,
         review.operation,
         review.namespace,
         review.name,
         review.username,
+        "" if screened else f" dryRun={review.dry_run}",
         verdict.outcome.value,
         verdict.message,
+        " (screened)" if screened else "",
     )
+    # orjson: the answer is encoded several times faster than by json_response's json.
     return web.Response(
         body=orjson.dumps(responses.to_review(review.uid, verdict)),
         content_type="application/json",
