@@ -32,15 +32,33 @@ class Command:
     projected: bool = False  # `files` only
 
 
+def _variable(name: str) -> str:
+    """The environment variable behind flag `--name`, without ENV_PREFIX."""
+    return name.upper().replace("-", "_")
+
+
 def _flag(
     parser: argparse.ArgumentParser, env: Mapping[str, str], name: str, help_text: str
 ) -> None:
-    variable = ENV_PREFIX + name.upper().replace("-", "_")
+    variable = ENV_PREFIX + _variable(name)
     # argparse formats help with %: a literal one (30%) must be doubled.
     parser.add_argument(
         f"--{name}",
         default=env.get(variable),
         help=f"{help_text} (env {variable})".replace("%", "%%"),
+    )
+
+
+def _switch(
+    parser: argparse.ArgumentParser, env: Mapping[str, str], name: str, help_text: str
+) -> None:
+    """One place for an on/off flag whose default comes from its environment variable."""
+    variable = _variable(name)
+    parser.add_argument(
+        f"--{name}",
+        action="store_true",
+        default=_env_bool(env, variable),
+        help=f"{help_text} (env {ENV_PREFIX}{variable})",
     )
 
 
@@ -86,18 +104,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     for name, help_text in flags:
         _flag(common, env, name, help_text)
-    common.add_argument(
-        "--in-cluster",
-        action="store_true",
-        default=_env_bool(env, "IN_CLUSTER"),
-        help=f"use the Pod's service account (env {ENV_PREFIX}IN_CLUSTER)",
-    )
-    common.add_argument(
-        "--cert-manager",
-        action="store_true",
-        default=_env_bool(env, "CERT_MANAGER"),
-        help="cert-manager issues the certificate and injects the caBundle: do nothing "
-        f"(see docs/certificates.md) (env {ENV_PREFIX}CERT_MANAGER)",
+    _switch(common, env, "in-cluster", "use the Pod's service account")
+    _switch(
+        common,
+        env,
+        "cert-manager",
+        "cert-manager issues the certificate and injects the caBundle: do nothing "
+        "(see docs/certificates.md)",
     )
     parser = argparse.ArgumentParser(
         prog="fracgpu-certs",
