@@ -5,9 +5,10 @@ Keeping a few fields per object bounds the webhook's memory by object count, not
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from fracgpu import codec, names
 from fracgpu.errors import FracgpuError
@@ -29,6 +30,7 @@ Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 MIB = 2**20
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -108,32 +110,14 @@ def pod_record(obj: Obj) -> PodRecord | None:
     meta = obj.get("metadata", {})
     spec = obj.get("spec", {})
     annotations = meta.get("annotations") or {}
-    assignment = None
-    raw = annotations.get(names.ANNOTATION_ASSIGNMENT)
-    if raw is not None:
-        try:
-            assignment = codec.decode_assignment(raw)
-        except FracgpuError as error:
-            log.warning(
-                "pod %s/%s: ignoring bad assignment: %s",
-                meta.get("namespace"),
-                meta.get("name"),
-                error,
-            )
+    assignment = _annotation(
+        meta, annotations, names.ANNOTATION_ASSIGNMENT, "assignment", codec.decode_assignment
+    )
     node = spec.get("nodeName") or (assignment.node if assignment else "")
     cpu, memory = pod_cpu_memory(obj)
-    queued = None
-    raw_queued = annotations.get(names.ANNOTATION_QUEUED)
-    if raw_queued is not None:
-        try:
-            queued = queue_entry.decode(raw_queued)
-        except FracgpuError as error:
-            log.warning(
-                "pod %s/%s: ignoring bad queued entry: %s",
-                meta.get("namespace"),
-                meta.get("name"),
-                error,
-            )
+    queued = _annotation(
+        meta, annotations, names.ANNOTATION_QUEUED, "queued entry", queue_entry.decode
+    )
     return PodRecord(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -147,6 +131,23 @@ def pod_record(obj: Obj) -> PodRecord | None:
         queued=queued,
         uid=str(meta.get("uid", "")),
     )
+
+
+def _annotation(
+    meta: Obj, annotations: Obj, key: str, what: str, decode: Callable[[str], _T]
+) -> _T | None:
+    """One place for reading a pod's fracgpu annotation: None where it is absent, and where
+    it is unreadable too (logged), so that one bad pod never stops the watch cache."""
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    try:
+        return decode(raw)
+    except FracgpuError as error:
+        log.warning(
+            "pod %s/%s: ignoring bad %s: %s", meta.get("namespace"), meta.get("name"), what, error
+        )
+        return None
 
 
 def pod_cpu_memory(obj: Obj) -> tuple[int, int]:
