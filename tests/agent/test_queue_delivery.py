@@ -60,6 +60,18 @@ def add_queued(rig: AgentRig, *args: object, **kwargs: object) -> PodInfo:
     return info
 
 
+def add_two_of_one_size(rig: AgentRig) -> None:
+    """Queued q1 on GPU A and q2 on GPU B, one size, q2 bound a second later: the pair
+    whose allocations only the agent's guess tells apart."""
+    add_queued(rig, "q1", {"main": [GPUAllocation(GPU_A.uuid, 50, 4096)]})
+    add_queued(
+        rig,
+        "q2",
+        {"main": [GPUAllocation(GPU_B.uuid, 50, 4096)]},
+        scheduled_at="2026-11-27T10:00:01Z",
+    )
+
+
 def env_of(rig: AgentRig, ref: ContainerRef, resource: str, count: int) -> dict[str, str]:
     _, reply = rig.kubelet.allocate(ref, resource, count)
     return dict(reply.envs)
@@ -121,13 +133,7 @@ def test_the_api_cache_is_read_and_etcd_only_when_the_cache_lags(rig: AgentRig) 
 
 
 def test_two_queued_pods_of_one_size_each_get_their_own_gpu(rig: AgentRig) -> None:
-    add_queued(rig, "q1", {"main": [GPUAllocation(GPU_A.uuid, 50, 4096)]})
-    add_queued(
-        rig,
-        "q2",
-        {"main": [GPUAllocation(GPU_B.uuid, 50, 4096)]},
-        scheduled_at="2026-11-27T10:00:01Z",
-    )
+    add_two_of_one_size(rig)
     for name, gpu in (("q1", GPU_A), ("q2", GPU_B)):
         rig.kubelet.admit(NS, name, ["main"])  # one at a time, as kubelet admits
         ref = ContainerRef(NS, name, "main")
@@ -140,13 +146,7 @@ def test_a_pod_kubelet_refused_does_not_take_the_next_pods_gpu(rig: AgentRig) ->
     # kubelet took in and refused q1 (its Failed status not yet in the API), then admits
     # q2, bound after it: q2 is served, not the stale q1 (a tenant's refused pod cannot
     # take an innocent pod's allocation).
-    add_queued(rig, "q1", {"main": [GPUAllocation(GPU_A.uuid, 50, 4096)]})
-    add_queued(
-        rig,
-        "q2",
-        {"main": [GPUAllocation(GPU_B.uuid, 50, 4096)]},
-        scheduled_at="2026-11-27T10:00:01Z",
-    )
+    add_two_of_one_size(rig)
     rig.kubelet.admit(NS, "q1", ["main"])
     rig.kubelet.admit(NS, "q2", ["main"])
     ref = ContainerRef(NS, "q2", "main")
@@ -159,13 +159,7 @@ def test_a_wrong_guess_is_refused_at_start_not_run_on_the_other_pods_gpu(rig: Ag
     # Should the guess ever be wrong (here kubelet allocates for q1 while q2, bound later,
     # is listed and unserved, which kubelet's one-at-a-time admission does not do), the
     # start is refused: q1 must not start on q2's GPU B.
-    add_queued(rig, "q1", {"main": [GPUAllocation(GPU_A.uuid, 50, 4096)]})
-    add_queued(
-        rig,
-        "q2",
-        {"main": [GPUAllocation(GPU_B.uuid, 50, 4096)]},
-        scheduled_at="2026-11-27T10:00:01Z",
-    )
+    add_two_of_one_size(rig)
     rig.kubelet.admit(NS, "q1", ["main"])
     rig.kubelet.admit(NS, "q2", ["main"])
     ref = ContainerRef(NS, "q1", "main")
