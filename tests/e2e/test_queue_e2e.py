@@ -13,7 +13,6 @@ node is held against a stream of small pods.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,7 +27,8 @@ from .fixtures import NodeFactory
 from .harness import ControlPlane, E2EConfig
 from .harness.ports import free_port
 from .harness.resources import FRACGPU_GROUP, FRACGPU_VERSION, create_gpuquota
-from .scheduler_harness import fracgpu_scheduler, install_chart_scheduler_rbac, scheduler_binary
+from .queue_setup import new_gpu_node, scheduler_running
+from .scheduler_harness import install_chart_scheduler_rbac, scheduler_binary
 from .webhook_harness import Webhooks, running_webhooks
 
 pytestmark = pytest.mark.e2e
@@ -57,19 +57,10 @@ def queue_mode(
     ) as running:
         # As the chart runs it: the webhook's identity with the sidecar's RBAC, leader-elected.
         identity = "webhook" if install_chart_scheduler_rbac(kube_client) else "admin"
-        scheduler = fracgpu_scheduler(
-            binary,
-            work / "scheduler",
-            control_plane.kubeconfig(identity),
-            port,
-            {},
-            leader_elect=True,
-        )
-        scheduler.start()
-        try:
+        with scheduler_running(
+            binary, work, control_plane.kubeconfig(identity), port, leader_elect=True
+        ):
             yield running
-        finally:
-            scheduler.stop()
 
 
 class Pods:
@@ -157,6 +148,14 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_S)
         time.sleep(0.3)
 
 
+def full_node(nodes: NodeFactory, pods: Pods, prefix: str, *, gpus: int = 1) -> str:
+    """A new node whose every GPU a placed pod ("blocker") holds: the next GPU pod queues."""
+    node = new_gpu_node(nodes, prefix, gpus=gpus)
+    pods.create("blocker", {resource: str(int(whole) * gpus) for resource, whole in WHOLE.items()})
+    pods.placed_now("blocker")
+    return node
+
+
 def queued(pod: dict[str, Any]) -> bool:
     annotations = pod["metadata"].get("annotations") or {}
     return names.ANNOTATION_QUEUED in annotations and names.ANNOTATION_ASSIGNMENT not in annotations
@@ -183,11 +182,8 @@ def test_a_pod_that_does_not_fit_waits_with_reasons_then_binds_by_itself(
     namespace: str,
     pods: Pods,
 ) -> None:
-    node = f"qa-{uuid.uuid4().hex[:6]}"
-    nodes.gpu_node(node, gpus=1)
     create_gpuquota(kube_client, namespace, {"cores": 200})
-    pods.create("blocker", WHOLE)
-    pods.placed_now("blocker")
+    node = full_node(nodes, pods, "qa")
     waiter = pods.create("waiter", share(60))
     assert queued(waiter)
     assert waiter["spec"]["schedulerName"] == names.DEFAULT_SCHEDULER_NAME
@@ -241,8 +237,7 @@ def test_the_head_holds_its_node_against_a_stream_of_small_pods(
     namespace: str,
     pods: Pods,
 ) -> None:
-    node = f"qb-{uuid.uuid4().hex[:6]}"
-    nodes.gpu_node(node, gpus=1)
+    node = new_gpu_node(nodes, "qb", gpus=1)
     for name in ("small-1", "small-2"):
         pods.create(name, share(40))
         pods.placed_now(name)
@@ -270,11 +265,8 @@ def test_granted_priority_goes_first_then_arrival(
     namespace: str,
     pods: Pods,
 ) -> None:
-    node = f"qc-{uuid.uuid4().hex[:6]}"
-    nodes.gpu_node(node, gpus=1)
     create_gpuquota(kube_client, namespace, {"cores": 1000}, grants={"priority": "high"})
-    pods.create("blocker", WHOLE)
-    pods.placed_now("blocker")
+    node = full_node(nodes, pods, "qc")
     assert queued(pods.create("early", WHOLE))
     assert queued(pods.create("later", WHOLE))
     assert queued(pods.create("vip", WHOLE, {names.ANNOTATION_PRIORITY: "high"}))
@@ -297,10 +289,7 @@ def test_status_writes_are_bounded_one_event_per_waiting_pod(
 ) -> None:
     """Twelve pods wait through several status rounds (1 s apart here): each gets fracgpu's
     condition and exactly one Queued event, not one per round or per scheduling attempt."""
-    node = f"qd-{uuid.uuid4().hex[:6]}"
-    nodes.gpu_node(node, gpus=1)
-    pods.create("blocker", WHOLE)
-    pods.placed_now("blocker")
+    full_node(nodes, pods, "qd")
     waiting = [f"w{i:02d}" for i in range(12)]
     for name in waiting:
         assert queued(pods.create(name, share(60)))
@@ -323,12 +312,7 @@ def test_a_queued_entry_copied_onto_another_pod_never_places_it(
     """Within the admission window a tenant can copy a genuine sealed entry (and its
     reservation ID) onto a pod of their own; the copy is charged like any queued pod, and the
     two are never both placed: one reservation ID places one pod."""
-    node = f"qe-{uuid.uuid4().hex[:6]}"
-    nodes.gpu_node(node, gpus=2)
-    pods.create(
-        "blocker", {**WHOLE, "tencent.com/vcuda-core": "200", "tencent.com/vcuda-memory": "320"}
-    )
-    pods.placed_now("blocker")
+    node = full_node(nodes, pods, "qe", gpus=2)
     original = pods.create("original", share(60))
     assert queued(original)
     copied = {
@@ -379,13 +363,10 @@ def test_a_pod_placed_by_a_bind_whose_binding_failed_binds_where_it_was_placed(
     """The extender writes the assignment, then creates the Binding; when the Binding fails
     the pod keeps its assignment, and the next attempt binds it to that node (the filter
     offers that node only)."""
-    busy, free = (f"qf-{i}-{uuid.uuid4().hex[:6]}" for i in range(2))
-    nodes.gpu_node(busy, gpus=1)
-    pods.create("blocker", WHOLE)
-    blocker = pods.placed_now("blocker")
+    busy = full_node(nodes, pods, "qf-0")
     assert (
         codec.decode_assignment(
-            blocker["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT]
+            pods.get("blocker")["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT]
         ).node
         == busy
     )
@@ -401,7 +382,7 @@ def test_a_pod_placed_by_a_bind_whose_binding_failed_binds_where_it_was_placed(
     webhook_core = kubernetes.client.CoreV1Api(control_plane.api_client("webhook"))
     webhook_core.patch_namespaced_pod("waiter", namespace, {"metadata": bind_metadata(assignment)})
     # A node with room: placing the pod afresh would choose it (and the bind would refuse).
-    nodes.gpu_node(free, gpus=1)
+    new_gpu_node(nodes, "qf-1", gpus=1)
     bound = wait_for(
         lambda: (p := pods.get("waiter"))["spec"].get("nodeName") and p, "the waiter bound"
     )

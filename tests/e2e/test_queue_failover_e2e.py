@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ from .fixtures import NodeFactory
 from .harness import ControlPlane, E2EConfig
 from .harness.ports import free_port
 from .harness.resources import create_gpuquota
+from .queue_setup import new_gpu_node, scheduler_running
 from .scheduler_harness import fracgpu_scheduler, scheduler_binary
 from .webhook_harness import (
     FRACGPU_NAMESPACE,
@@ -113,7 +113,7 @@ def test_creates_during_a_leader_kill(
 ) -> None:
     binary = scheduler_binary(e2e_config) if mode == "queue" else None
     for n in range(2):
-        nodes.gpu_node(f"fo-{n}-{uuid.uuid4().hex[:6]}", gpus=8)
+        new_gpu_node(nodes, f"fo-{n}", gpus=8)
     create_gpuquota(kube_client, namespace, {"cores": 100_000})
     ports = [free_port(), free_port()]
     work = tmp_path_factory.mktemp(f"failover-{mode}")
@@ -141,15 +141,12 @@ def test_creates_during_a_leader_kill(
         survivor = next(r for r in running.replicas if r.process and r.process.poll() is None)
         wait_placing([survivor])
         assert binary is not None
-        scheduler = fracgpu_scheduler(
+        with scheduler_running(
             binary,
-            work / "scheduler",
+            work,
             control_plane.kubeconfig("admin"),
             ports[running.replicas.index(survivor)],
-            {},
-        )
-        scheduler.start()
-        try:
+        ):
             deadline = time.monotonic() + 120
             waiting = set(outcomes.queued)
             while waiting and time.monotonic() < deadline:
@@ -158,8 +155,6 @@ def test_creates_during_a_leader_kill(
                         waiting.discard(name)
                 time.sleep(1)
             assert not waiting, f"{len(waiting)} queued pods never bound: {sorted(waiting)[:5]}"
-        finally:
-            scheduler.stop()
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
 
 
@@ -178,8 +173,7 @@ def test_pods_queued_without_a_leader_are_let_in_to_quota_in_queue_order(
     pods are let in to quota in queue order: the first binds, the other two wait Pending with
     a quota reason. Queued past quota during a failover, never run past it."""
     binary = scheduler_binary(e2e_config)
-    node = f"lq-{uuid.uuid4().hex[:6]}"
-    nodes.gpu_node(node, gpus=4)
+    node = new_gpu_node(nodes, "lq", gpus=4)
     create_gpuquota(kube_client, namespace, {"cores": 100})
     coordination = kubernetes.client.CoordinationV1Api(kube_client)
     install_webhook_rbac(kube_client)
