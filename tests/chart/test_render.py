@@ -5,7 +5,6 @@ by each component's own settings loader, and the shared files are used as they a
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ from tests.chart import chartfiles
 from tests.chart.render import (
     Rendered,
     RenderError,
-    RendererUnavailableError,
     build_renderer,
     render,
 )
+from tests.chart.render_setup import renderer_or_skip
 from webhook import settings as webhook_settings
 
 HAMI = chartfiles.CHART_DIR / "values-hami.yaml"
@@ -72,12 +71,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="session")
 def renderer() -> Path:
-    try:
-        return build_renderer()
-    except RendererUnavailableError as error:
-        if os.environ.get("CI", "").lower() == "true":
-            raise
-        pytest.skip(str(error))
+    return renderer_or_skip()
 
 
 @pytest.fixture(scope="session")

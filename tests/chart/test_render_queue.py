@@ -4,7 +4,6 @@ only, with the built-in scheduler roles; off by default (immediate placement).""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,8 @@ import pytest
 import yaml
 
 from fracgpu import names
-from tests.chart.render import Rendered, RendererUnavailableError, build_renderer, render
+from tests.chart.render import Rendered, render
+from tests.chart.render_setup import renderer_or_skip
 from tests.e2e.scheduler_harness import scheduler_configuration
 
 QUEUE = {"webhook": {"queue": {"enabled": True}}}
@@ -20,12 +20,7 @@ QUEUE = {"webhook": {"queue": {"enabled": True}}}
 
 @pytest.fixture(scope="module")
 def renderer() -> Path:
-    try:
-        return build_renderer()
-    except RendererUnavailableError as error:
-        if os.environ.get("CI", "").lower() == "true":
-            raise
-        pytest.skip(str(error))
+    return renderer_or_skip()
 
 
 def deployment(rendered: Rendered) -> dict[str, Any]:
