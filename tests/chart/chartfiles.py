@@ -9,10 +9,12 @@ API (all return plain JSON-shaped dicts, ready for the kubernetes client):
 - ``webhook_configurations(url, ca_bundle, ...)`` -> ``(mutating, validating)``: the
   MutatingWebhookConfiguration and ValidatingWebhookConfiguration, reaching the webhook at
   ``url`` + ``/mutate`` / ``/validate``.
-- ``cluster_rules(component)`` / ``namespace_rules(component)``: the PolicyRules of
-  ``"webhook"``, ``"agent"`` or ``"certs"`` (ClusterRole and Role in fracgpu's namespace).
-- ``rbac_objects(component, namespace, service_account)``: ClusterRole, ClusterRoleBinding,
-  Role and RoleBinding of one component bound to a ServiceAccount, as the chart makes them.
+- ``cluster_rules(component, queue=...)`` / ``namespace_rules(component)``: the PolicyRules
+  of ``"webhook"``, ``"agent"`` or ``"certs"`` (ClusterRole and Role in fracgpu's namespace);
+  ``queue_cluster_rules(component)``: what queue mode adds to the ClusterRole.
+- ``rbac_objects(component, namespace, service_account, queue=...)``: ClusterRole,
+  ClusterRoleBinding, Role and RoleBinding of one component bound to a ServiceAccount, as the
+  chart makes them.
 - ``crds()``: the CustomResourceDefinitions under charts/fracgpu/crds/.
 """
 
@@ -212,8 +214,15 @@ def rbac_document(component: str, names: Names = Names()) -> Json:
     return document
 
 
-def cluster_rules(component: str, names: Names = Names()) -> list[Json]:
-    return list(rbac_document(component, names).get("clusterRules") or [])
+def cluster_rules(component: str, names: Names = Names(), *, queue: bool = False) -> list[Json]:
+    """The component's ClusterRole rules; ``queue``: as in queue mode (with queueClusterRules)."""
+    rules = list(rbac_document(component, names).get("clusterRules") or [])
+    return rules + queue_cluster_rules(component, names) if queue else rules
+
+
+def queue_cluster_rules(component: str, names: Names = Names()) -> list[Json]:
+    """The rules only queue mode adds to the component's ClusterRole."""
+    return list(rbac_document(component, names).get("queueClusterRules") or [])
 
 
 def namespace_rules(component: str, names: Names = Names()) -> list[Json]:
@@ -225,8 +234,11 @@ def rbac_objects(
     namespace: str,
     service_account: str | None = None,
     names: Names | None = None,
+    *,
+    queue: bool = False,
 ) -> list[Json]:
-    """ClusterRole(+Binding) and Role(+Binding) of one component, as the chart renders them.
+    """ClusterRole(+Binding) and Role(+Binding) of one component, as the chart renders them
+    (``queue``: in queue mode).
 
     The Role and RoleBinding live in ``namespace`` (fracgpu's own); both bindings name the
     ServiceAccount ``service_account`` (default ``<prefix>-<component>``) in ``namespace``.
@@ -236,7 +248,7 @@ def rbac_objects(
     account = service_account or names.service_account(component)
     subject = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
     objects: list[Json] = []
-    rules = cluster_rules(component, names)
+    rules = cluster_rules(component, names, queue=queue)
     if rules:
         objects.append(_rbac("ClusterRole", name, None, rules=rules))
         objects.append(

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import kubernetes.client
 import pytest
 
-from tests.chart.chartfiles import cluster_rules, namespace_rules
+from tests.chart.chartfiles import cluster_rules, namespace_rules, queue_cluster_rules
 
 REPO = Path(__file__).resolve().parents[2]
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
@@ -137,8 +138,9 @@ def _rest_resource(path: Path, argument: str) -> tuple[str, str]:
     pytest.fail(f"{path}: cannot classify the API path {argument.strip()!r}")
 
 
-def webhook_calls() -> set[Grant]:
-    """Grants needed by the webhook's REST client calls and watch caches."""
+def webhook_calls(*, queue: bool | None = None) -> set[Grant]:
+    """Grants needed by the webhook's REST client calls and watch caches; ``queue``: only
+    those of webhook/queue (True) or only those outside it (False)."""
     needed = set()
     call = re.compile(
         r"\b(?:api|self\._api)\.(get|list|watch|create|replace|patch|delete)\(\s*([^,)]+)"
@@ -147,6 +149,8 @@ def webhook_calls() -> set[Grant]:
     for path in _sources("webhook"):
         if path.name in ("apiclient.py", "watchcache.py"):
             continue  # the generic client and cache: their paths come from callers
+        if queue is not None and ("queue" in path.relative_to(REPO).parts) != queue:
+            continue
         text = path.read_text()
         for verb, argument in call.findall(text):
             group, resource = _rest_resource(path, argument)
@@ -157,8 +161,7 @@ def webhook_calls() -> set[Grant]:
     return needed
 
 
-def granted(component: str) -> set[Grant]:
-    rules = cluster_rules(component) + namespace_rules(component)
+def grants(rules: list[dict[str, Any]]) -> set[Grant]:
     return {
         (group, resource, verb)
         for rule in rules
@@ -168,10 +171,22 @@ def granted(component: str) -> set[Grant]:
     }
 
 
+def granted(component: str, *, queue: bool = False) -> set[Grant]:
+    return grants(cluster_rules(component, queue=queue) + namespace_rules(component))
+
+
 def test_webhook_rules_are_exactly_what_it_calls() -> None:
     needed = webhook_calls()
     assert needed, "found no API calls in webhook/: the scan is broken"
-    assert granted("webhook") == needed
+    assert granted("webhook", queue=True) == needed
+
+
+def test_only_queue_mode_is_granted_what_only_the_queue_calls() -> None:
+    immediate = webhook_calls(queue=False)
+    queue_only = webhook_calls(queue=True) - immediate
+    assert queue_only, "found no API calls in webhook/queue: the scan is broken"
+    assert granted("webhook") == immediate
+    assert grants(queue_cluster_rules("webhook")) == queue_only
 
 
 def test_agent_rules_are_exactly_what_it_calls() -> None:

@@ -195,6 +195,7 @@ def test_match_conditions_are_rendered(rendered: dict[str, Rendered]) -> None:
 def test_rendered_rbac_is_the_shared_file(rendered: dict[str, Rendered], component: str) -> None:
     result = rendered["default"]
     name = f"fracgpu-{component}"
+    # the default is immediate mode: no queue grants
     assert result.one("ClusterRole", name)["rules"] == chartfiles.cluster_rules(component)
     namespaced = chartfiles.namespace_rules(component)
     if namespaced:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from fracgpu import names
+from tests.chart import chartfiles
 from tests.chart.render import Rendered, render
 from tests.chart.render_setup import renderer_or_skip
 from tests.e2e.scheduler_harness import scheduler_configuration
@@ -92,3 +93,12 @@ def test_the_sidecar_has_the_built_in_scheduler_roles_and_its_lease(renderer: Pa
             "verbs": ["get", "update"],
         }
     ]
+
+
+def test_only_queue_mode_grants_the_webhook_pod_writes(renderer: Path) -> None:
+    immediate = render(renderer=renderer).one("ClusterRole", "fracgpu-webhook")["rules"]
+    queued = render(renderer=renderer, values=QUEUE).one("ClusterRole", "fracgpu-webhook")["rules"]
+    assert immediate == chartfiles.cluster_rules("webhook")
+    assert queued == chartfiles.cluster_rules("webhook", queue=True)
+    extra = chartfiles.queue_cluster_rules("webhook")
+    assert extra and not any(rule in immediate for rule in extra)

@@ -176,7 +176,7 @@ def test_pods_queued_without_a_leader_are_let_in_to_quota_in_queue_order(
     node = new_gpu_node(nodes, "lq", gpus=4)
     create_gpuquota(kube_client, namespace, {"cores": 100})
     coordination = kubernetes.client.CoordinationV1Api(kube_client)
-    install_webhook_rbac(kube_client)
+    install_webhook_rbac(kube_client, queue=True)
     ghost = {
         "metadata": {"name": "fracgpu-webhook", "namespace": FRACGPU_NAMESPACE},
         "spec": {

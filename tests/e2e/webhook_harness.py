@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,8 +243,9 @@ VALIDATING = "fracgpu-validate"
 FRACGPU_NAMESPACE = "fracgpu-system"
 
 
-def install_webhook_rbac(client: kubernetes.client.ApiClient) -> None:
-    """fracgpu's namespace plus the chart's own RBAC objects for the webhook."""
+def install_webhook_rbac(client: kubernetes.client.ApiClient, *, queue: bool = False) -> None:
+    """fracgpu's namespace plus the chart's own RBAC objects for the webhook (``queue``: as
+    in queue mode; immediate mode is not granted the queue's pod writes)."""
     core = kubernetes.client.CoreV1Api(client)
     with contextlib.suppress(ApiException):
         # 1.20 has no kubernetes.io/metadata.name label: exempt by fracgpu's own label
@@ -254,8 +255,9 @@ def install_webhook_rbac(client: kubernetes.client.ApiClient) -> None:
             )
         )
     rbac = kubernetes.client.RbacAuthorizationV1Api(client)
-    for obj in rbac_objects("webhook", FRACGPU_NAMESPACE):
+    for obj in rbac_objects("webhook", FRACGPU_NAMESPACE, queue=queue):
         kind, payload = obj["kind"], harness_body(obj)
+        name = obj["metadata"]["name"]
         try:
             if kind == "ClusterRole":
                 rbac.create_cluster_role(payload)
@@ -268,6 +270,17 @@ def install_webhook_rbac(client: kubernetes.client.ApiClient) -> None:
         except ApiException as error:
             if error.status != 409:
                 raise
+            # An earlier test's mode may have left other rules: this mode's replace them.
+            if kind == "ClusterRole":
+                rbac.replace_cluster_role(name, payload)
+            elif kind == "Role":
+                rbac.replace_namespaced_role(name, FRACGPU_NAMESPACE, payload)
+
+
+def selects_queue_mode(args: Sequence[str]) -> bool:
+    """Whether webhook arguments ``args`` select queue mode."""
+    pairs = itertools.pairwise(args)  # each argument with the next
+    return "--placement-mode=queue" in args or ("--placement-mode", "queue") in pairs
 
 
 def register_webhooks(client: kubernetes.client.ApiClient, url: str, ca_pem: bytes) -> None:
@@ -304,7 +317,7 @@ def running_webhooks(
     """Replicas in cluster mode (as the webhook's service account, with the chart's RBAC)
     behind a balancer, registered with the chart's webhook configurations; ``per_replica``
     adds arguments of replica i's own (its extender port)."""
-    install_webhook_rbac(kube_client)
+    install_webhook_rbac(kube_client, queue=selects_queue_mode(extra_args))
     tls = WebhookTLS.create(work / "tls")
     started = [
         WebhookReplica(

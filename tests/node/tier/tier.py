@@ -40,7 +40,9 @@ from tests.e2e.webhook_harness import (
     WebhookReplica,
     Webhooks,
     free_port,
+    install_webhook_rbac,
     running_webhooks,
+    selects_queue_mode,
     wait_placing,
 )
 
@@ -443,6 +445,8 @@ class NodeTier:
             self._restart_webhook(replica, [])
 
     def _restart_webhook(self, replica: WebhookReplica, extra_args: list[str]) -> None:
+        # the chart grants queue mode's pod writes only when it is on
+        install_webhook_rbac(self.admin, queue=selects_queue_mode(extra_args))
         replica.stop()
         replica.extra_args = list(extra_args)
         replica.start()
