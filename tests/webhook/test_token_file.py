@@ -51,13 +51,29 @@ def test_the_file_is_read_again_every_reread_interval(tmp_path: Path) -> None:
     assert tokens.reads == 2
 
 
-def test_refresh_says_whether_the_token_changed(tmp_path: Path) -> None:
+def test_after_a_401_it_says_whether_a_token_other_than_the_one_sent_is_there(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "token"
     path.write_text("one")
     tokens = TokenFile(str(path), reread_s=1e9, check_s=1e9)
-    assert not tokens.refresh()
+    assert not tokens.renewed_since("one")
     _rotate(path, "two")
-    assert tokens.refresh() and tokens.token() == "two"
+    assert tokens.renewed_since("one") and tokens.token() == "two"
+
+
+def test_two_requests_refused_with_the_old_token_both_retry(tmp_path: Path) -> None:
+    """A watch and a call both sent "one" and both got a 401; the watch re-read first. The
+    call must still retry: comparing with the token held before its own re-read would say
+    nothing changed (seen in CI as a 401 right after a rotation)."""
+    path = tmp_path / "token"
+    path.write_text("one")
+    tokens = TokenFile(str(path), reread_s=1e9, check_s=1e9)
+    watch_sent = call_sent = tokens.token()
+    _rotate(path, "two")
+    assert tokens.renewed_since(watch_sent)
+    assert tokens.renewed_since(call_sent)
+    assert not tokens.renewed_since(tokens.token())  # refused with the new token: no retry
 
 
 @pytest.mark.parametrize(
@@ -79,7 +95,7 @@ def test_a_bad_file_keeps_the_last_good_token_and_says_why(
     tokens = TokenFile(str(path), reread_s=1e9, check_s=1e9)
     path.write_bytes(content)
     with caplog.at_level(logging.WARNING):
-        assert not tokens.refresh()
+        assert not tokens.renewed_since("good")
     assert tokens.token() == "good"
     assert message in caplog.text and "still using the token read before" in caplog.text
     with pytest.raises(TokenError, match=message):

@@ -206,10 +206,11 @@ class KubeApi:
         }
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s + 30)
         for attempt in (1, 2):
+            headers, sent = self._auth()
             response = await self.session.get(
-                path.lstrip("/"), params=query, timeout=timeout, headers=self._auth()
+                path.lstrip("/"), params=query, timeout=timeout, headers=headers
             )
-            if response.status == 401 and attempt == 1 and self._token_changed():
+            if response.status == 401 and attempt == 1 and self._token_renewed(sent):
                 response.release()
                 continue
             break
@@ -236,7 +237,7 @@ class KubeApi:
     ) -> Obj:
         data = None if body is None else orjson.dumps(body)
         for attempt in (1, 2):
-            headers = self._auth()
+            headers, sent = self._auth()
             if data is not None:
                 headers["Content-Type"] = content_type
             async with self.session.request(
@@ -244,7 +245,7 @@ class KubeApi:
             ) as response:
                 raw = await response.read()
                 status = response.status
-            if status == 401 and attempt == 1 and self._token_changed():
+            if status == 401 and attempt == 1 and self._token_renewed(sent):
                 continue  # the token rotated under us: once more with the new one
             break
         if status >= 400:
@@ -252,15 +253,18 @@ class KubeApi:
         result: Obj = orjson.loads(raw) if raw else {}
         return result
 
-    def _auth(self) -> dict[str, str]:
-        """This request's Authorization header: the token file's current token."""
+    def _auth(self) -> tuple[dict[str, str], str | None]:
+        """This request's Authorization header (the token file's current token), and the
+        token it sends."""
         if self._tokens is None:
-            return {}
-        return {"Authorization": f"Bearer {self._tokens.token()}"}
+            return {}, None
+        token = self._tokens.token()
+        return {"Authorization": f"Bearer {token}"}, token
 
-    def _token_changed(self) -> bool:
-        """After a 401: re-read the token file; whether a new token is there to retry with."""
-        return self._tokens is not None and self._tokens.refresh()
+    def _token_renewed(self, sent: str | None) -> bool:
+        """After a 401: re-read the token file; whether it holds a token other than the one
+        this request sent, to retry with."""
+        return self._tokens is not None and sent is not None and self._tokens.renewed_since(sent)
 
 
 def _dry(dry_run: bool) -> dict[str, str]:

@@ -79,11 +79,13 @@ class TokenFile:
                 self._reread(now)
         return self._token
 
-    def refresh(self) -> bool:
-        """Re-read now (after a 401); whether the token changed."""
-        before = self._token
+    def renewed_since(self, sent: str) -> bool:
+        """After a 401 for a request that sent ``sent``: re-read now; whether the token held now
+        is another one to retry with. Compared with what the request sent, not with what was
+        held before this re-read: a concurrent request (a watch reopening) may have read the
+        new token in between, and this request must still retry."""
         self._reread(self._clock())
-        return self._token != before
+        return self._token != sent
 
     def _reread(self, now: float) -> None:
         self._read_at = self._checked_at = now
