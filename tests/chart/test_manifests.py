@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.chart import manifests
-from tests.chart.render import RendererUnavailableError, build_renderer
+from tests.chart.render_setup import renderer_or_skip
 
 
 @pytest.fixture(scope="module", autouse=True)
 def renderer() -> Path:
-    try:
-        return build_renderer()
-    except RendererUnavailableError as error:
-        if os.environ.get("CI", "").lower() == "true":
-            raise
-        pytest.skip(str(error))
+    return renderer_or_skip()
 
 
 def _objects() -> list[dict]:  # type: ignore[type-arg]

@@ -3,7 +3,6 @@ renders is validated by a real kube-apiserver (schemas, defaulting, admission) i
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from tests.chart import chartfiles, manifests
-from tests.chart.render import RendererUnavailableError, build_renderer, render
+from tests.chart.render import render
+from tests.chart.render_setup import renderer_or_skip
 
 pytestmark = pytest.mark.e2e
 
@@ -25,12 +25,7 @@ FOREIGN_KINDS = frozenset({"Issuer", "Certificate", "PodMonitor", "PrometheusRul
 
 @pytest.fixture(scope="module")
 def renderer() -> Path:
-    try:
-        return build_renderer()
-    except RendererUnavailableError as error:
-        if os.environ.get("CI", "").lower() == "true":
-            raise
-        pytest.skip(str(error))
+    return renderer_or_skip()
 
 
 def _dry_run_all(client: kubernetes.client.ApiClient, objects: list[dict[str, Any]]) -> int:
