@@ -110,7 +110,12 @@ class Container:
         return found.returncode == 0
 
     def result(self, code: str, preload: bool = True, timeout: float = 300) -> dict[str, object]:
-        proc = self.python(code, preload)
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err
-        return dict(json.loads(out.strip().splitlines()[-1]))
+        return finished_json(self.python(code, preload), timeout)
+
+
+def finished_json(proc: subprocess.Popen[str], timeout: float = 300) -> dict[str, object]:
+    """The last line a program printed, as JSON, once it has exited 0: also for programs
+    started together and waited for one by one."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return dict(json.loads(out.strip().splitlines()[-1]))

@@ -17,7 +17,7 @@ import pytest
 from agent.boards import BoardLoop, BoardPublisher
 from fracgpu import shim_abi
 
-from .container import Container, GiB, Gpu, MiB
+from .container import Container, GiB, Gpu, MiB, finished_json
 
 TOLERANCE = 0.05  # of the unsliced throughput
 DUTY_TOLERANCE = 0.02  # of wall time; measured within 0.002 on an H200
@@ -130,10 +130,10 @@ def loop_program(seconds: float) -> str:
 
 
 def loop_result(proc: subprocess.Popen[str]) -> Loop:
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    got = json.loads(out.strip().splitlines()[-1])
-    return Loop(float(got["rate"]), float(got["duty"]), int(got["clock"]))
+    got = finished_json(proc)
+    rate, duty, clock = got["rate"], got["duty"], got["clock"]
+    assert isinstance(rate, float) and isinstance(duty, float) and isinstance(clock, int), got
+    return Loop(rate, duty, clock)
 
 
 @pytest.fixture(scope="module")
