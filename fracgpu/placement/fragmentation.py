@@ -15,7 +15,7 @@ changed when a score next reads them.
 
 Two costs are added to that loss, for what the typical shapes do not see yet: opening an
 untouched node, the more the scarcer its kind (``scarcity``), and taking GPUs of a model few
-of the cluster's GPUs are, as much as the workload has pods limited to models
+of the cluster's free GPUs are, as much as the workload has pods limited to models
 (``MODEL_RARITY_GPUS``).
 """
 
@@ -38,13 +38,20 @@ WHOLE_NODE_PENALTY = 4.0
 # ln(U / D) alone 0.05 allocated most; with the model in the kind and the 1 / D part, 0.1
 # (0.05 and 0.1 tried, on the default trace and four derived ones).
 SCARCE_NODE_GPUS = 0.1
-# A GPU of model m taken costs this many GPUs' worth per GPU, times ln(live GPUs / live GPUs
-# of m), times the frequency of the typical shapes limited to some models: a pod that could
-# run anywhere then leaves rare models to the pods that cannot. Without pods limited to a
-# model (the default trace) it costs nothing. Chosen from 0.05-0.3 (unscaled) on two traces
-# with 30 % of the pods limited to models: 0.1 there moved the first 8-GPU refusal from
-# 58-73 % arrived to 85-91 %, with allocation kept.
+# A GPU of model m taken costs this many GPUs' worth per GPU, times ln(free compute of live
+# GPUs / of live GPUs of m), times the frequency of the typical shapes limited to some
+# models: a pod that could run anywhere then leaves rare models to the pods that cannot.
+# Without pods limited to a model (the default trace) it costs nothing. Chosen from
+# 0.05-0.3 (unscaled) on two traces with 30 % of the pods limited to models: 0.1 there moved
+# the first 8-GPU refusal from 58-73 % arrived to 85-91 %, with allocation kept.
 MODEL_RARITY_GPUS = 0.33
+# The rarity is of free compute, not of GPUs: once the common models fill up, a model that
+# was rare is no longer, and pods that could run anywhere use it. With rarity by installed
+# GPUs they never did on a trace whose pods ask for the common models (mixed-b: 114 nodes
+# of 2 T4s untouched at the end while 8-GPU pods were refused). It is recounted when the
+# workload is (every ``REFRESH_EVERY`` arrivals, ``view``) and kept unless some model's moved
+# by more than this: a change re-scores every class (``byclass``).
+RARITY_STEP = 0.01
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -97,7 +104,7 @@ class FragmentationIndex:
         self.s_cpu_nudge = np.zeros(s)
         self.s_mem_nudge = np.zeros(s)
         self.s_limited = np.zeros(s, np.bool_)  # shapes limited to (or away from) models
-        self.g_rarity: FloatArray = np.zeros(0)  # per GPU slot: ln(live GPUs / of its model)
+        self.g_rarity: FloatArray = np.zeros(0)  # per GPU slot: ``free_model_rarity``
         self.usable_now: BoolArray = np.zeros((0, s), np.bool_)
         self.pods_now: FloatArray = np.zeros((0, s))
         self.usable: FloatArray = np.zeros((0, s))
@@ -119,10 +126,25 @@ class FragmentationIndex:
             self.shapes = shapes
             self.rebuild(state)
         elif np.array_equal(weights, self.weights):
+            if self._recount_rarity(state):
+                self.version += 1
             return
+        else:
+            self._recount_rarity(state)
         self.weights = weights
         self._rarity_scale = self.model_rarity * float(weights[self.s_limited].sum())
         self.version += 1
+
+    def _recount_rarity(self, state: ClusterState) -> bool:
+        """``g_rarity`` from the free compute now, when some model's moved by more than
+        ``RARITY_STEP``; whether it changed."""
+        rarity = free_model_rarity(state)
+        if len(rarity) == len(self.g_rarity) and (
+            np.abs(rarity - self.g_rarity).max(initial=0.0) <= RARITY_STEP
+        ):
+            return False
+        self.g_rarity = rarity
+        return True
 
     def sync(self, state: ClusterState) -> None:
         if self._topology != state.topology_version:
@@ -225,10 +247,7 @@ class FragmentationIndex:
         self.s_limited = np.array(
             [bool(s.include_models or s.exclude_models) for s in self.shapes], dtype=np.bool_
         )
-        live = state.g_live
-        per_model = np.bincount(state.g_model[live], minlength=len(state.models))
-        rarity = np.log(max(int(live.sum()), 1) / np.maximum(per_model, 1))
-        self.g_rarity = rarity[state.g_model] if len(state.models) else np.zeros(len(live))
+        self.g_rarity = free_model_rarity(state)
         self.limit = np.where(exclusive[None, :], 1, state.g_split[:, None])
         splits = np.unique(state.g_split[state.g_live])
         self._uniform_limit = np.where(exclusive, 1, splits[0]) if len(splits) == 1 else None
@@ -450,19 +469,27 @@ class FragmentationIndex:
         share: FloatArray | None = None,
     ) -> FloatArray:
         """``lost`` plus the cost of breaking into a node whose GPUs are all untouched, in GPUs:
-        ``whole_node_penalty`` times the frequency of the multi-GPU shapes, plus (when
-        ``scarce``) ``scarcity_cost`` (``share``: for a pod without GPUs, the share of each
-        node's free CPU or memory it takes). The expected loss above counts what the typical shapes
-        lose now; an untouched node is also what a multi-GPU pod will need when it comes, the
-        more often the more such pods arrive (0 when none do). Whether a node is untouched
+        ``whole_node_penalty`` times the frequency of the multi-GPU shapes that ask for no
+        more GPUs than the node has, plus (when ``scarce``) ``scarcity_cost`` (``share``: for
+        a pod without GPUs, the share of each node's free CPU or memory it takes). The
+        expected loss above counts what the typical shapes lose now; an untouched node is
+        also what a multi-GPU pod will need when it comes, the more often the more such pods
+        arrive (0 when none do). Whether a node is untouched, and how many GPUs it has,
         depends only on its GPUs' state, so nodes of one class still score alike."""
         if self.whole_node_penalty <= 0 or not len(self.weights):
             return lost
-        wide = float(self.weights[self.s_gpus > 1].sum())
+        wide_shapes = self.s_gpus > 1
         result = lost
-        if wide > 0:
+        if self.weights[wide_shapes].sum() > 0:
             capacity = state.n_unit_capacity[rows]
             untouched = (state.n_free_units[rows] == capacity) & (capacity > 0)
+            # Only the shapes that ask for no more GPUs than the node has wait for it: a node
+            # of 2 GPUs costs the 2-GPU shapes' frequency, not the 8-GPU ones' too. (With
+            # every multi-GPU shape counted, pods that could run anywhere kept off 114 nodes
+            # of 2 T4s on mixed-b and filled the 8-GPU nodes instead.)
+            gpus_here = capacity // state.gpu_units
+            fits = self.s_gpus[wide_shapes][None, :] <= gpus_here[:, None]
+            wide = fits @ self.weights[wide_shapes]
             result = result + self.whole_node_penalty * wide * state.gpu_units * untouched
         if scarce:
             result = result + self.scarcity_cost(state, rows, share=share)
@@ -501,6 +528,18 @@ class FragmentationIndex:
             costs = log_part + (costs - log_part) * share
         result: FloatArray = SCARCE_NODE_GPUS * state.gpu_units * costs
         return result
+
+
+def free_model_rarity(state: ClusterState) -> FloatArray:
+    """Per GPU slot: ln(free compute of live GPUs / free compute of live GPUs of its model),
+    each at least one unit (a model with nothing free has no candidates to cost)."""
+    if not len(state.models):
+        return np.zeros(len(state.g_live))
+    free = np.maximum(state.g_free, 0) * state.g_live
+    per_model = np.bincount(state.g_model, weights=free, minlength=len(state.models))
+    rarity = np.log(max(float(per_model.sum()), 1.0) / np.maximum(per_model, 1.0))
+    result: FloatArray = rarity[state.g_model]
+    return result
 
 
 def _sum_by_candidate(values: FloatArray, pair_cand: IntArray, n: int) -> FloatArray:

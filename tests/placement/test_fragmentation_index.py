@@ -84,7 +84,8 @@ def test_lazy_recount_equals_a_fresh_index(
 
 def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     """A one-GPU share scored on every GPU: candidates on untouched nodes lose
-    WHOLE_NODE_PENALTY x (frequency of multi-GPU shapes) GPUs more than without the
+    WHOLE_NODE_PENALTY x (frequency of the multi-GPU shapes that fit the node's GPU count: the
+    2-GPU shape on nodes of 2 and 3 GPUs, none on nodes of 1) GPUs more than without the
     penalty, plus SCARCE_NODE_GPUS x (ln(U / D) + LAST_FEW x (1 / D - 1 / U)) for its kind (U
     untouched nodes, D of them with at least its GPUs: CPU, memory and model are alike here);
     those on a node already in use lose the same."""
@@ -108,7 +109,9 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     u = len(untouched_gpus)
     scarce = np.log(u / hosts) + LAST_FEW * (1 / hosts - 1 / u)
     assert scarce.max() > scarce.min()  # the 3-GPU nodes are scarcer than the 1-GPU ones
-    expected = (WHOLE_NODE_PENALTY * wide + SCARCE_NODE_GPUS * scarce) * state.gpu_units
+    wide_here = wide * (gpus >= 2)
+    assert not wide_here.all()  # the 1-GPU nodes pay nothing for the 2-GPU shape
+    expected = (WHOLE_NODE_PENALTY * wide_here + SCARCE_NODE_GPUS * scarce) * state.gpu_units
     assert np.allclose(extra[~used], expected)
 
 
@@ -148,9 +151,9 @@ def rare_model_cluster() -> ClusterState:
 @pytest.mark.parametrize("limited_share", [0.0, 0.25, 0.5])
 def test_a_gpu_of_a_rare_model_costs_as_much_as_pods_ask_for_models(limited_share: float) -> None:
     """Taking a GPU costs MODEL_RARITY_GPUS x (frequency of the shapes limited to models) x
-    units taken x ln(live GPUs / live GPUs of its model), on top of the usable capacity lost:
-    28 GPUs, 4 of them A100, so an A100 costs ln 7 and a T4 ln(7 / 6). Without pods limited
-    to models it costs nothing."""
+    units taken x ln(free compute / free compute of its model), on top of the usable capacity
+    lost: 28 GPUs, 4 of them A100, the same sliver taken on each node, so an A100 costs ln 7
+    and a T4 ln(7 / 6). Without pods limited to models it costs nothing."""
     state = rare_model_cluster()
     anywhere = shape_of(share(100, 0))
     on_a100 = shape_of(share(100, 0, constraints=Constraints(include_models=("A100",))))
@@ -167,6 +170,69 @@ def test_a_gpu_of_a_rare_model_costs_as_much_as_pods_ask_for_models(limited_shar
     scale = MODEL_RARITY_GPUS * limited_share * 100
     assert np.allclose(extra[on_a], scale * math.log(28 / 4))
     assert np.allclose(extra[~on_a], scale * math.log(28 / 24))
+
+
+def test_the_rarity_follows_free_compute_as_the_common_model_fills() -> None:
+    """Rarity is of free compute: when five of the six T4 nodes fill up, the T4s left are
+    rarer than the A100 node and a GPU there costs more than an A100. It is recounted with
+    the workload (the same typical shapes: only the version moves) and left alone for a
+    change within RARITY_STEP."""
+    state = rare_model_cluster()
+    on_a100 = shape_of(share(100, 0, constraints=Constraints(include_models=("A100",))))
+    anywhere = shape_of(share(100, 0))
+    assert anywhere is not None and on_a100 is not None
+    typical = [(anywhere, 0.75), (on_a100, 0.25)]
+    index = FragmentationIndex()
+    index.set_workload(typical, state)
+    a100_slot, t4_slot = state.row("a"), 0
+    a100_slot = int(state.n_first[a100_slot])
+    assert index.g_rarity[a100_slot] > index.g_rarity[t4_slot]
+    for i in range(5):
+        name = f"t{i}"
+        taken = [GPUAllocation(f"{name}-gpu{g}", 95 if g == 0 else 100, 0) for g in range(4)]
+        state.apply(name, taken, 0, 0, sign=1)
+        index.update_node(state, state.row(name))
+    version = index.version
+    index.set_workload(typical, state)
+    assert index.version > version
+    free_t4, free_a100 = 395.0, 395.0  # one T4 node left, with its sliver taken
+    total = free_t4 + free_a100
+    assert index.g_rarity[t4_slot] == pytest.approx(math.log(total / free_t4))
+    assert index.g_rarity[a100_slot] == pytest.approx(math.log(total / free_a100))
+    state.apply("t5", [GPUAllocation("t5-gpu1", 1, 0)], 0, 0, sign=1)  # a sliver: no recount
+    index.update_node(state, state.row("t5"))
+    version = index.version
+    index.set_workload(typical, state)
+    assert index.version == version
+
+
+def test_pods_that_could_run_anywhere_use_a_rare_model_once_the_others_fill() -> None:
+    """As below, a quarter of the pods ask for a T4 and none for the A100 or the V100s, so a
+    pod that could run anywhere loses the same usable capacity on the A100 node and on a
+    V100 node. But the V100s are all but full: 2.95 GPUs free against the A100 node's 3.95,
+    so the V100s are now the rarer, and the pod takes the A100 (it would take the V100 on a
+    tie: that node is the fuller)."""
+    nodes = [node("a", 4, model="NVIDIA A100", cpu_milli=64000)]
+    nodes += [node(f"v{i}", 4, model="Tesla V100", cpu_milli=64000) for i in range(6)]
+    nodes += [node(f"t{i}", 4, model="Tesla T4", cpu_milli=64000) for i in range(6)]
+    view = ClusterView(nodes)
+    anywhere = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=16000)
+    on_t4 = PodDemand(
+        (container("main", 100, WHOLE_CARD),),
+        cpu_milli=16000,
+        constraints=Constraints(include_models=("T4",)),
+    )
+    for inventory in nodes:  # a sliver everywhere: no node is untouched
+        view.allocate(inventory.name, [GPUAllocation(f"{inventory.name}-gpu0", 5, 0)])
+    view.allocate("v0", [GPUAllocation("v0-gpu1", 100, 0)])
+    for i in range(1, 6):
+        view.allocate(f"v{i}", [GPUAllocation(f"v{i}-gpu{g}", 100, 0) for g in range(1, 4)])
+        view.allocate(f"v{i}", [GPUAllocation(f"v{i}-gpu0", 95, 0)])
+    for i in range(64):
+        view.observe(on_t4 if i % 4 == 0 else anywhere)
+    result = view.place(anywhere, Policy.FRAGMENTATION)
+    assert isinstance(result, Placement)
+    assert result.node == "a"
 
 
 def test_pods_that_could_run_anywhere_leave_a_rare_model_alone() -> None:
