@@ -206,57 +206,48 @@ def test_the_rarity_follows_free_compute_as_the_common_model_fills() -> None:
     assert index.version == version
 
 
-def test_pods_that_could_run_anywhere_use_a_rare_model_once_the_others_fill() -> None:
-    """As below, a quarter of the pods ask for a T4 and none for the A100 or the V100s, so a
-    pod that could run anywhere loses the same usable capacity on the A100 node and on a
-    V100 node. But the V100s are all but full: 2.95 GPUs free against the A100 node's 3.95,
-    so the V100s are now the rarer, and the pod takes the A100 (it would take the V100 on a
-    tie: that node is the fuller)."""
+def three_model_view(*, v100s_all_but_full: bool) -> tuple[ClusterView, PodDemand]:
+    """One A100 node, six V100 and six T4 nodes of 4 GPUs, a sliver taken on each (no node
+    is untouched), then 64 pods seen, a quarter of them asking for a T4 (the rarity is
+    recounted with the workload, every 64 arrivals). Returns the view and a whole-GPU pod
+    that could run anywhere."""
     nodes = [node("a", 4, model="NVIDIA A100", cpu_milli=64000)]
     nodes += [node(f"v{i}", 4, model="Tesla V100", cpu_milli=64000) for i in range(6)]
     nodes += [node(f"t{i}", 4, model="Tesla T4", cpu_milli=64000) for i in range(6)]
     view = ClusterView(nodes)
     anywhere = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=16000)
-    on_t4 = PodDemand(
-        (container("main", 100, WHOLE_CARD),),
-        cpu_milli=16000,
-        constraints=Constraints(include_models=("T4",)),
-    )
-    for inventory in nodes:  # a sliver everywhere: no node is untouched
+    on_t4 = dataclasses.replace(anywhere, constraints=Constraints(include_models=("T4",)))
+    for inventory in nodes:
         view.allocate(inventory.name, [GPUAllocation(f"{inventory.name}-gpu0", 5, 0)])
-    view.allocate("v0", [GPUAllocation("v0-gpu1", 100, 0)])
-    for i in range(1, 6):
-        view.allocate(f"v{i}", [GPUAllocation(f"v{i}-gpu{g}", 100, 0) for g in range(1, 4)])
-        view.allocate(f"v{i}", [GPUAllocation(f"v{i}-gpu0", 95, 0)])
+    if v100s_all_but_full:  # v0 keeps 2.95 GPUs free, the others nothing
+        view.allocate("v0", [GPUAllocation("v0-gpu1", 100, 0)])
+        for i in range(1, 6):
+            taken = [GPUAllocation(f"v{i}-gpu{g}", 100, 0) for g in range(1, 4)]
+            view.allocate(f"v{i}", [*taken, GPUAllocation(f"v{i}-gpu0", 95, 0)])
     for i in range(64):
         view.observe(on_t4 if i % 4 == 0 else anywhere)
-    result = view.place(anywhere, Policy.FRAGMENTATION)
-    assert isinstance(result, Placement)
-    assert result.node == "a"
+    return view, anywhere
 
 
 def test_pods_that_could_run_anywhere_leave_a_rare_model_alone() -> None:
-    """A quarter of the pods ask for a T4; none has asked for the A100 yet. A pod that could
-    run anywhere loses the same usable capacity on the A100 node (listed first, so it wins
-    the tie) and on a V100 node; with pods asking for models it takes the V100, leaving the
-    one A100 node to pods that may ask for it."""
-    nodes = [node("a", 4, model="NVIDIA A100", cpu_milli=64000)]
-    nodes += [node(f"v{i}", 4, model="Tesla V100", cpu_milli=64000) for i in range(6)]
-    nodes += [node(f"t{i}", 4, model="Tesla T4", cpu_milli=64000) for i in range(6)]
-    view = ClusterView(nodes)
-    anywhere = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=16000)
-    on_t4 = PodDemand(
-        (container("main", 100, WHOLE_CARD),),
-        cpu_milli=16000,
-        constraints=Constraints(include_models=("T4",)),
-    )
-    for inventory in nodes:  # a sliver everywhere: no node is untouched
-        view.allocate(inventory.name, [GPUAllocation(f"{inventory.name}-gpu0", 5, 0)])
-    for i in range(40):
-        view.observe(on_t4 if i % 4 == 0 else anywhere)
+    """None of the pods has asked for the A100 yet. A pod that could run anywhere loses the
+    same usable capacity on the A100 node (listed first, so it wins the tie) and on a V100
+    node; with pods asking for models it takes the V100, leaving the one A100 node to pods
+    that may ask for it."""
+    view, anywhere = three_model_view(v100s_all_but_full=False)
     result = view.place(anywhere, Policy.FRAGMENTATION)
     assert isinstance(result, Placement)
     assert result.node.startswith("v")
+
+
+def test_pods_that_could_run_anywhere_use_a_rare_model_once_the_others_fill() -> None:
+    """As above, but the V100s are all but full: 2.95 GPUs free against the A100 node's
+    3.95, so the V100s are now the rarer, and the pod takes the A100 (it would take the V100
+    on a tie: that node is the fuller)."""
+    view, anywhere = three_model_view(v100s_all_but_full=True)
+    result = view.place(anywhere, Policy.FRAGMENTATION)
+    assert isinstance(result, Placement)
+    assert result.node == "a"
 
 
 def test_scarcity_ranks_untouched_nodes_by_what_they_could_host() -> None:
