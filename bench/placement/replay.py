@@ -33,6 +33,10 @@ class SeedResult:
     pods: int
     placed: int
     alloc_by_x: dict[int, float]  # bin x -> mean allocation % of the events in it
+    # bin x -> mean % of the nodes' CPU held by placed pods, GPU-less ones included: where CPU
+    # binds, a policy can allocate more GPU by placing less CPU for pods without GPUs
+    cpu_by_x: dict[int, float]
+    refused_gpu_less: int  # pods without GPUs that found no node
     first_failure_arrived: float | None  # arrived % when the first pod failed
     # arrived % when the first whole-node pod (as many GPUs as the largest node) was refused
     # for lack of room now (pods that no node could ever hold are not counted)
@@ -43,6 +47,9 @@ class SeedResult:
 
     def alloc_at(self, x: int) -> float:
         return self.alloc_by_x.get(x, math.nan)
+
+    def cpu_at(self, x: int) -> float:
+        return self.cpu_by_x.get(x, math.nan)
 
 
 def capacity_milli(nodes: Sequence[TraceNode]) -> int:
@@ -79,6 +86,7 @@ def replay(
 ) -> SeedResult:
     started = time.perf_counter()
     capacity = capacity_milli(nodes)
+    cpu_capacity = max(sum(n.cpu_milli for n in nodes), 1)
     view = ClusterView(
         (to_inventory(n) for n in nodes),
         # The README's feasibility rule has no limit on pods per GPU.
@@ -95,8 +103,9 @@ def replay(
     latencies = np.zeros(len(order), np.int64)
     cpu = np.zeros(len(order), np.int64)
     sums: dict[int, float] = {}
+    cpu_sums: dict[int, float] = {}
     counts: dict[int, int] = {}
-    arrived = used = placed = 0
+    arrived = used = cpu_used = placed = refused_gpu_less = 0
     first_failure: float | None = None
     first_big_failure: float | None = None
     for k, index in enumerate(order):
@@ -112,8 +121,11 @@ def replay(
             allocations = [a for c in result.containers for a in c.devices]
             view.allocate(result.node, allocations, demand.cpu_milli, demand.memory_mib)
             used += pod.gpu_request
+            cpu_used += demand.cpu_milli
             placed += 1
         else:
+            if not demand.containers:
+                refused_gpu_less += 1
             if first_failure is None:
                 first_failure = 100 * arrived / capacity
             big = pod.num_gpu >= whole_node and result.reason is NoFitReason.NOT_NOW
@@ -121,6 +133,7 @@ def replay(
                 first_big_failure = 100 * arrived / capacity
         x = bin_x(arrived, capacity)
         sums[x] = sums.get(x, 0.0) + 100 * used / capacity
+        cpu_sums[x] = cpu_sums.get(x, 0.0) + 100 * cpu_used / cpu_capacity
         counts[x] = counts.get(x, 0) + 1
     return SeedResult(
         policy=policy,
@@ -128,6 +141,8 @@ def replay(
         pods=len(order),
         placed=placed,
         alloc_by_x={x: sums[x] / counts[x] for x in sums},
+        cpu_by_x={x: cpu_sums[x] / counts[x] for x in cpu_sums},
+        refused_gpu_less=refused_gpu_less,
         first_failure_arrived=first_failure,
         first_big_failure_arrived=first_big_failure,
         latencies_ns=latencies,

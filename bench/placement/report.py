@@ -31,6 +31,8 @@ class PolicySummary:
     policy: Policy
     seeds: int
     alloc: dict[int, Stat]  # x -> allocation % at x
+    cpu_at_100: Stat  # % of the nodes' CPU held by placed pods at x = 100
+    refused_gpu_less_per_seed: float  # pods without GPUs that found no node
     first_failure: Stat  # arrived % at the first failed pod (seeds without one count as nan)
     first_big_failure: Stat  # arrived % at the first refused whole-node pod (same rule)
     big_never_refused: int  # seeds in which no whole-node pod was refused for lack of room
@@ -59,6 +61,8 @@ def summarize(policy: Policy, results: Sequence[SeedResult]) -> PolicySummary:
         policy=policy,
         seeds=len(results),
         alloc={x: stat([r.alloc_at(x) for r in results]) for x in REPORTED_X},
+        cpu_at_100=stat([r.cpu_at(100) for r in results]),
+        refused_gpu_less_per_seed=float(np.mean([r.refused_gpu_less for r in results])),
         first_failure=stat(
             [
                 math.nan if r.first_failure_arrived is None else r.first_failure_arrived
@@ -90,6 +94,8 @@ def table(summaries: Sequence[PolicySummary]) -> str:
         "alloc % x=130",
         "arrived % at 1st failure",
         "at 1st 8-GPU refusal",
+        "CPU % x=100",
+        "GPU-less refused",
         "p50 ms",
         "p99 ms",
         "max ms",
@@ -104,6 +110,8 @@ def table(summaries: Sequence[PolicySummary]) -> str:
             str(s.alloc[130]),
             str(s.first_failure),
             _big(s),
+            str(s.cpu_at_100),
+            f"{s.refused_gpu_less_per_seed:.0f}",
             f"{s.latency_p50_ms:.3f}",
             f"{s.latency_p99_ms:.3f}",
             f"{s.latency_max_ms:.1f}",

@@ -72,6 +72,29 @@ def test_replay_counts_failures_and_gpu_spec() -> None:
     assert result.alloc_at(75) == pytest.approx(50.0)
 
 
+def test_replay_reports_cpu_held_and_gpu_less_refusals() -> None:
+    """16 CPUs over the two nodes. The GPU pods hold 1 + 2 CPUs and the GPU-less pod that
+    fits 4 more, 7 of 16 (43.75 %) once all have arrived; the GPU-less pod asking for 9 CPUs
+    fits neither node. GPU-less pods do not move x: a seed whose order ends with a GPU pod,
+    and has no clone, has every pod arrived at x = 100."""
+    pods = [
+        pod("a", 1000),
+        pod("b", 1000, cpu=2000),
+        pod("small", 0, cpu=4000),
+        pod("huge", 0, cpu=9000),
+    ]
+    seed = next(
+        s
+        for s in range(100)
+        if len(order := arrival_order(pods, s, 1.0, 2000)) == 4 and order[-1] in (0, 1)
+    )
+    result = replay(NODES, pods, Policy.BEST_FIT, seed=seed, tune=1.0)
+    assert result.refused_gpu_less == 1
+    assert result.placed == 3
+    assert result.cpu_at(100) == pytest.approx(100 * 7 / 16)
+    assert result.alloc_at(100) == pytest.approx(100.0)
+
+
 def test_spread_and_binpack_differ_on_sharing() -> None:
     """Two 500-milli pods then a whole-GPU pod: binpack keeps one GPU free for it, spread
     puts one share on each GPU and the whole-GPU pod fails."""
