@@ -125,12 +125,10 @@ class FragmentationIndex:
         elif shapes != self.shapes or self._topology != state.topology_version:
             self.shapes = shapes
             self.rebuild(state)
-        elif np.array_equal(weights, self.weights):
-            if self._recount_rarity(state):
-                self.version += 1
-            return
-        else:
-            self._recount_rarity(state)
+        else:  # a reshape or rebuild counts the rarity with the shape columns
+            rarity_moved = self._recount_rarity(state)
+            if not rarity_moved and np.array_equal(weights, self.weights):
+                return
         self.weights = weights
         self._rarity_scale = self.model_rarity * float(weights[self.s_limited].sum())
         self.version += 1
