@@ -1,8 +1,9 @@
 """``fracgpu-bench guard``: fail CI when admission or placement got slower than the baseline.
 
 Each measurement (CPU time per admission; CPU time per placement decision for each pod shape
-in ``workloads.SHAPES``) is divided by the CPU time of a fixed pure-Python reference loop
-timed in the same run, so the machine's speed cancels out. Every measurement is taken
+in ``workloads.SHAPES``, and per node churn plus the constrained decision after it) is
+divided by the CPU time of a fixed pure-Python reference loop timed in the same run, so the
+machine's speed cancels out. Every measurement is taken
 REPEATS times, interleaved with the reference, and the fastest kept (CPU time only ever
 grows with interference). A ratio more than the baseline's tolerance (25 %) above the
 committed baseline (``bench/guard/baseline.json``), in this run and again in a second run
@@ -49,6 +50,7 @@ def measure(repeats: int, admissions: int, budget: float) -> dict[str, float]:
             keep("admission", workloads.admission(cluster, admissions // 4, admissions))
             for shape in workloads.SHAPES:
                 keep(f"placement/{shape}", workloads.placement(view, shape, budget))
+            keep(f"placement/{workloads.AFTER_CHURN}", workloads.placement_after_churn())
     reference = best.pop("reference")
     return {name: seconds / reference for name, seconds in best.items()}
 

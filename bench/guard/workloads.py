@@ -75,6 +75,13 @@ SHAPES: dict[str, tuple[PodDemand, Policy]] = {
 }
 
 
+# A node leaves and comes back, then a pod that names half the cluster's GPUs by UUID (HAMi's
+# use-gpuuuid list) is placed: what a churn costs the next constrained decision. Fewer churns
+# than a compaction needs (2 x NODES + 16 node rows), so every run does the same work.
+AFTER_CHURN = "uuid-list-after-churn"
+CHURNS = 200
+
+
 def placement_view(seed: int = 7) -> ClusterView:
     """The placement cluster, about half its GPUs partly used (seeded: the same every run)."""
     rng = random.Random(seed)
@@ -113,3 +120,25 @@ def placement(view: ClusterView, shape: str, budget_seconds: float) -> float:
         if used >= budget_seconds:
             return used / decisions
         batch = min(batch * 2, 1000)
+
+
+def placement_after_churn() -> float:
+    """CPU seconds per node churn plus one decision of a pod that names half the cluster's
+    GPUs by UUID (binpack: the constraint's masks, not a policy's index, are what a churn
+    invalidates here). The churned nodes are outside the pod's list."""
+    view = placement_view()
+    uuids = tuple(f"GPU-{n:04d}-{g}" for n in range(0, NODES, 2) for g in range(GPUS))
+    named = Constraints(include_uuids=uuids)
+    demand = PodDemand((_request("main", 1, 30, 8192),), constraints=named)
+    if isinstance(view.place(demand, Policy.BINPACK), NoFit):
+        raise RuntimeError("the guard's UUID-list pod does not fit its cluster")
+    started = time.process_time()
+    for k in range(CHURNS):
+        name = f"node-{(2 * k + 1) % NODES:04d}"
+        inventory = view.inventory(name)
+        if inventory is None:
+            raise RuntimeError(f"the guard's cluster lost {name}")
+        view.remove_node(name)
+        view.add_node(inventory)
+        view.place(demand, Policy.BINPACK)
+    return (time.process_time() - started) / CHURNS

@@ -60,32 +60,70 @@ class Candidates:
         )
 
 
-# Distinct constraints whose masks are kept (each is two bool arrays, ~7 kB at 6,000 GPUs).
+# Distinct constraints whose masks are kept (each is four bool arrays, ~14 kB at 6,000 GPUs).
 MAX_CACHED_MASKS = 256
 
 
-def eligibility(st: ClusterState, constraints: Constraints) -> tuple[BoolArray, BoolArray]:
-    """(GPU slots ``constraints`` allow and that can take work, node rows they allow): the one
-    place a pod's model, UUID, pool and node constraints become masks. Set look-ups over the
-    cluster's models and nodes, and look-ups of the pod's GPU UUIDs, once per constraint."""
-    n_rows = len(st.n_pool)
+def constraint_masks(
+    st: ClusterState, constraints: Constraints, first_slot: int = 0, first_row: int = 0
+) -> tuple[BoolArray, BoolArray]:
+    """(GPU slots from ``first_slot`` on whose model and UUID ``constraints`` allow, node rows
+    from ``first_row`` on whose pool and name they allow), live or not: the one place a pod's
+    constraints become masks. From slot 0 the pod's UUIDs are looked up in the cluster's
+    index (cost follows the pod's list); past it, the few GPUs added since are tested one by
+    one (cost follows the new nodes)."""
     models = np.array([constraints.allows_model(m) for m in st.models] or [True])
-    gpus: BoolArray = st.g_live & models[st.g_model] if len(st.g_model) else st.g_live.copy()
-    if constraints.include_uuids:
-        named = np.zeros(len(gpus), np.bool_)
-        named[st.slots_with_uuids(constraints.include_uuids)] = True
-        gpus &= named
-    if constraints.exclude_uuids:
-        gpus[st.slots_with_uuids(constraints.exclude_uuids)] = False
-    nodes = st.n_live.copy()
+    gpus: BoolArray = models[st.g_model[first_slot:]]
+    if first_slot == 0:
+        if constraints.include_uuids:
+            named = np.zeros(len(gpus), np.bool_)
+            named[st.slots_with_uuids(constraints.include_uuids)] = True
+            gpus &= named
+        if constraints.exclude_uuids:
+            gpus[st.slots_with_uuids(constraints.exclude_uuids)] = False
+    elif constraints.include_uuids or constraints.exclude_uuids:
+        added = st.devices[first_slot:]
+        allows_uuid = constraints.allows_uuid
+        gpus &= np.fromiter((allows_uuid(d.uuid) for d in added), np.bool_, count=len(added))
+    n_rows = len(st.n_pool) - first_row
+    nodes: BoolArray = np.ones(n_rows, np.bool_)
     if constraints.pools:
         allows_pool = constraints.allows_pool
-        nodes &= np.fromiter((allows_pool(p) for p in st.n_pool), dtype=np.bool_, count=n_rows)
+        pools = st.n_pool[first_row:]
+        nodes &= np.fromiter((allows_pool(p) for p in pools), np.bool_, count=n_rows)
     if constraints.nodes is not None:
         chosen = constraints.nodes
-        nodes &= np.fromiter((n in chosen for n in st.node_names), dtype=np.bool_, count=n_rows)
-    gpus &= nodes[st.g_node]
+        names = st.node_names[first_row:]
+        nodes &= np.fromiter((n in chosen for n in names), np.bool_, count=n_rows)
     return gpus, nodes
+
+
+def live_only(st: ClusterState, gpus: BoolArray, nodes: BoolArray) -> tuple[BoolArray, BoolArray]:
+    """The masks of ``constraint_masks`` (from slot and row 0) narrowed to what can take work
+    now: live nodes, and their live GPUs."""
+    live_nodes: BoolArray = nodes & st.n_live
+    live_gpus: BoolArray = gpus & st.g_live & live_nodes[st.g_node]
+    return live_gpus, live_nodes
+
+
+def eligibility(st: ClusterState, constraints: Constraints) -> tuple[BoolArray, BoolArray]:
+    """(GPU slots ``constraints`` allow and that can take work, node rows they allow),
+    computed from scratch."""
+    return live_only(st, *constraint_masks(st, constraints))
+
+
+@dataclass
+class _Masks:
+    """One constraint's masks. ``gpus`` and ``nodes`` ignore liveness and cover the slots and
+    rows that existed when they were last extended; until a compaction renumbers slots
+    (``layout``), a node churn only appends, so they are extended by the new nodes instead of
+    looking every UUID up again. ``live`` is them narrowed to what was live at ``topology``."""
+
+    layout: int
+    gpus: BoolArray
+    nodes: BoolArray
+    topology: int
+    live: tuple[BoolArray, BoolArray]
 
 
 class CandidateFinder:
@@ -93,27 +131,40 @@ class CandidateFinder:
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
-        self._masks: dict[Constraints, tuple[BoolArray, BoolArray]] = {}
-        self._topology = -1
+        self._masks: dict[Constraints, _Masks] = {}
 
     # -- masks ---------------------------------------------------------------------------------
     def allowed(self, constraints: Constraints) -> tuple[BoolArray, BoolArray]:
         """(GPU slots the constraints allow and that can take work, node rows they allow).
 
-        Computed once per distinct ``Constraints`` and kept until the nodes change: every
-        policy, the no-fit explanation and the per-class path read the same masks."""
+        Built once per distinct ``Constraints``; every policy, the no-fit explanation and the
+        per-class path read the same masks. A topology change extends them by the nodes
+        added and narrows them to what is live; only a compaction builds them again."""
         st = self._state
-        if self._topology != st.topology_version:
-            self._masks.clear()
-            self._topology = st.topology_version
         cached = self._masks.get(constraints)
-        if cached is not None:
-            return cached
-        masks = eligibility(st, constraints)
-        if len(self._masks) >= MAX_CACHED_MASKS:  # constraints vary per pod: keep it bounded
+        if cached is not None and cached.layout == st.layout_epoch:
+            if cached.topology != st.topology_version:
+                self._refresh(cached, constraints)
+            return cached.live
+        gpus, nodes = constraint_masks(st, constraints)
+        if cached is None and len(self._masks) >= MAX_CACHED_MASKS:
+            # constraints vary per pod: keep it bounded
             self._masks.pop(next(iter(self._masks)))  # the oldest entry
-        self._masks[constraints] = masks
-        return masks
+        entry = _Masks(
+            st.layout_epoch, gpus, nodes, st.topology_version, live_only(st, gpus, nodes)
+        )
+        self._masks[constraints] = entry
+        return entry.live
+
+    def _refresh(self, masks: _Masks, constraints: Constraints) -> None:
+        st = self._state
+        first_slot, first_row = len(masks.gpus), len(masks.nodes)
+        if first_slot < len(st.g_model) or first_row < len(st.n_pool):
+            gpus, nodes = constraint_masks(st, constraints, first_slot, first_row)
+            masks.gpus = np.concatenate([masks.gpus, gpus])
+            masks.nodes = np.concatenate([masks.nodes, nodes])
+        masks.topology = st.topology_version
+        masks.live = live_only(st, masks.gpus, masks.nodes)
 
     def node_room(self, demand: PodDemand, pools: BoolArray) -> BoolArray:
         st = self._state

@@ -42,6 +42,8 @@ class ClusterState:
         self.models: list[str] = []
         self._model_id: dict[str, int] = {}
         self.topology_version = 0
+        # Slot and row numbers only grow until a compaction renumbers them; it bumps this.
+        self.layout_epoch = 0
         # per GPU slot
         self.g_node = np.zeros(0, np.int64)
         self.g_free = np.zeros(0, np.int64)
@@ -138,6 +140,7 @@ class ClusterState:
             fresh.g_cont[s.start : s.stop] = cont
             fresh.n_free_units[row] = int(free[fresh.g_live[s.start : s.stop]].sum())
         fresh.topology_version = self.topology_version + 1
+        fresh.layout_epoch = self.layout_epoch + 1
         self.__dict__.update(fresh.__dict__)
 
     def _model(self, name: str) -> int:

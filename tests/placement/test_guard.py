@@ -13,6 +13,9 @@ from fracgpu.placement.view import ClusterView
 
 # Small runs: these test the guard's verdicts, not the machine's speed.
 QUICK = ["--repeats", "1", "--admissions", "40", "--budget", "0.01"]
+MEASURED = {"admission"} | {
+    f"placement/{name}" for name in [*cli.workloads.SHAPES, cli.workloads.AFTER_CHURN]
+}
 
 
 def test_passes_on_its_baseline_and_fails_when_a_ratio_regresses(
@@ -24,9 +27,7 @@ def test_passes_on_its_baseline_and_fails_when_a_ratio_regresses(
                      "--tolerance", "3"]) == 0  # fmt: skip
     written = json.loads(baseline.read_text())
     assert written["tolerance"] == 3
-    assert set(written["ratios"]) == {"admission"} | {
-        f"placement/{shape}" for shape in cli.workloads.SHAPES
-    }
+    assert set(written["ratios"]) == MEASURED
     assert cli.main([*QUICK, "--baseline", str(baseline)]) == 0
     capsys.readouterr()
 
@@ -78,7 +79,7 @@ def test_a_missing_baseline_says_how_to_write_one(
 def test_the_committed_baseline_covers_every_measurement() -> None:
     tolerance, ratios = load_baseline(cli.BASELINE)
     assert tolerance == cli.DEFAULT_TOLERANCE
-    assert set(ratios) == {"admission"} | {f"placement/{s}" for s in cli.workloads.SHAPES}
+    assert set(ratios) == MEASURED
 
 
 def test_fails_when_placement_really_gets_slower(

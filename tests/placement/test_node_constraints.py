@@ -2,9 +2,10 @@
 once per distinct constraint, every policy reads it, and the reserve re-check uses the same
 fit rule as placement."""
 
+import numpy as np
 import pytest
 
-from fracgpu.model import GPUAllocation
+from fracgpu.model import GPUAllocation, GPUDevice, NodeInventory
 from fracgpu.placement import ClusterView, Constraints, NoFit, NoFitReason, Placement, Policy
 from fracgpu.placement import candidates as candidates_module
 from fracgpu.placement.state import BoolArray, ClusterState
@@ -43,16 +44,20 @@ def test_a_node_set_and_a_uuid_list_together() -> None:
 def test_eligibility_is_computed_once_per_distinct_constraint(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Equal constraints built anew for each pod (as the webhook builds them) share one mask
-    until the nodes change."""
-    calls: list[Constraints] = []
-    real = candidates_module.eligibility
+    """Equal constraints built anew for each pod (as the webhook builds them) share one mask;
+    a node churn extends it by the nodes added instead of building it again, and only a
+    compaction (slots renumbered) builds it from scratch."""
+    full_builds: list[Constraints] = []
+    real = candidates_module.constraint_masks
 
-    def counting(st: ClusterState, constraints: Constraints) -> tuple[BoolArray, BoolArray]:
-        calls.append(constraints)
-        return real(st, constraints)
+    def counting(
+        st: ClusterState, constraints: Constraints, first_slot: int = 0, first_row: int = 0
+    ) -> tuple[BoolArray, BoolArray]:
+        if first_slot == 0 and first_row == 0:
+            full_builds.append(constraints)
+        return real(st, constraints, first_slot, first_row)
 
-    monkeypatch.setattr(candidates_module, "eligibility", counting)
+    monkeypatch.setattr(candidates_module, "constraint_masks", counting)
     view = ClusterView([node(f"n{i}", 2) for i in range(10)])
     half = [f"n{i}" for i in range(0, 10, 2)]
     for policy in ALL:
@@ -60,11 +65,69 @@ def test_eligibility_is_computed_once_per_distinct_constraint(
             result = view.place(share(30, constraints=only(*half)), policy)
             assert isinstance(result, Placement) and result.node in half
             view.allocate(result.node, [a for c in result.containers for a in c.devices])
-    assert len(calls) == 1
-    view.remove_node("n9")  # churn: masks are recomputed once, not per GPU per pod
+    assert len(full_builds) == 1
+    view.remove_node("n8")  # churn: the mask follows it without a rebuild
     for _ in range(3):
-        assert isinstance(view.place(share(30, constraints=only(*half))), Placement)
-    assert len(calls) == 2
+        result = view.place(share(30, constraints=only(*half)))
+        assert isinstance(result, Placement) and result.node in half[:4]
+    view.add_node(node("n8", 2))  # back, in new slots: the extension finds it
+    assert {_placed_node(view, only("n8")) for _ in range(2)} == {"n8"}
+    assert len(full_builds) == 2  # only({"n8"}) is a new constraint
+    for _ in range(40):  # enough churn to compact the arrays: slots renumbered
+        view.add_node(node("spare", 1))
+        view.remove_node("spare")
+    assert _placed_node(view, only(*half)) in half
+    assert len(full_builds) == 3
+
+
+def _placed_node(view: ClusterView, constraints: Constraints) -> str:
+    result = view.place(share(10, constraints=constraints))
+    assert isinstance(result, Placement)
+    return result.node
+
+
+def test_masks_kept_across_churn_equal_masks_built_anew() -> None:
+    """The kept masks, extended and narrowed at every churn, are what a fresh build gives:
+    nodes leave, come back in new slots, arrive after a constraint naming their GPUs was
+    first seen, report a UUID another node also reports, and the arrays get compacted."""
+    rng = np.random.default_rng(5)
+    state = ClusterState(gpu_units=100)
+    finder = candidates_module.CandidateFinder(state)
+    names = [f"n{i}" for i in range(12)]
+    models = ("Tesla T4", "NVIDIA A100")
+    constraints = [
+        Constraints(include_uuids=("n3-gpu0", "n3-gpu1", "n11-gpu1", "n5-gpu0")),
+        Constraints(exclude_uuids=("n2-gpu0", "n7-gpu1")),
+        Constraints(include_models=("A100",), nodes=frozenset(names[::3])),
+        Constraints(pools=("p1",), include_uuids=("n4-gpu1", "n9-gpu0", "n10-gpu0")),
+        Constraints(),
+    ]
+
+    def inventory(name: str) -> NodeInventory:
+        i = int(name[1:])
+        return node(name, 2, model=models[i % 2], pool=f"p{i % 3}")
+
+    for name in names[:6]:
+        state.add_node(inventory(name), split_count=4)
+    compactions = state.layout_epoch
+    for step in range(300):
+        name = names[int(rng.integers(len(names)))]
+        if state.has_node(name):
+            state.remove_node(name)
+        else:
+            state.add_node(inventory(name), split_count=4)
+        if step % 50 == 25:  # another node reporting one of n3's UUIDs comes or goes
+            if state.has_node("twin"):
+                state.remove_node("twin")
+            else:
+                twin = (GPUDevice("n3-gpu0", 0, "Tesla T4", 16384),)
+                state.add_node(NodeInventory("twin", twin, 8000, 1), split_count=4)
+        for kept in constraints[int(rng.integers(len(constraints))) :]:
+            gpus, nodes = finder.allowed(kept)
+            fresh_gpus, fresh_nodes = candidates_module.eligibility(state, kept)
+            assert gpus.tolist() == fresh_gpus.tolist(), (step, kept)
+            assert nodes.tolist() == fresh_nodes.tolist(), (step, kept)
+    assert state.layout_epoch > compactions + 2  # the arrays were compacted along the way
 
 
 def test_reserve_recheck_uses_the_placement_fit_rule() -> None:
