@@ -60,7 +60,8 @@ class Candidates:
         )
 
 
-# Distinct constraints whose masks are kept (each is four bool arrays, ~14 kB at 6,000 GPUs).
+# Distinct constraints whose masks are kept (each is four bool arrays, ~14 kB at 6,000 GPUs,
+# up to twice that as removed nodes' slots pile up before a compaction).
 MAX_CACHED_MASKS = 256
 
 
