@@ -31,10 +31,13 @@ MAX_PAIRS: Final = 256
 # Bounds on the caches: distinct demand shapes, and scores kept per shape.
 MAX_DEMANDS: Final = 256
 MAX_SCORES: Final = 8 * MAX_PAIRS
-# (fragmentation loss, node's free compute after, GPU left after): smallest wins, in order.
+# (fragmentation loss, node's free compute after, GPU left after), as cached.
 Score = tuple[float, float, float]
 # A pair's cached answer: its GPUs' memory take and score, or None when they do not fit.
 Fit = tuple[int, Score] | None
+# What a decision compares, smallest first key by key: (1 on one of the last nodes of a
+# reserved kind else 0, loss plus the scarcity cost, then the cached score's other keys).
+Ranked = tuple[float, float, float, float]
 
 
 class ClassChooser:
@@ -70,20 +73,22 @@ class ClassChooser:
                 demand=demand,
                 request=request,
             )
-        options = []
+        options: list[tuple[int, tuple[int, Ranked]]] = []
         scarce = frag.scarce_costs_apply()
         for pair in live:
             fit = fits[pair]
             if fit is None:
                 continue
             slot = pairs.lowest(pair)
-            if scarce:  # left out of the cached score: it changes as other nodes are opened
+            need, (loss, free_after, gpu_left) = fit
+            reserved = 0.0
+            # Left out of the cached score: they change as other nodes are opened.
+            if scarce:
                 kind = self._kind(pair[0], slot, state, frag)
-                cost = 0.0 if kind == NOT_UNTOUCHED else frag.scarce_cost_of_kind(state, kind)
-                if cost:
-                    need, (loss, free_after, gpu_left) = fit
-                    fit = (need, (loss + cost, free_after, gpu_left))
-            options.append((slot, fit))
+                if kind != NOT_UNTOUCHED:
+                    loss += frag.scarce_cost_of_kind(state, kind)
+                    reserved = 1.0 if frag.kind_reserved(state, kind) else 0.0
+            options.append((slot, (need, (reserved, loss, free_after, gpu_left))))
         if not options:
             return None
         slot, (take_mem, _) = _best(options)
@@ -217,7 +222,7 @@ def _memory_taken(
     return need if room else None
 
 
-def _best(options: list[tuple[int, tuple[int, Score]]]) -> tuple[int, tuple[int, Score]]:
+def _best(options: list[tuple[int, tuple[int, Ranked]]]) -> tuple[int, tuple[int, Ranked]]:
     """``scoring.lexmin`` over (lowest slot, (memory, score)) options: smallest score key by
     key, near-equal floats tie (``scoring.tie_limit``), the lowest slot wins a full tie. A
     loop over the few cached options: arrays for ``lexmin`` itself cost 9 % more
@@ -225,7 +230,7 @@ def _best(options: list[tuple[int, tuple[int, Score]]]) -> tuple[int, tuple[int,
     if len(options) == 1:
         return options[0]
     alive = sorted(options, key=lambda o: o[0])
-    for k in range(3):
+    for k in range(4):
         if len(alive) == 1:
             break
         limit = tie_limit(min(o[1][1][k] for o in alive))

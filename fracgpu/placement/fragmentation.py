@@ -74,6 +74,9 @@ class FragmentationIndex:
         # model_rarity x the frequency of model-limited shapes: what a GPU unit of a rare
         # model costs, per unit of ln(live GPUs / live GPUs of the model); 0 turns it off.
         self._rarity_scale = 0.0
+        # The fewest GPUs a typical multi-GPU shape asks for (0: none); only nodes with at
+        # least as many are reserved (``reserved``).
+        self._reserve_gpus = 0
         self.shapes: tuple[Shape, ...] = ()
         self.weights: FloatArray = np.zeros(0)
         self._topology = -1
@@ -131,6 +134,8 @@ class FragmentationIndex:
                 return
         self.weights = weights
         self._rarity_scale = self.model_rarity * float(weights[self.s_limited].sum())
+        wide = self.s_gpus[(self.s_gpus > 1) & (weights > 0)]
+        self._reserve_gpus = int(wide.min()) if len(wide) else 0
         self.version += 1
 
     def _recount_rarity(self, state: ClusterState) -> bool:
@@ -492,6 +497,28 @@ class FragmentationIndex:
         if scarce:
             result = result + self.scarcity_cost(state, rows, share=share)
         return result
+
+    def reserved(self, state: ClusterState, rows: IntArray, *, takes: bool = True) -> FloatArray:
+        """Per row: 1 where the pod would take from one of the last nodes of a reserved kind
+        (``scarcity.reserved``) that a typical multi-GPU shape could have whole, else 0; the
+        first key of the policy, before ``loss``. Without multi-GPU shapes no node is kept:
+        what is rare then is judged by the capacity lost alone. ``takes``: whether the pod
+        takes anything from the node at all (a pod without GPUs asking for no CPU or memory
+        leaves its kind as it is)."""
+        if not takes or not self._reserve_gpus or not self.scarce_costs_apply():
+            return np.zeros(len(rows))
+        wide_enough = state.n_unit_capacity[rows] >= self._reserve_gpus * state.gpu_units
+        result: FloatArray = (self.scarcity.reserved_rows(rows) & wide_enough).astype(np.float64)
+        return result
+
+    def kind_reserved(self, state: ClusterState, kind_id: int) -> bool:
+        """``reserved`` for an untouched node of kind ``kind_id`` (``ScarcityTable`` id), for
+        a pod with GPUs."""
+        if not self._reserve_gpus or not self.scarce_costs_apply():
+            return False
+        capacity = self.scarcity.kinds[kind_id][2]
+        wide_enough = capacity >= self._reserve_gpus * state.gpu_units
+        return wide_enough and self.scarcity.kind_reserved(kind_id)
 
     def scarce_costs_apply(self) -> bool:
         """Whether scores include ``scarcity_cost``."""

@@ -18,6 +18,10 @@ pods that could run anywhere opened the rare model's nodes first (on a trace wit
 the pods limited to one or two models, the first 8-GPU pod limited to a model with 21 such
 nodes was refused with the cluster 18-40 % full).
 
+The last few nodes of a kind (``RESERVED_NODES``) are also *reserved*: whatever the costs,
+a pod takes from one only when no other node fits it. That is a rank, not a cost, so scores
+keep it apart (``scoring``, ``byclass``).
+
 The table counts untouched nodes per kind and keeps D per kind: a node entering or leaving
 the untouched set (or changing kind) moves one count and the D of the kinds it covers,
 O(kinds) with a few dozen kinds, instead of regrouping every untouched node. Scores read
@@ -28,7 +32,7 @@ import math
 
 import numpy as np
 
-from fracgpu.placement.state import ClusterState, FloatArray, IntArray
+from fracgpu.placement.state import BoolArray, ClusterState, FloatArray, IntArray
 
 # (free CPU milli, free memory MiB, GPU compute units over live GPUs, model key): the model
 # key is the model id when all the node's GPUs are one model, else a negative id per mix.
@@ -37,6 +41,14 @@ Kind = tuple[int, int, int, int]
 # cost little more than the tenth; 20-300 were tried on the default trace and four derived
 # ones (3-4 seeds each): 60 kept the most allocation with the 8-GPU pods placeable.
 LAST_FEW = 60.0
+# A kind that at most this many untouched nodes cover (and not every one) is *reserved*: a
+# pod takes from such a node only when no other node fits it (``FragmentationIndex.
+# reserved``). The costs above are weighed against capacity lost now and can lose to it;
+# on the CPU-heavy 2.5 trace pods that fit elsewhere took the last 128-CPU node, and the
+# first 8-GPU pod was refused at 77.7 % arrived against best-fit's 78.6 (10 seeds). With 1,
+# 78.6, no seed earlier than best-fit; 2 and 4 gave the same first refusal and less
+# allocation. (The CPU-heavy 1.5 trace lost 0.07 points; the other traces did not move.)
+RESERVED_NODES = 1
 NOT_UNTOUCHED = -1
 # Kind ids no untouched node has any more, kept before the table is renumbered.
 MAX_DEAD_KINDS = 256
@@ -76,6 +88,13 @@ def scarcity(untouched: int, covering: int, *, opened: bool = True) -> float:
     return log_part + LAST_FEW * (1 / covering - 1 / untouched) if opened else log_part
 
 
+def reserved(untouched: int, covering: int) -> bool:
+    """Whether a kind that ``covering`` of the ``untouched`` nodes cover is kept for pods
+    that fit nowhere else (``RESERVED_NODES``). A kind every untouched node covers is not:
+    as with ``scarcity``, the last node of a small or uniform cluster is nothing rare."""
+    return covering <= RESERVED_NODES and covering < untouched
+
+
 class ScarcityTable:
     """Untouched nodes per kind, and per kind how many untouched nodes cover it."""
 
@@ -95,6 +114,8 @@ class ScarcityTable:
         self._cost: FloatArray | None = None  # scarcity by kind id, until U or D change
         self._cost_list: list[float] | None = None  # the same as a list
         self._cost_kept: FloatArray | None = None  # the log parts alone
+        self._reserved: BoolArray | None = None  # ``reserved`` by kind id, likewise
+        self._reserved_list: list[bool] | None = None  # the same as a list
         self.untouched = 0  # U
 
     def rebuild(self, state: ClusterState) -> None:
@@ -152,7 +173,9 @@ class ScarcityTable:
         return found
 
     def _move(self, kind_id: int, delta: int) -> None:
-        self._cost = self._cost_list = self._cost_kept = None  # U changed: every kind's did
+        # U changed: every kind's costs did
+        self._cost = self._cost_list = self._cost_kept = None
+        self._reserved = self._reserved_list = None
         self.untouched += delta
         kind = self.kinds[kind_id]
         if kind_id not in self._count:  # new to the table: count the nodes that cover it
@@ -183,6 +206,28 @@ class ScarcityTable:
         """Per row: its kind's ``scarcity`` when untouched, else 0."""
         result: FloatArray = self._costs_by_kind(opened=opened)[self.row_kind[rows]]
         return result
+
+    def _reserved_by_kind(self) -> BoolArray:
+        kept = self._reserved
+        if kept is None:
+            kept = np.zeros(len(self.kinds) + 1, np.bool_)  # the last one for NOT_UNTOUCHED
+            for kind_id, covering in self._covering.items():
+                kept[kind_id] = reserved(self.untouched, covering)
+            self._reserved = kept
+        return kept
+
+    def reserved_rows(self, rows: IntArray) -> BoolArray:
+        """Per row: whether it is untouched and its kind is ``reserved``."""
+        result: BoolArray = self._reserved_by_kind()[self.row_kind[rows]]
+        return result
+
+    def kind_reserved(self, kind_id: int) -> bool:
+        """Whether kind id ``kind_id`` is ``reserved`` (NOT_UNTOUCHED is not), read from a
+        list, as ``cost_of_kind``."""
+        kept = self._reserved_list
+        if kept is None:
+            kept = self._reserved_list = self._reserved_by_kind().tolist()
+        return kept[kind_id]
 
     def cost_of_kind(self, kind_id: int) -> float:
         """The scarcity of one kind id (NOT_UNTOUCHED costs 0), read from a list: one per

@@ -69,9 +69,13 @@ def _by_fragmentation(
         loss = frag.node_loss_cpu_only(state, cands.rows, demand.cpu_milli, demand.memory_mib)
     else:
         loss = frag.loss(state, cands, demand.cpu_milli, demand.memory_mib, distinct=distinct)
-    # Ties (the same capacity lost) go to the node with the least GPU left, then the GPU
-    # left fullest: packing keeps whole nodes free for multi-GPU pods.
+    takes = not keys.gpu_less or demand.cpu_milli > 0 or demand.memory_mib > 0
+    reserved = frag.reserved(state, cands.rows, takes=takes)
+    # The last nodes of a scarce kind only when nothing else fits; then the least capacity
+    # lost. Ties (the same capacity lost) go to the node with the least GPU left, then the
+    # GPU left fullest: packing keeps whole nodes free for multi-GPU pods.
     chain: list[Key] = [
+        lambda idx: reserved if idx is None else reserved[idx],
         lambda idx: loss if idx is None else loss[idx],
         keys.node_free_after,
         keys.gpu_left,

@@ -101,6 +101,44 @@ def test_fragmentation_opens_the_scarce_big_node_last() -> None:
     assert placed(view, one_gpu, Policy.FRAGMENTATION).node == "s1"
 
 
+def reserve_cluster() -> ClusterView:
+    """One node of 128 CPUs, the only one its kind; two of 96 CPUs, covered by all three.
+    One-GPU pods of 4 CPUs are the usual shape; some pods take a node's 8 GPUs."""
+    big = node("big", 8, cpu_milli=128000, host_memory_mib=786432)
+    small = [node(f"s{i}", 8, cpu_milli=96000, host_memory_mib=393216) for i in (1, 2)]
+    view = ClusterView([big, *small])
+    for _ in range(5):
+        view.observe(PodDemand((container("main", 100, WHOLE_CARD, gpus=8),), cpu_milli=88000))
+    for _ in range(100):
+        view.observe(PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=4000))
+    return view
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_fragmentation_takes_the_last_node_of_a_kind_only_when_nothing_else_fits(
+    gpus: int,
+) -> None:
+    """A pod of 90 CPUs on s1 leaves 6 CPUs there and strands 7 or 8 GPUs of the usual
+    shape; on "big" it strands none. That loss outweighs the cost of opening the scarce
+    node, so without the reserve the pod opens "big", the last node of its kind. With it,
+    the pod goes to s1; a pod of 100 CPUs, which only "big" can host, still gets it."""
+    view = reserve_cluster()
+    containers = (container("main", 100, WHOLE_CARD),) * gpus
+    fits_anywhere = PodDemand(containers, cpu_milli=90000)
+    assert placed(view, fits_anywhere, Policy.FRAGMENTATION).node == "s1"
+    only_big = PodDemand(containers, cpu_milli=100000)
+    assert placed(view, only_big, Policy.FRAGMENTATION).node == "big"
+
+
+def test_fragmentation_reserves_no_kind_every_untouched_node_covers() -> None:
+    """With s1 and s2 opened, "big" is the one untouched node and covers every untouched
+    node's kind: nothing is rare then, and the 90-CPU pod takes "big" by its loss."""
+    view = reserve_cluster()
+    for name in ("s1", "s2"):
+        take(view, name, f"{name}-gpu0", 100)
+    assert placed(view, PodDemand((), cpu_milli=90000), Policy.FRAGMENTATION).node == "big"
+
+
 @pytest.mark.parametrize("policy", list(Policy))
 def test_exclusive_needs_a_completely_free_gpu(policy: Policy) -> None:
     view = ClusterView([node("a", 2)])
