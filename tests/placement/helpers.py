@@ -1,7 +1,14 @@
 """Small hand-checkable clusters and demands for the placement tests."""
 
-from fracgpu.model import ContainerRequest, GPUAllocation, GPUDevice, MemoryRequest, NodeInventory
-from fracgpu.placement import Constraints, Placement, PodDemand
+from fracgpu.model import (
+    WHOLE_CARD,
+    ContainerRequest,
+    GPUAllocation,
+    GPUDevice,
+    MemoryRequest,
+    NodeInventory,
+)
+from fracgpu.placement import ClusterView, Constraints, Placement, PodDemand
 
 CARD_MIB = 16384
 ANYWHERE = Constraints()
@@ -58,3 +65,16 @@ def uuids(placement: Placement) -> list[str]:
 
 def allocations(placement: Placement) -> list[GPUAllocation]:
     return [a for c in placement.containers for a in c.devices]
+
+
+def reserve_cluster() -> ClusterView:
+    """One node of 128 CPUs, the only one its kind; two of 96 CPUs, covered by all three.
+    One-GPU pods of 4 CPUs are the usual shape; some pods take a node's 8 GPUs."""
+    big = node("big", 8, cpu_milli=128000, host_memory_mib=786432)
+    small = [node(f"s{i}", 8, cpu_milli=96000, host_memory_mib=393216) for i in (1, 2)]
+    view = ClusterView([big, *small])
+    for _ in range(5):
+        view.observe(PodDemand((container("main", 100, WHOLE_CARD, gpus=8),), cpu_milli=88000))
+    for _ in range(100):
+        view.observe(PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=4000))
+    return view

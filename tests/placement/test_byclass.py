@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fracgpu.model import ContainerRequest, GPUAllocation, MemoryRequest
+from fracgpu.model import WHOLE_CARD, ContainerRequest, GPUAllocation, MemoryRequest
 from fracgpu.placement import ClusterView, Constraints, Placement, PodDemand, Policy
 from fracgpu.placement.byclass import ClassChooser
 from fracgpu.placement.pairs import ClassPairs
-from tests.placement.helpers import node, share
+from tests.placement.helpers import container, node, reserve_cluster, share
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -253,3 +253,27 @@ def test_cached_kinds_follow_a_renumbered_scarcity_table() -> None:
         answers.append(placed.node)
     assert fast._frag.scarcity.version > 2  # the table was renumbered
     assert answers[-1] == "w"  # the cheapest kind to open: every untouched node covers it
+
+
+def test_pair_by_pair_keeps_the_reserved_node_like_every_candidate() -> None:
+    """The reserve is read per node class when options are compared, not cached with the
+    scores: a one-GPU pod of 90 CPUs goes to s1 while "big" is the last node of its kind,
+    by either path; once s1 and s2 are open nothing is rare and both paths send the next
+    one to "big"."""
+    fast, full = reserve_cluster(), reserve_cluster()
+    got: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        for cpu in (90000, 90000, 4000, 90000):
+            demand = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=cpu)
+            placed = fast.place(demand, Policy.FRAGMENTATION)
+            patch.setattr(ClassChooser, "place", lambda *_: None)
+            expected = full.place(demand, Policy.FRAGMENTATION)
+            patch.undo()
+            assert isinstance(placed, Placement)
+            assert placed == expected
+            got.append(placed.node)
+            allocations = [a for c in placed.containers for a in c.devices]
+            for view in (fast, full):
+                view.allocate(placed.node, allocations, cpu)
+    assert got[:2] == ["s1", "s2"]
+    assert got[3] == "big"

@@ -4,7 +4,7 @@ import pytest
 
 from fracgpu.model import WHOLE_CARD, GPUAllocation, MemoryRequest
 from fracgpu.placement import ClusterView, NoFit, Placement, PodDemand, Policy
-from tests.placement.helpers import container, node, share, uuids
+from tests.placement.helpers import container, node, reserve_cluster, share, uuids
 
 
 def placed(view: ClusterView, demand: PodDemand, policy: Policy) -> Placement:
@@ -99,19 +99,6 @@ def test_fragmentation_opens_the_scarce_big_node_last() -> None:
     view.allocate(first.node, list(first.containers[0].devices), cpu_milli=12000)
     # s1 is open now: the next one-GPU pod packs there, still leaving "big" whole.
     assert placed(view, one_gpu, Policy.FRAGMENTATION).node == "s1"
-
-
-def reserve_cluster() -> ClusterView:
-    """One node of 128 CPUs, the only one its kind; two of 96 CPUs, covered by all three.
-    One-GPU pods of 4 CPUs are the usual shape; some pods take a node's 8 GPUs."""
-    big = node("big", 8, cpu_milli=128000, host_memory_mib=786432)
-    small = [node(f"s{i}", 8, cpu_milli=96000, host_memory_mib=393216) for i in (1, 2)]
-    view = ClusterView([big, *small])
-    for _ in range(5):
-        view.observe(PodDemand((container("main", 100, WHOLE_CARD, gpus=8),), cpu_milli=88000))
-    for _ in range(100):
-        view.observe(PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=4000))
-    return view
 
 
 @pytest.mark.parametrize("gpus", [0, 1])
