@@ -11,7 +11,7 @@ from fracgpu.model import WHOLE_CARD, ContainerRequest, GPUAllocation, MemoryReq
 from fracgpu.placement import ClusterView, Constraints, Placement, PodDemand, Policy
 from fracgpu.placement.byclass import ClassChooser
 from fracgpu.placement.pairs import ClassPairs
-from tests.placement.helpers import container, node, reserve_cluster, share
+from tests.placement.helpers import allocations, container, node, reserve_cluster, share
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -171,6 +171,18 @@ def test_alike_nodes_are_decided_by_pair(monkeypatch: pytest.MonkeyPatch) -> Non
     assert len(answers) == 40
 
 
+def placed_by_both_paths(fast: ClusterView, full: ClusterView, demand: PodDemand) -> Placement:
+    """The per-class path's placement on ``fast``, checked against the full scan's on ``full``
+    (two views kept in the same state)."""
+    placed = fast.place(demand, Policy.FRAGMENTATION)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ClassChooser, "place", lambda *_: None)
+        expected = full.place(demand, Policy.FRAGMENTATION)
+    assert isinstance(placed, Placement)
+    assert placed == expected
+    return placed
+
+
 def test_cached_scores_follow_the_untouched_nodes() -> None:
     """Opening a node changes what the other untouched nodes cost to open (their kind's
     scarcity), so scores cached by class must not outlive it. Untouched X (most memory)
@@ -196,18 +208,11 @@ def test_cached_scores_follow_the_untouched_nodes() -> None:
             view.observe(plain)
             view.observe(on_z)
     got: list[str] = []
-    with pytest.MonkeyPatch.context() as patch:
-        for demand in (plain, on_z, plain):
-            placed = fast.place(demand, Policy.FRAGMENTATION)
-            patch.setattr(ClassChooser, "place", lambda *_: None)
-            expected = full.place(demand, Policy.FRAGMENTATION)
-            patch.undo()
-            assert isinstance(placed, Placement)
-            assert placed == expected
-            got.append(placed.node)
-            allocations = [a for c in placed.containers for a in c.devices]
-            for view in (fast, full):
-                view.allocate(placed.node, allocations)
+    for demand in (plain, on_z, plain):
+        placed = placed_by_both_paths(fast, full, demand)
+        got.append(placed.node)
+        for view in (fast, full):
+            view.allocate(placed.node, allocations(placed))
     assert got == ["a1", "z", "x"]
 
 
@@ -244,13 +249,7 @@ def test_cached_kinds_follow_a_renumbered_scarcity_table() -> None:
                 for cpu in range(1, 300):  # a kind per CPU amount, gone again at once
                     view.allocate("z", [], cpu_milli=cpu)
                     view.release("z", [], cpu_milli=cpu)
-        placed = fast.place(plain, Policy.FRAGMENTATION)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(ClassChooser, "place", lambda *_: None)
-            expected = full.place(plain, Policy.FRAGMENTATION)
-        assert isinstance(placed, Placement)
-        assert placed == expected
-        answers.append(placed.node)
+        answers.append(placed_by_both_paths(fast, full, plain).node)
     assert fast._frag.scarcity.version > 2  # the table was renumbered
     assert answers[-1] == "w"  # the cheapest kind to open: every untouched node covers it
 
@@ -262,18 +261,11 @@ def test_pair_by_pair_keeps_the_reserved_node_like_every_candidate() -> None:
     one to "big"."""
     fast, full = reserve_cluster(), reserve_cluster()
     got: list[str] = []
-    with pytest.MonkeyPatch.context() as patch:
-        for cpu in (90000, 90000, 4000, 90000):
-            demand = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=cpu)
-            placed = fast.place(demand, Policy.FRAGMENTATION)
-            patch.setattr(ClassChooser, "place", lambda *_: None)
-            expected = full.place(demand, Policy.FRAGMENTATION)
-            patch.undo()
-            assert isinstance(placed, Placement)
-            assert placed == expected
-            got.append(placed.node)
-            allocations = [a for c in placed.containers for a in c.devices]
-            for view in (fast, full):
-                view.allocate(placed.node, allocations, cpu)
+    for cpu in (90000, 90000, 4000, 90000):
+        demand = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=cpu)
+        placed = placed_by_both_paths(fast, full, demand)
+        got.append(placed.node)
+        for view in (fast, full):
+            view.allocate(placed.node, allocations(placed), cpu)
     assert got[:2] == ["s1", "s2"]
     assert got[3] == "big"
