@@ -365,6 +365,68 @@ def test_node_selector_and_taints_steer_placement_in_cluster_mode(
     del other
 
 
+def test_a_gpu_node_tainted_with_a_resource_name_takes_the_pods_that_ask_for_it(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    """docs/operations.md, "Keep GPU nodes for GPU pods": kube-apiserver's
+    ExtendedResourceToleration runs before the webhooks, so fracgpu places a pod that asks
+    for the taint's resource on the tainted node. A pod of another dialect, and a pod without
+    GPUs, get no toleration: the first is refused there, the second stays off it."""
+    suffix = uuid.uuid4().hex[:6]
+    pool = {"pool": f"gpu-only-{suffix}"}
+    tainted = nodes.gpu_node(f"gpu-only-{suffix}", gpus=2, memory_mib=A100, labels=pool)
+    taint = {"key": names.RESOURCE_VCUDA_CORE, "value": "present", "effect": "NoSchedule"}
+    kubernetes.client.CoreV1Api(kube_client).patch_node(tainted.name, {"spec": {"taints": [taint]}})
+    time.sleep(1.5)  # the replicas' node caches see the node and its taint
+    tolerated = {"key": names.RESOURCE_VCUDA_CORE, "operator": "Exists", "effect": "NoSchedule"}
+
+    tke = create(
+        kube_client,
+        namespace,
+        pod(
+            "tke-on-tainted",
+            {names.RESOURCE_VCUDA_CORE: "30", names.RESOURCE_VCUDA_MEMORY: "16"},
+            spec={"nodeSelector": pool},
+        ),
+    )
+    assert tolerated in tke["spec"]["tolerations"]
+    placed = codec.decode_assignment(tke["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT])
+    assert placed.node == tainted.name
+
+    with pytest.raises(ApiException) as refused:
+        create(
+            kube_client,
+            namespace,
+            pod(
+                "hami-on-tainted",
+                {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "20"},
+                spec={"nodeSelector": pool},
+            ),
+        )
+    message = refused.value.body or ""
+    assert "not tolerated" in message and names.RESOURCE_VCUDA_CORE in message, message
+
+    cpu_only = create(
+        kube_client,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "cpu-only"},
+            "spec": {
+                "containers": [
+                    {"name": "main", "image": "busybox", "resources": {"limits": {"cpu": "1"}}}
+                ]
+            },
+        },
+    )
+    keys = {t.get("key") for t in cpu_only["spec"].get("tolerations") or []}
+    assert names.RESOURCE_VCUDA_CORE not in keys
+
+
 def test_a_pod_as_large_as_the_api_server_stores_is_denied_by_name_beside_ordinary_ones(
     webhooks: Webhooks,
     kube_client: kubernetes.client.ApiClient,

@@ -17,11 +17,15 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 
 # No controller-manager runs, so nothing would create the `default` ServiceAccount or its
 # token: the ServiceAccount plugin would reject every pod. All webhook and quota plugins stay.
+# ExtendedResourceToleration (on by default in some managed clusters) gives a pod asking for
+# an extended resource a toleration of the taint of that name: the recipe in
+# docs/operations.md for keeping GPU nodes for GPU pods relies on it.
 ENABLED_ADMISSION_PLUGINS = (
     "NamespaceLifecycle",
     "LimitRanger",
     "DefaultTolerationSeconds",
     "Priority",
+    "ExtendedResourceToleration",
     "MutatingAdmissionWebhook",
     "ValidatingAdmissionWebhook",
     "ResourceQuota",
