@@ -454,8 +454,9 @@ def test_a_pod_as_large_as_the_api_server_stores_is_denied_by_name_beside_ordina
             attack.result()
     assert denied.value.status == 403
     message = json.loads(denied.value.body)["message"]
-    # the API server's DefaultTolerationSeconds plugin adds two tolerations of its own
-    assert "20002 tolerations, over fracgpu's limit of 256 (setting max-tolerations)" in message
+    # the API server adds four of its own: DefaultTolerationSeconds two, and
+    # ExtendedResourceToleration one per extended resource the pod asks for
+    assert "20004 tolerations, over fracgpu's limit of 256 (setting max-tolerations)" in message
     twins = pod("twins", limits)
     twins["spec"]["containers"].append(dict(twins["spec"]["containers"][0]))
     with pytest.raises(ApiException) as denied:
