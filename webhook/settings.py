@@ -12,6 +12,7 @@ every option by scope, and a test keeps the two in step.
 import argparse
 import dataclasses
 import posixpath
+import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -236,6 +237,27 @@ def _log_level(text: str) -> str:
 def _resource_name(text: str) -> str:
     if "/" not in text or text.startswith("/") or text.endswith("/"):
         raise ValueError("use a qualified extended resource name such as example.com/gpu")
+    return text
+
+
+# A Kubernetes label key, as a taint key must be: an optional DNS-subdomain prefix and "/",
+# then a name of at most 63 characters.
+_DNS_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_TAINT_PREFIX: Final = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_TAINT_NAME: Final = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _taint_key(text: str) -> str:
+    prefix, _, name = text.rpartition("/")
+    if text and (
+        not _TAINT_NAME.fullmatch(name)
+        or len(name) > 63
+        or ("/" in text and (not _TAINT_PREFIX.fullmatch(prefix) or len(prefix) > 253))
+    ):
+        raise ValueError(
+            "use a taint key such as fracgpu.io/gpu-node (an optional DNS prefix and '/', then "
+            "at most 63 letters, digits, '-', '_' or '.'), or leave it empty"
+        )
     return text
 
 
@@ -475,6 +497,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _placement_mode,
     ),
     Option(
+        "gpu_node_taint",
+        "",
+        "key of a NoSchedule taint the GPU nodes carry: every GPU pod fracgpu admits gets a "
+        "toleration of it, and a pod without GPUs that tolerates it is refused (empty: none)",
+        _taint_key,
+    ),
+    Option(
         "scheduler_name",
         names.DEFAULT_SCHEDULER_NAME,
         "queue mode: schedulerName of queued pods (the second kube-scheduler calling the extender)",
@@ -555,6 +584,8 @@ class Settings:
     protected_host_paths: tuple[str, ...] = _default("protected_host_paths")
     # How long a reservation waits for a sign that its pod passed the rest of admission.
     admission_window_seconds: float = _default("admission_window_seconds")
+    # The taint that keeps pods without GPUs off GPU nodes ("": none): GPU pods tolerate it.
+    gpu_node_taint: str = _default("gpu_node_taint")
     # Queue mode (webhook/queue): the mode, the scheduler queued pods wait for, and the
     # loopback port of the extender that scheduler calls (0: no extender).
     placement_mode: PlacementMode = _default("placement_mode")
@@ -744,6 +775,7 @@ def _assemble(values: Mapping[str, Any]) -> Settings:
         self_check_interval_seconds=values["self_check_interval_seconds"],
         protected_host_paths=values["protected_host_paths"],
         admission_window_seconds=values["admission_window_seconds"],
+        gpu_node_taint=values["gpu_node_taint"],
         placement_mode=values["placement_mode"],
         scheduler_name=values["scheduler_name"],
         extender_port=values["extender_port"],

@@ -50,6 +50,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "kube_version": "v1.29.0",
     },
     "privileged-agent": {"values": {"agent": {"privileged": True}}},
+    "gpu-node-taint": {"values": {"webhook": {"gpuNodeTaint": "fracgpu.io/gpu-node"}}},
     "webhook-scope": {
         "values": {
             "webhooks": {
@@ -311,6 +312,14 @@ def test_node_defaults_reach_the_webhook(rendered: dict[str, Rendered]) -> None:
         settings = webhook_settings.load(None, env)
         assert (settings.memory_scaling, settings.disable_core_limit) == (scaling, no_pacing)
         assert "FRACGPU_MEMORY_SCALING" in env and "FRACGPU_DISABLE_CORE_LIMIT" in env
+
+
+def test_the_gpu_node_taint_reaches_the_webhook(rendered: dict[str, Rendered]) -> None:
+    """webhook.gpuNodeTaint: empty by default (no toleration written), else the key."""
+    for profile, key in (("default", ""), ("gpu-node-taint", "fracgpu.io/gpu-node")):
+        deployment = rendered[profile].one("Deployment", "fracgpu-webhook")
+        env = _env(_container(deployment, "webhook"), {"metadata.name": "w"})
+        assert webhook_settings.load(None, env).gpu_node_taint == key
 
 
 def test_agent_settings_are_accepted_by_the_agent(rendered: dict[str, Rendered]) -> None:

@@ -131,6 +131,8 @@ BAD_VALUES = [
     ("exempt namespace not a DNS label", "webhooks.extraExemptNamespaces", ["Team_A"]),
     ("matchConditions not a boolean", "webhooks.matchConditions.enabled", "yes"),
     ("unqualified resource name", "resourceNames.vcudaCore", "vcuda-core"),
+    ("GPU node taint not a taint key", "webhook.gpuNodeTaint", "gpu node"),
+    ("GPU node taint with an empty name", "webhook.gpuNodeTaint", "fracgpu.io/"),
     ("missing resource name", "resourceNames.vcudaMemory", None),
     ("pull policy", "image.pullPolicy", "Sometimes"),
     ("anti-affinity", "webhook.antiAffinity", "strict"),

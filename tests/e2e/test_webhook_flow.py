@@ -33,6 +33,9 @@ from .webhook_harness import FRACGPU_NAMESPACE, Webhooks, running_webhooks, wait
 pytestmark = pytest.mark.e2e
 A100 = 40960
 RESERVATION_TTL_S = 15
+# The replicas run with --gpu-node-taint: GPU pods get its toleration, pods without GPUs that
+# tolerate it are refused. Nodes without the taint are unaffected.
+GPU_NODE_TAINT = "fracgpu.io/gpu-node"
 LEASE = "fracgpu-webhook"
 
 
@@ -45,7 +48,12 @@ def webhooks(
 ) -> Iterator[Webhooks]:
     # a short TTL lets orphaned reservations (creates lost to a fault) expire within a test;
     # the webhook's own service account with exactly the chart's RBAC proves it suffices
-    extra = ["--reservation-ttl-seconds", str(RESERVATION_TTL_S)]
+    extra = [
+        "--reservation-ttl-seconds",
+        str(RESERVATION_TTL_S),
+        "--gpu-node-taint",
+        GPU_NODE_TAINT,
+    ]
     with running_webhooks(
         kube_client,
         control_plane.kubeconfig("webhook"),
@@ -425,6 +433,52 @@ def test_a_gpu_node_tainted_with_a_resource_name_takes_the_pods_that_ask_for_it(
     )
     keys = {t.get("key") for t in cpu_only["spec"].get("tolerations") or []}
     assert names.RESOURCE_VCUDA_CORE not in keys
+
+
+def test_fracgpus_gpu_node_taint_takes_gpu_pods_of_any_dialect_and_no_other_pod(
+    webhooks: Webhooks,
+    kube_client: kubernetes.client.ApiClient,
+    nodes: NodeFactory,
+    namespace: str,
+) -> None:
+    """docs/operations.md, "Keep GPU nodes for GPU pods", with --gpu-node-taint: the API
+    server applies fracgpu's toleration to pods of both dialects, which are then placed on
+    the tainted node, and refuses a pod without GPUs that tolerates the taint."""
+    suffix = uuid.uuid4().hex[:6]
+    pool = {"pool": f"kept-{suffix}"}
+    tainted = nodes.gpu_node(f"kept-{suffix}", gpus=2, memory_mib=A100, labels=pool)
+    taint = {"key": GPU_NODE_TAINT, "value": "present", "effect": "NoSchedule"}
+    kubernetes.client.CoreV1Api(kube_client).patch_node(tainted.name, {"spec": {"taints": [taint]}})
+    time.sleep(1.5)  # the replicas' node caches see the node and its taint
+    written = {"key": GPU_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+    for name, limits in (
+        ("tke-kept", {names.RESOURCE_VCUDA_CORE: "30", names.RESOURCE_VCUDA_MEMORY: "16"}),
+        ("hami-kept", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+    ):
+        created = create(kube_client, namespace, pod(name, limits, spec={"nodeSelector": pool}))
+        assert created["spec"]["tolerations"].count(written) == 1
+        annotations = created["metadata"]["annotations"]
+        assert codec.decode_assignment(annotations[names.ANNOTATION_ASSIGNMENT]).node == (
+            tainted.name
+        )
+
+    for tolerations in ([written], [{"operator": "Exists"}]):
+        with pytest.raises(ApiException) as refused:
+            create(
+                kube_client,
+                namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "cpu-on-gpu-node"},
+                    "spec": {
+                        "containers": [{"name": "main", "image": "busybox"}],
+                        "tolerations": tolerations,
+                    },
+                },
+            )
+        assert refused.value.status == 403
+        assert "gpu-node-taint" in (refused.value.body or "")
 
 
 def test_a_pod_as_large_as_the_api_server_stores_is_denied_by_name_beside_ordinary_ones(

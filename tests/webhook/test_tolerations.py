@@ -3,13 +3,24 @@
 import copy
 from typing import Any
 
+import jsonpatch
 import pytest
 import yaml
 
 from fracgpu import names
 from tests.webhook.conftest import StartWebhook
-from tests.webhook.support import CLUSTER, cluster_state, gpu_pod
+from tests.webhook.support import (
+    CLUSTER,
+    WEBHOOK_SA,
+    cluster_state,
+    gpu_pod,
+    patch_of,
+    plain_pod,
+)
+from webhook import settings
+from webhook.cli.client import build_review
 from webhook.rules.tolerations import Taint, untolerated_nodes
+from webhook.settings import SettingsError
 from webhook.state.clusterfile import ClusterFileError, parse_cluster
 
 NODES = {
@@ -94,3 +105,113 @@ def test_a_bad_taint_in_the_cluster_file_is_named() -> None:
         match=r"nodes\[0\]\.taints\[0\]\.effect: use NoSchedule, PreferNoSchedule, NoExecute",
     ):
         parse_cluster(yaml.safe_dump(cluster))
+
+
+# -- gpu-node-taint: GPU nodes kept for GPU pods (docs/operations.md) --------------------------
+GPU_NODE_TAINT = "fracgpu.io/gpu-node"
+TOLERATION = {"key": GPU_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+WHOLE = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}
+
+
+def gpu_only_cluster() -> dict[str, Any]:
+    """Every GPU node tainted, as an operator keeping them for GPU pods does."""
+    cluster = copy.deepcopy(CLUSTER)
+    for node in cluster["nodes"]:
+        node["taints"] = [{"key": GPU_NODE_TAINT, "value": "present", "effect": "NoSchedule"}]
+    return cluster
+
+
+async def test_gpu_pods_get_the_gpu_node_toleration_once_and_are_placed(
+    start: StartWebhook,
+) -> None:
+    without = await start(cluster_state(gpu_only_cluster()))
+    refused = await without.admit(gpu_pod(SHARE, name="a"))
+    assert not refused.allowed
+    assert f"not tolerated: node-a has taint {GPU_NODE_TAINT}=present:NoSchedule" in (
+        refused.message
+    )
+
+    hook = await start(cluster_state(gpu_only_cluster()), gpu_node_taint=GPU_NODE_TAINT)
+    own = {"key": "team", "operator": "Equal", "value": "x", "effect": "NoSchedule"}
+    pod = gpu_pod(SHARE, name="b")
+    pod["spec"]["tolerations"] = [own]
+    placed = await hook.admit(pod)
+    assert placed.allowed, placed.message
+    assert placed.pod["spec"]["tolerations"] == [own, TOLERATION]
+    # reinvoked (another webhook changed the pod): nothing is written twice
+    again = await hook.admit(placed.pod)
+    assert again.allowed, again.message
+    assert again.pod["spec"]["tolerations"] == [own, TOLERATION]
+
+    already = gpu_pod(SHARE, name="c")
+    already["spec"]["tolerations"] = [dict(TOLERATION)]
+    placed = await hook.admit(already)
+    assert placed.allowed, placed.message
+    assert placed.pod["spec"]["tolerations"] == [TOLERATION]
+
+
+async def test_a_queued_gpu_pod_gets_the_gpu_node_toleration_too(start: StartWebhook) -> None:
+    hook = await start(
+        cluster_state(gpu_only_cluster()), gpu_node_taint=GPU_NODE_TAINT, placement_mode="queue"
+    )
+    for i in range(3):  # every GPU taken
+        assert (await hook.admit(gpu_pod(WHOLE, name=f"fill-{i}"))).allowed
+    queued = await hook.admit(gpu_pod(SHARE, name="waits"))
+    assert queued.allowed, queued.message
+    assert names.ANNOTATION_QUEUED in queued.pod["metadata"]["annotations"]
+    assert queued.pod["spec"]["tolerations"] == [TOLERATION]
+
+
+async def test_validation_refuses_a_gpu_pod_whose_toleration_was_taken_off(
+    start: StartWebhook,
+) -> None:
+    """A later mutating webhook dropping fracgpu's toleration: the pod could never be
+    scheduled where fracgpu pinned it."""
+    hook = await start(cluster_state(gpu_only_cluster()), gpu_node_taint=GPU_NODE_TAINT)
+    mutated = await hook.client.review("/mutate", build_review(gpu_pod(SHARE)))
+    assert mutated.allowed, mutated.message
+    pod = jsonpatch.apply_patch(gpu_pod(SHARE), patch_of(mutated.body))
+    del pod["spec"]["tolerations"]
+    validated = await hook.client.review("/validate", build_review(pod))
+    assert not validated.allowed
+    assert "differs from what fracgpu wrote" in validated.message
+    assert "/spec/tolerations" in validated.message
+
+
+async def test_a_pod_without_gpus_may_not_tolerate_the_gpu_node_taint(
+    start: StartWebhook,
+) -> None:
+    """The attack the taint invites: a tenant's CPU pod tolerating it, to take the CPU and
+    memory of GPU nodes that GPU pods and whole-node jobs wait for."""
+    hook = await start(cluster_state(gpu_only_cluster()), gpu_node_taint=GPU_NODE_TAINT)
+    for tolerations in (
+        [dict(TOLERATION)],
+        [{"key": GPU_NODE_TAINT, "operator": "Equal", "value": "present"}],
+        [{"operator": "Exists"}],  # every taint
+    ):
+        pod = plain_pod()
+        pod["spec"]["tolerations"] = tolerations
+        refused = await hook.admit(pod)
+        assert not refused.allowed, tolerations
+        assert f"tolerates the taint '{GPU_NODE_TAINT}'" in refused.message
+        assert "gpu-node-taint" in refused.message
+        # the validating webhook refuses it too (a pod that reached it without mutation)
+        validated = await hook.client.review("/validate", build_review(pod))
+        assert not validated.allowed
+    other = plain_pod()
+    other["spec"]["tolerations"] = [{"key": "team", "operator": "Exists"}]
+    assert (await hook.admit(other)).allowed
+    assert (await hook.admit(plain_pod())).allowed
+    trusted = plain_pod()
+    trusted["spec"]["tolerations"] = [dict(TOLERATION)]  # e.g. fracgpu's own agent
+    assert (await hook.admit(trusted, username=WEBHOOK_SA)).allowed
+    off = await start(cluster_state(gpu_only_cluster()))
+    assert (await off.admit(trusted)).allowed
+
+
+@pytest.mark.parametrize("key", ["/gpu", "gpu/", "Fracgpu.IO/gpu", "a b", "x/" + "y" * 64])
+def test_a_bad_gpu_node_taint_is_refused_at_start(key: str) -> None:
+    with pytest.raises(
+        SettingsError, match=r"FRACGPU_GPU_NODE_TAINT=.* is not allowed: use a taint key such as"
+    ):
+        settings.from_mapping({"gpu_node_taint": key})

@@ -39,7 +39,13 @@ from webhook.rules.demand import PodAsk, gpu_container_names, read_ask
 from webhook.rules.nodeaffinity import NodeIndexCache, allowed_nodes
 from webhook.rules.podbounds import gpu_containers_problem
 from webhook.rules.podbounds import problem as pod_problem
-from webhook.rules.tolerations import Taint, untolerated_taints
+from webhook.rules.tolerations import (
+    Taint,
+    gpu_node_toleration,
+    tolerates_key,
+    untolerated_taints,
+    with_toleration,
+)
 from webhook.settings import PlacementMode, Settings
 from webhook.state.backend import (
     Claim,
@@ -102,6 +108,9 @@ class Admission:
         self._labels = state if isinstance(state, NodeLabels) else None
         self._taints = state if isinstance(state, NodeTaints) else None
         self._node_index = NodeIndexCache()
+        # Written on every GPU pod when GPU nodes carry fracgpu's taint (gpu-node-taint).
+        taint = settings.gpu_node_taint
+        self._toleration = gpu_node_toleration(taint) if taint else None
 
     # -- pods over a limit ---------------------------------------------------------------------
     def over_limit(self, request: AdmissionRequest) -> str | None:
@@ -188,7 +197,7 @@ class Admission:
             findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
             if findings:
                 return responses.denied(validate.tamper_message(findings, "this pod"))
-            door = self._host_path_door(pod)
+            door = self._host_path_door(pod) or self._gpu_node_taint_door(pod)
             if door is not None:
                 return responses.denied(door)
         return responses.patched(patch_for(pod, None, self._settings.dialects))
@@ -226,6 +235,7 @@ class Admission:
                 {},
                 self._settings.scheduler_name,
                 self._settings.dialects,
+                toleration=self._toleration,
             )
         )
 
@@ -243,7 +253,9 @@ class Admission:
         )
         if isinstance(assignment, str):
             return responses.denied(assignment)
-        return responses.patched(patch_for(pod, assignment, self._settings.dialects))
+        return responses.patched(
+            patch_for(pod, assignment, self._settings.dialects, toleration=self._toleration)
+        )
 
     async def _place(
         self,
@@ -329,7 +341,7 @@ class Admission:
                     log.info("reservation lost a race, re-planning: %s", rejected.message)
                     continue
             return responses.patched(
-                patch_for(pod, assignment, self._settings.dialects),
+                patch_for(pod, assignment, self._settings.dialects, toleration=self._toleration),
                 _warnings(ask, assignment, self._settings.dialects),
             )
         if quota_block is not None:
@@ -419,6 +431,7 @@ class Admission:
             annotations,
             self._settings.scheduler_name,
             self._settings.dialects,
+            toleration=self._toleration,
         )
         waiting = (
             f"queued: {nofit.message.split('. Controllers')[0]}. The pod is created and waits "
@@ -432,14 +445,15 @@ class Admission:
     ) -> tuple[PodDemand, str] | str:
         """Keep placement on nodes the pod's nodeSelector / required affinity allow and whose
         taints it tolerates (when the back end knows labels / taints), by narrowing the GPUs
-        it may use."""
+        it may use. The toleration fracgpu writes (gpu-node-taint) counts as the pod's."""
         allowed: set[str] | None = None
         if self._labels is not None:
             allowed = allowed_nodes(pod, await self._labels.node_labels(), self._node_index)
         kept_off: dict[str, list[Taint]] = {}
         if self._taints is not None:
             # Most nodes carry no taint: find the few excluded ones rather than the many allowed.
-            kept_off = untolerated_taints(pod, await self._taints.node_taints())
+            tolerating = pod if self._toleration is None else with_toleration(pod, self._toleration)
+            kept_off = untolerated_taints(tolerating, await self._taints.node_taints())
             if kept_off:
                 everyone = {n.name for n in view.nodes()} if allowed is None else allowed
                 allowed = everyone - kept_off.keys()
@@ -520,7 +534,7 @@ class Admission:
                 findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
                 if findings:
                     return responses.denied(validate.tamper_message(findings, "this pod"))
-                door = self._host_path_door(pod)
+                door = self._host_path_door(pod) or self._gpu_node_taint_door(pod)
                 return responses.allowed() if door is None else responses.denied(door)
             assignment = await self._verified_assignment(
                 pod, namespace, gpu_containers, False, request.dry_run
@@ -532,7 +546,9 @@ class Admission:
             )
             if door is not None:
                 return responses.denied(door)
-            drift = validate.drift_findings(pod, assignment, self._settings.dialects)
+            drift = validate.drift_findings(
+                pod, assignment, self._settings.dialects, toleration=self._toleration
+            )
             if drift:
                 return responses.denied(
                     "this pod differs from what fracgpu wrote for its assignment at "
@@ -582,6 +598,7 @@ class Admission:
             {names.ANNOTATION_QUEUED: raw[names.ANNOTATION_QUEUED]},
             self._settings.scheduler_name,
             self._settings.dialects,
+            toleration=self._toleration,
         )
         if drift:
             shown = ", ".join(f"{op['op']} {op['path']}" for op in drift[:8])
@@ -697,6 +714,18 @@ class Admission:
             return responses.allowed()
         denial = grants.privileged_denial(namespace, await self._state.quotas(namespace), findings)
         return responses.allowed() if denial is None else responses.denied(denial)
+
+    def _gpu_node_taint_door(self, pod: Mapping[str, Any]) -> str | None:
+        """A pod without GPUs may not tolerate the GPU nodes' taint (gpu-node-taint): it
+        would take the CPU and memory that GPU pods and whole-node jobs need there."""
+        key = self._settings.gpu_node_taint
+        if not key or not tolerates_key(pod, key):
+            return None
+        return (
+            f"this pod asks for no GPU but tolerates the taint {key!r}, which keeps GPU nodes "
+            "for GPU pods (fracgpu setting gpu-node-taint): remove that toleration (one with "
+            "operator Exists and no key tolerates every taint, this one too)"
+        )
 
     def _host_path_door(self, pod: Mapping[str, Any]) -> str | None:
         protected = self._settings.protected_host_paths

@@ -3,9 +3,9 @@
 ``decide`` is a fixed point: applied to a pod it already wrote, it changes nothing. The
 validating webhook relies on that to check that a pod carries exactly what fracgpu wrote.
 Patches are always a diff of before vs after (``webhook.admission.jsondiff``), never hand-written
-ops. Only the parts ``decide`` writes (metadata annotations and labels, spec.affinity,
-containers' env and resources) are copied, written and compared: the rest of a pod is
-shared unchanged, and copying and diffing it was most of the cost of an admission.
+ops. Only the parts ``decide`` writes (metadata annotations and labels, spec.affinity and
+tolerations, containers' env and resources) are copied, written and compared: the rest of a
+pod is shared unchanged, and copying and diffing it was most of the cost of an admission.
 """
 
 import re
@@ -21,27 +21,41 @@ from webhook.rules import pod as podlib
 
 # matchFields on metadata.name pins to the Node object itself (the hostname label can differ).
 NODE_NAME_FIELD: Final = "metadata.name"
-_SPEC_WRITTEN: Final = ("affinity", "schedulerName", *podlib.PLACED_FIELDS)
+_SPEC_WRITTEN: Final = ("affinity", "schedulerName", "tolerations", *podlib.PLACED_FIELDS)
 _CONTAINER_WRITTEN: Final = ("name", "env", "resources")
 _LABEL_VALUE: Final = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+# The toleration of the GPU nodes' taint that GPU pods get (``tolerations.gpu_node_toleration``),
+# or None when GPU nodes carry none (setting gpu-node-taint).
+Toleration = Mapping[str, str] | None
 
 
 def decide(
-    pod: Mapping[str, Any], assignment: Assignment | None, config: DialectConfig
+    pod: Mapping[str, Any],
+    assignment: Assignment | None,
+    config: DialectConfig,
+    *,
+    toleration: Toleration = None,
 ) -> dict[str, Any]:
-    """A new pod: ``assignment`` written in, or (None) only ``void`` on every container.
-    What ``decide`` does not write is shared with ``pod``: callers only read the result."""
-    written = _write_decision(_json_copy(_written_parts(pod)), assignment, config)
+    """A new pod: ``assignment`` written in, or (None) only ``void`` on every container; a GPU
+    pod (``assignment`` given) also gets ``toleration``. What ``decide`` does not write is
+    shared with ``pod``: callers only read the result."""
+    written = _write_decision(_json_copy(_written_parts(pod)), assignment, config, toleration)
     return _merged(pod, written)
 
 
 def patch_for(
-    pod: Mapping[str, Any], assignment: Assignment | None, config: DialectConfig
+    pod: Mapping[str, Any],
+    assignment: Assignment | None,
+    config: DialectConfig,
+    *,
+    toleration: Toleration = None,
 ) -> list[dict[str, Any]]:
-    """The JSONPatch that turns ``pod`` into ``decide(pod, assignment, config)``: the diff of
-    the parts ``decide`` writes, before and after, without building the whole new pod."""
+    """The JSONPatch that turns ``pod`` into ``decide(pod, assignment, config, toleration=...)``:
+    the diff of the parts ``decide`` writes, before and after, without building the whole
+    new pod."""
     before = _written_parts(pod)
-    return jsondiff.diff(before, _write_decision(_json_copy(before), assignment, config))
+    after = _write_decision(_json_copy(before), assignment, config, toleration)
+    return jsondiff.diff(before, after)
 
 
 def queued_patch_for(
@@ -50,17 +64,21 @@ def queued_patch_for(
     annotations: Mapping[str, str],
     scheduler_name: str,
     config: DialectConfig,
+    *,
+    toleration: Toleration = None,
 ) -> list[dict[str, Any]]:
     """The JSONPatch that queues ``pod`` (queue mode): fracgpu's ``annotations`` (the queued
     entry, the reservation ID), the fracgpu scheduler, and canonical resources for the GPUs
     charged (``held``: GPUs on no particular card) so kubelet's device manager allocates the
     agent's resources. No assignment, node pin or ``NVIDIA_VISIBLE_DEVICES`` on GPU
-    containers: they are chosen at bind, and the agent hands the devices over at Allocate."""
+    containers: they are chosen at bind, and the agent hands the devices over at Allocate.
+    ``toleration``: as ``decide`` writes it, so that the pod may be bound to a GPU node."""
     before = _written_parts(pod)
     after = _json_copy(before)
     meta_annotations = _child(_child(after, "metadata"), "annotations")
     meta_annotations.update(annotations)
     _child(after, "spec")["schedulerName"] = scheduler_name
+    _write_toleration(after, toleration)
     by_name = {c.container: c for c in held}
     for field, index, _ in list(podlib.containers(after)):
         container = _child_list(_child(after, "spec"), field)[index]
@@ -79,12 +97,16 @@ def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[
 
 
 def _write_decision(
-    parts: dict[str, Any], assignment: Assignment | None, config: DialectConfig
+    parts: dict[str, Any],
+    assignment: Assignment | None,
+    config: DialectConfig,
+    toleration: Toleration,
 ) -> dict[str, Any]:
     """Write the decision into ``parts`` (a copy of a pod's written parts); returns them."""
     if assignment is not None:
         _write_metadata(parts, assignment)
         _pin_to_node(parts, assignment.node)
+        _write_toleration(parts, toleration)
     for field, index, _ in list(podlib.containers(parts)):
         container = _child_list(_child(parts, "spec"), field)[index]
         held = assignment.for_container(container["name"]) if assignment else None
@@ -94,6 +116,15 @@ def _write_decision(
             _write_resources(container, held, config)
             set_env(container, names.ENV_VISIBLE_DEVICES, ",".join(d.uuid for d in held.devices))
     return parts
+
+
+def _write_toleration(parts: dict[str, Any], toleration: Toleration) -> None:
+    """Append ``toleration`` unless the pod has it already (so ``decide`` stays a fixed point)."""
+    if toleration is None:
+        return
+    tolerations = _child_list(_child(parts, "spec"), "tolerations")
+    if dict(toleration) not in tolerations:
+        tolerations.append(dict(toleration))
 
 
 def _written_parts(pod: Mapping[str, Any]) -> dict[str, Any]:

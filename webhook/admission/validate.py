@@ -11,7 +11,7 @@ from fracgpu.codec import decode_assignment
 from fracgpu.dialects import DialectConfig
 from fracgpu.errors import CodecError
 from fracgpu.model import Assignment, Reservation
-from webhook.admission.mutate import patch_for
+from webhook.admission.mutate import Toleration, patch_for
 from webhook.rules import pod as podlib
 
 # What fracgpu itself writes on a pod it placed.
@@ -152,10 +152,15 @@ def assignment_findings(
 
 
 def drift_findings(
-    pod: Mapping[str, Any], assignment: Assignment, config: DialectConfig
+    pod: Mapping[str, Any],
+    assignment: Assignment,
+    config: DialectConfig,
+    *,
+    toleration: Toleration = None,
 ) -> list[str]:
     """Where the pod differs from what fracgpu writes for this assignment (JSON paths)."""
-    return [f"{op['op']} {op['path']}" for op in patch_for(pod, assignment, config)]
+    patch = patch_for(pod, assignment, config, toleration=toleration)
+    return [f"{op['op']} {op['path']}" for op in patch]
 
 
 def _key(alloc: Any) -> tuple[str, int, int]:

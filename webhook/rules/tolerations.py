@@ -44,6 +44,33 @@ class _Tolerations:
         )
 
 
+def gpu_node_toleration(key: str) -> dict[str, str]:
+    """The toleration fracgpu writes on every GPU pod it admits when GPU nodes carry the
+    taint ``key`` (setting ``gpu-node-taint``): any value, effect NoSchedule."""
+    return {"key": key, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def with_toleration(pod: Mapping[str, Any], toleration: Mapping[str, str]) -> Mapping[str, Any]:
+    """``pod`` as it will be once ``toleration`` is written (shared, not copied), for the
+    checks that read its tolerations before the patch is applied."""
+    spec = podlib.spec(pod)
+    items = spec.get("tolerations") or []
+    if not isinstance(items, list) or toleration in items:
+        return pod  # a malformed list is reported by whoever reads it
+    return {**pod, "spec": {**spec, "tolerations": [*items, toleration]}}
+
+
+def tolerates_key(pod: Mapping[str, Any], key: str) -> bool:
+    """Whether any of the pod's tolerations can match a taint named ``key``, whatever its
+    value and effect: one naming the key, or ``Exists`` without a key (every taint)."""
+    tolerations = _tolerations(pod)
+    return (
+        bool(tolerations.everything)
+        or key in tolerations.by_key
+        or any(pair_key == key for pair_key, _ in tolerations.by_pair)
+    )
+
+
 def untolerated_nodes(
     pod: Mapping[str, Any], node_taints: Mapping[str, Sequence[Taint]]
 ) -> set[str]:
