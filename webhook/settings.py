@@ -27,6 +27,7 @@ from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
 from fracgpu.placement.view import DEFAULT_SPLIT_COUNT
 from fracgpu.quantity import parse_quantity
+from webhook.admission.mutate import is_label_value
 from webhook.admission.review import DEFAULT_MAX_BODY_BYTES
 from webhook.rules.podbounds import COUNTED, PodLimits
 
@@ -241,17 +242,16 @@ def _resource_name(text: str) -> str:
 
 
 # A Kubernetes label key, as a taint key must be: an optional DNS-subdomain prefix and "/",
-# then a name of at most 63 characters.
+# then a name with the syntax of a (non-empty) label value.
 _DNS_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _TAINT_PREFIX: Final = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
-_TAINT_NAME: Final = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
 def _taint_key(text: str) -> str:
     prefix, _, name = text.rpartition("/")
     if text and (
-        not _TAINT_NAME.fullmatch(name)
-        or len(name) > 63
+        not name
+        or not is_label_value(name)
         or ("/" in text and (not _TAINT_PREFIX.fullmatch(prefix) or len(prefix) > 253))
     ):
         raise ValueError(

@@ -417,20 +417,7 @@ def test_a_gpu_node_tainted_with_a_resource_name_takes_the_pods_that_ask_for_it(
     message = refused.value.body or ""
     assert "not tolerated" in message and names.RESOURCE_VCUDA_CORE in message, message
 
-    cpu_only = create(
-        kube_client,
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "cpu-only"},
-            "spec": {
-                "containers": [
-                    {"name": "main", "image": "busybox", "resources": {"limits": {"cpu": "1"}}}
-                ]
-            },
-        },
-    )
+    cpu_only = create(kube_client, namespace, pod("cpu-only", {"cpu": "1"}))
     keys = {t.get("key") for t in cpu_only["spec"].get("tolerations") or []}
     assert names.RESOURCE_VCUDA_CORE not in keys
 
@@ -467,15 +454,7 @@ def test_fracgpus_gpu_node_taint_takes_gpu_pods_of_any_dialect_and_no_other_pod(
             create(
                 kube_client,
                 namespace,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": "cpu-on-gpu-node"},
-                    "spec": {
-                        "containers": [{"name": "main", "image": "busybox"}],
-                        "tolerations": tolerations,
-                    },
-                },
+                pod("cpu-on-gpu-node", {"cpu": "1"}, spec={"tolerations": tolerations}),
             )
         assert refused.value.status == 403
         assert "gpu-node-taint" in (refused.value.body or "")

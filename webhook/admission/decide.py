@@ -197,7 +197,7 @@ class Admission:
             findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
             if findings:
                 return responses.denied(validate.tamper_message(findings, "this pod"))
-            door = self._host_path_door(pod) or self._gpu_node_taint_door(pod)
+            door = self._door_without_gpu(pod)
             if door is not None:
                 return responses.denied(door)
         return responses.patched(patch_for(pod, None, self._settings.dialects))
@@ -534,7 +534,7 @@ class Admission:
                 findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
                 if findings:
                     return responses.denied(validate.tamper_message(findings, "this pod"))
-                door = self._host_path_door(pod) or self._gpu_node_taint_door(pod)
+                door = self._door_without_gpu(pod)
                 return responses.allowed() if door is None else responses.denied(door)
             assignment = await self._verified_assignment(
                 pod, namespace, gpu_containers, False, request.dry_run
@@ -714,6 +714,10 @@ class Admission:
             return responses.allowed()
         denial = grants.privileged_denial(namespace, await self._state.quotas(namespace), findings)
         return responses.allowed() if denial is None else responses.denied(denial)
+
+    def _door_without_gpu(self, pod: Mapping[str, Any]) -> str | None:
+        """What refuses an untrusted pod without GPUs, at mutation and at validation alike."""
+        return self._host_path_door(pod) or self._gpu_node_taint_door(pod)
 
     def _gpu_node_taint_door(self, pod: Mapping[str, Any]) -> str | None:
         """A pod without GPUs may not tolerate the GPU nodes' taint (gpu-node-taint): it
