@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The checks that need a real NVIDIA GPU, in one run: the shim's GPU suite (PyTorch),
-# CUDA clients written by others (numba-cuda, cuda-core, cuda-bindings, pynvml, CuPy, JAX)
-# and the agent on the real driver. Run from the repository root on a machine with the
+# The checks that need a real NVIDIA GPU, in one run: the shim's GPU suite (PyTorch), every
+# allocation path through mem_ops, a program built with nvcc (static cudart), CUDA clients
+# written by others (numba-cuda, cuda-core, cuda-bindings, pynvml, CuPy, JAX) and the agent
+# on the real driver. Run from the repository root on a machine with the
 # driver and a CUDA-enabled PyTorch as python3. Wheels in .whl/ (the project's
 # dependencies that machine lacks) are installed into that Python first.
 #   scripts/gpu-suite.sh [OUTDIR [PYTEST-ARGS...]]   results: OUTDIR/{machine.txt,pytest.log,junit.xml}
@@ -29,5 +30,5 @@ fi
 make -s -C shim || exit 1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 timeout "$budget" python3 -m pytest -p pytest_asyncio.plugin -p pytest_timeout -p no:cacheprovider \
-  -m gpu tests/gpu/test_clients_gpu.py tests/gpu/test_shim_gpu.py tests/agent/test_real_gpu.py \
+  -m gpu tests/gpu/test_memory_gpu.py tests/gpu/test_clients_gpu.py tests/gpu/test_shim_gpu.py tests/agent/test_real_gpu.py \
   -v -s -rA --timeout 200 --durations 0 --junitxml "$out/junit.xml" "$@" 2>&1 | tee "$out/pytest.log"

@@ -102,6 +102,19 @@ class Container:
         assert proc.returncode == 0, out + err
         return out.splitlines()
 
+    def program(
+        self, name: str, *args: str, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """One of the shim's test programs (shim/build/tests) on the real driver, preloaded."""
+        return subprocess.run(
+            [str(BUILD / "tests" / name), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def imports(self, module: str) -> bool:
         """Whether the container's Python has ``module``."""
         found = subprocess.run(

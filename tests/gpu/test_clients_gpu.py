@@ -5,6 +5,10 @@ tier pods (tests/node); the kernels here are real ones, compiled on the machine.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from tests.shim.test_clients import (
@@ -21,6 +25,7 @@ from .container import Container, GiB
 pytestmark = pytest.mark.gpu
 
 SLICE = 2 * GiB  # the box fixture's slice
+HERE = Path(__file__).parent
 
 
 def needs(box: Container, module: str) -> None:
@@ -162,3 +167,96 @@ def test_jax_preallocates_from_the_slice_not_the_gpu(box: Container) -> None:
     assert isinstance(limit, int) and 0.70 * SLICE <= limit <= 0.76 * SLICE, got
     assert got["sum"] == float((1 << 10) * ((1 << 10) - 1))
     assert got["whole"] == "RESOURCE_EXHAUSTED", got
+
+
+TORCH_EXPANDABLE = """
+import json, os
+# set by the workload itself, as a tenant may: PyTorch then maps physical chunks with the
+# virtual memory API (cuMemCreate / cuMemMap) instead of cudaMalloc
+os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+import torch
+free, total = torch.cuda.mem_get_info()
+def alloc(n):
+    try:
+        return torch.empty(n, dtype=torch.uint8, device="cuda"), "ok"
+    except torch.OutOfMemoryError:
+        return None, "oom"
+over = alloc(total + (1 << 20))[1]
+a, half = alloc(total // 2)
+more = alloc(total // 2 + (64 << 20))[1]
+segments = torch.cuda.memory_snapshot()
+expandable = bool(segments) and all(s.get("is_expandable", False) for s in segments)
+a.fill_(7)
+torch.cuda.synchronize()
+print(json.dumps({"total": total, "over": over, "half": half, "more": more,
+                  "expandable": expandable, "sum": int(a[:1024].sum())}))
+"""
+
+
+def test_pytorch_expandable_segments_stay_inside_the_slice(box: Container) -> None:
+    # Expandable segments allocate through cuMemCreate, not cudaMalloc: a tenant who turns
+    # them on still gets the slice and CUDA's out-of-memory error past it.
+    got = box.result(TORCH_EXPANDABLE)
+    assert got == {
+        "total": SLICE,
+        "over": "oom",
+        "half": "ok",
+        "more": "oom",
+        "expandable": True,
+        "sum": 7 * 1024,
+    }, got
+
+
+CUPY_MANAGED = """
+import cupy as cp
+# every CuPy allocation becomes cudaMallocManaged, which the driver would let grow past
+# the GPU's memory: under the shim it is the container's memory like any other
+cp.cuda.set_allocator(cp.cuda.MemoryPool(cp.cuda.malloc_managed).malloc)
+free, total = cp.cuda.runtime.memGetInfo()
+def alloc(n):
+    try:
+        return cp.empty(n, dtype=cp.uint8), "ok"
+    except cp.cuda.memory.OutOfMemoryError:
+        return None, "oom"
+print("over", alloc(total + 1)[1])
+a, ra = alloc(total // 2)
+print("half", ra)
+print("more", alloc(total // 2 + (64 << 20))[1])
+a.fill(3)
+print("sum", int(a[:1024].sum()))
+"""
+
+
+def test_cupy_managed_memory_counts_against_the_slice(box: Container) -> None:
+    needs(box, "cupy")
+    assert box.lines(CUPY_MANAGED) == ["over oom", "half ok", "more oom", f"sum {3 * 1024}"]
+
+
+def test_a_program_built_by_nvcc_with_the_static_runtime_sees_the_slice(
+    box: Container, tmp_path: Path
+) -> None:
+    # nvcc links cudart statically by default: most C++ inference servers reach the driver
+    # that way, through dlopen and cuGetProcAddress.
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on this machine")
+    exe = tmp_path / "static_cudart"
+    subprocess.run(
+        [nvcc, "-O2", "-cudart", "static", "-o", str(exe), str(HERE / "static_cudart.cu")],
+        check=True,
+        timeout=300,
+    )
+    done = subprocess.run(
+        [str(exe)], env=box.env(), capture_output=True, text=True, timeout=120, check=False
+    )
+    print(done.stdout + done.stderr)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # 2 = cudaErrorMemoryAllocation
+    assert done.stdout.splitlines() == [
+        f"info 0 {SLICE}",
+        "over 2",
+        "half 0",
+        "more 2",
+        "managed 2",
+        f"kernel 0 {1 << 24}",
+    ]

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from tests.shim.memory_scripts import SCRIPTS, Script
 from tests.shim.sandbox import GiB, MiB, Sandbox, step, steps
 
 LOOKUPS = ["direct", "dlsym", "procaddr", "procaddr_ptds"]
 OOM = "2"
+
+
+def run_script(node: Sandbox, script: Script, lookup: str = "direct") -> None:
+    """A shared script (tests/shim/memory_scripts.py) on the double's 1 GiB slice: exact."""
+    out = node.run("mem_ops", *script.args(1), lookup=lookup)
+    assert out.returncode == 0, out.stdout + out.stderr
+    script.check(out.stdout, 1, 0)
 
 
 @pytest.mark.parametrize("lookup", LOOKUPS)
@@ -66,23 +74,7 @@ def test_fill_stops_at_the_slice_and_free_gives_all_back(node: Sandbox) -> None:
 
 @pytest.mark.parametrize("kind", ["managed", "async", "pool"])
 def test_other_linear_allocations_count(node: Sandbox, kind: str) -> None:
-    out = node.run(
-        "mem_ops",
-        "ctx",
-        "0",
-        kind,
-        "700Mi",
-        kind,
-        "700Mi",
-        "freeasync",
-        "0",
-        kind,
-        "700Mi",
-        "info",
-    )
-    got = [x[1] for x in steps(out.stdout) if x[0] == kind]
-    assert got == ["0", OOM, "0"]
-    assert step(out.stdout, "info")[2] == str(GiB - 700 * MiB)
+    run_script(node, SCRIPTS[kind])
 
 
 def test_pitch_counts_what_the_driver_gave(node: Sandbox) -> None:
@@ -95,25 +87,7 @@ def test_pitch_counts_what_the_driver_gave(node: Sandbox) -> None:
 
 
 def test_virtual_memory_create_and_release(node: Sandbox) -> None:
-    out = node.run(
-        "mem_ops",
-        "ctx",
-        "0",
-        "create",
-        "0",
-        "768Mi",
-        "create",
-        "0",
-        "512Mi",
-        "release",
-        "0",
-        "create",
-        "0",
-        "512Mi",
-        "info",
-    )
-    assert [x[1] for x in steps(out.stdout) if x[0] == "create"] == ["0", OOM, "0"]
-    assert step(out.stdout, "info")[2] == str(GiB - 512 * MiB)
+    run_script(node, SCRIPTS["vmm-create-release"])
 
 
 def test_arrays_and_mipmaps_count_and_release(node: Sandbox) -> None:
@@ -258,25 +232,7 @@ def test_pre_11_primary_context_entry_points_give_the_memory_back(
 
 @pytest.mark.parametrize("lookup", ["direct", "procaddr"])
 def test_a_released_handle_counts_until_its_last_mapping_goes(node: Sandbox, lookup: str) -> None:
-    # Releasing a handle right after mapping it is how the VMM API is used; the driver
-    # keeps the memory until it is unmapped, and so must the slice.
-    out = node.run(
-        "mem_ops", "ctx", "0",
-        "create", "0", "600Mi",  # id 0
-        "vreserve", "1Gi",  # id 1
-        "map", "1", "0", "600Mi",
-        "release", "0",
-        "alloc", "600Mi",  # still mapped: does not fit
-        "unmap", "1", "600Mi",
-        "alloc", "600Mi",  # now it does
-        "release", "0",  # a second release is the driver's error, not a second free
-        "info",
-        lookup=lookup,
-    )  # fmt: skip
-    assert [s[1] for s in steps(out.stdout) if s[0] in ("map", "unmap")] == ["0", "0"], out.stdout
-    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0"], out.stdout
-    assert [s[1] for s in steps(out.stdout) if s[0] == "release"] == ["0", "1"], out.stdout
-    assert step(out.stdout, "info")[2] == str(GiB - 600 * MiB)
+    run_script(node, SCRIPTS["vmm-released-while-mapped"], lookup=lookup)
 
 
 def test_context_limits_count_against_the_slice(node: Sandbox) -> None:
@@ -310,67 +266,16 @@ def test_destroying_a_context_gives_its_limits_back(node: Sandbox) -> None:
 
 @pytest.mark.parametrize("own_pool", [False, True])
 def test_memory_a_pool_keeps_after_a_free_stays_counted(node: Sandbox, own_pool: bool) -> None:
-    # With a raised release threshold the pool keeps freed memory on the GPU: it stays in
-    # the slice until the pool gives it back (trim), however the pool came to be.
-    out = node.run(
-        "mem_ops", "ctx", "0",
-        *(["mkpool", "0"] if own_pool else []),
-        "threshold", "4Gi",
-        "pool", "700Mi",  # id 0
-        "freeasync", "0",
-        "sync",
-        "alloc", "700Mi",  # the pool still holds 700 MiB: past the slice
-        "pool", "700Mi",  # the pool's own free memory is reused: fits
-        "freeasync", "1",
-        "trim", "0",
-        "alloc", "700Mi",  # given back: fits
-        "info",
-    )  # fmt: skip
-    assert [s[1] for s in steps(out.stdout) if s[0] == "pool"] == ["0", "0"], out.stdout
-    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0"], out.stdout
-    assert step(out.stdout, "info")[2] == str(GiB - 700 * MiB)
+    run_script(node, SCRIPTS["pool-keeps-own" if own_pool else "pool-keeps-default"])
 
 
 def test_pool_memory_is_given_back_when_the_pool_releases_it(node: Sandbox) -> None:
-    # Default threshold: the pool releases at the next synchronisation, not at the free.
-    out = node.run(
-        "mem_ops", "ctx", "0",
-        "async", "700Mi", "freeasync", "0",
-        "alloc", "700Mi",  # not yet released: past the slice
-        "sync",
-        "alloc", "700Mi",
-        "mkpool", "0", "threshold", "4Gi", "pool", "200Mi", "freeasync", "2",
-        "alloc", "200Mi",  # the created pool holds 200 MiB
-        "rmpool",
-        "alloc", "200Mi",  # destroying it gave them back
-    )  # fmt: skip
-    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == [OOM, "0", OOM, "0"], out.stdout
+    run_script(node, SCRIPTS["pool-gives-back"])
 
 
 @pytest.mark.parametrize("lookup", ["direct", "procaddr"])
 def test_graph_memory_nodes_count_when_backed_until_trimmed(node: Sandbox, lookup: str) -> None:
-    out = node.run(
-        "mem_ops", "ctx", "0",
-        "graph", "0", "700Mi",  # id 0
-        "instantiate", "0", "0",  # id 1: no memory yet
-        "alloc", "400Mi",  # id 2
-        "glaunch", "1",  # backing 700 MiB would pass the slice
-        "free", "2",
-        "glaunch", "1",
-        "glaunch", "1",  # backed once
-        "alloc", "400Mi",
-        "gexecdestroy", "1",
-        "alloc", "400Mi",  # the graph pool keeps the memory
-        "gtrim", "0",
-        "alloc", "400Mi",  # trimmed: given back
-        "instantiate", "0", "2",  # upload at instantiation: backed now, past the slice
-        "info",
-        lookup=lookup,
-    )  # fmt: skip
-    assert [s[1] for s in steps(out.stdout) if s[0] == "glaunch"] == [OOM, "0", "0"], out.stdout
-    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM, OOM, "0"], out.stdout
-    assert [s[1] for s in steps(out.stdout) if s[0] == "instantiate"] == ["0", OOM], out.stdout
-    assert step(out.stdout, "info")[2] == str(GiB - 400 * MiB)
+    run_script(node, SCRIPTS["graph-backed-until-trimmed"], lookup=lookup)
 
 
 def test_a_pool_counts_on_its_own_device_not_the_callers(node: Sandbox) -> None:
@@ -390,49 +295,19 @@ def test_a_pool_counts_on_its_own_device_not_the_callers(node: Sandbox) -> None:
 def test_graph_memory_counts_whichever_way_the_exec_is_made(
     node: Sandbox, instantiate: str
 ) -> None:
-    # cuGraphInstantiateWithParams and the pre-12.0 cuGraphInstantiate_v2 make execs too;
-    # the shim reads the graph's allocation nodes from the driver at instantiation.
-    flags = ["0"] if instantiate == "instantiatep" else []
-    upload = ["instantiatep", "0", "2"] if instantiate == "instantiatep" else []
-    out = node.run(
-        "mem_ops", "ctx", "0",
-        "graph", "0", "700Mi",  # id 0
-        "alloc", "400Mi",  # id 1
-        instantiate, "0", *flags,  # id 2
-        "glaunch", "2",  # backing 700 MiB would pass the slice
-        *upload,
-        "free", "1",
-        "glaunch", "2",
-        "alloc", "400Mi",
-    )  # fmt: skip
-    launches = [s[1] for s in steps(out.stdout) if s[0] == "glaunch"]
-    assert launches == [OOM, "0"], out.stdout
-    made = [s[1] for s in steps(out.stdout) if s[0] == "instantiate"]
-    assert made == (["0", OOM] if upload else ["0"]), out.stdout
-    assert [s[1] for s in steps(out.stdout) if s[0] == "alloc"] == ["0", OOM], out.stdout
+    run_script(node, SCRIPTS[f"graph-{instantiate}"])
 
 
 def test_a_captured_async_allocation_counts_with_its_graph_not_twice(node: Sandbox) -> None:
-    # Under stream capture cuMemAllocAsync only adds an allocation node: no memory now.
-    # The graph's memory counts when its exec is backed, once.
-    out = node.run(
-        "mem_ops", "ctx", "0",
-        "stream",  # id 0
-        "capture", "0",
-        "asyncon", "0", "700Mi",  # id 1: a node, no memory
-        "endcapture", "0",  # id 2: the graph
-        "alloc", "400Mi",  # id 3: fits, nothing else is held
-        "instantiate", "2", "0",  # id 4
-        "glaunch", "4",  # 700 MiB more would pass the slice
-        "free", "3",
-        "glaunch", "4",
-        "info",
-    )  # fmt: skip
-    assert [s[1] for s in steps(out.stdout) if s[0] in ("capture", "asyncon", "endcapture")] == [
-        "0",
-        "0",
-        "0",
-    ], out.stdout
-    assert step(out.stdout, "alloc")[1] == "0", out.stdout
-    assert [s[1] for s in steps(out.stdout) if s[0] == "glaunch"] == [OOM, "0"], out.stdout
-    assert step(out.stdout, "info")[2] == str(GiB - 700 * MiB)
+    run_script(node, SCRIPTS["graph-captured-async"])
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_the_shared_scripts_hold_on_a_larger_slice(node: Sandbox, name: str) -> None:
+    # The real-driver suite runs these scripts on a 2 GiB slice of a much larger GPU.
+    node.device_memory = 8 * GiB
+    node.write_fake_config()
+    node.write_limits(memory=2 * GiB)
+    out = node.run("mem_ops", *SCRIPTS[name].args(2))
+    assert out.returncode == 0, out.stdout + out.stderr
+    SCRIPTS[name].check(out.stdout, 2, 0)
