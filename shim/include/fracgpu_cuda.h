@@ -130,6 +130,7 @@ typedef struct {
 #define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
 #define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+#define CU_GRAPH_NODE_TYPE_MEM_FREE 11
 typedef struct {
     cuuint64_t flags;
     CUstream hUploadStream;

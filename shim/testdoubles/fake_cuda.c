@@ -45,12 +45,16 @@ struct CUevent_st { uint64_t ts; int recorded;
                     struct CUctx_st *ctx; /* an event belongs to the context it was created in */ };
 struct CUfunc_st { uint64_t dur_ns; };
 struct CUmod_st { int unused; };
-/* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where. */
-struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; struct CUgraphNode_st **nodes; size_t n_nodes; };
-/* type: CU_GRAPH_NODE_TYPE_KERNEL or _MEM_ALLOC (bytes on dev). */
-struct CUgraphNode_st { int type; uint64_t bytes; int dev; };
+/* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where;
+ * mem_freed: the part its own free nodes free again. */
+struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t mem_freed;
+                    struct CUgraphNode_st **nodes; size_t n_nodes; };
+/* type: CU_GRAPH_NODE_TYPE_KERNEL, _MEM_ALLOC (bytes on dev at dptr) or _MEM_FREE;
+ * freed: an allocation node whose memory a free node of the graph frees. */
+struct CUgraphNode_st { int type; uint64_t bytes; int dev; CUdeviceptr dptr; int freed; };
 /* backed: its allocations have physical memory from the device's graph pool. */
-struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; int backed; };
+struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t mem_freed;
+                        int backed; };
 /* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
  * the device when allocations need more than it has free, given back at a
  * synchronisation above the release threshold, on cuMemPoolTrimTo, on destroy). */
@@ -340,7 +344,7 @@ static int captured_alloc(CUstream s, uint64_t n, CUdeviceptr *dptr, CUresult *r
     }
     g->mem_bytes += n;
     g->mem_dev = s->dev;
-    *dptr = new_address(n);
+    *dptr = s->capture_last->dptr = new_address(n);
     *rc = CUDA_SUCCESS;
     return 1;
 }
@@ -1312,18 +1316,35 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
     CHECK_INIT("cuMemFree_v2");
     return free_key(p);
 }
+/* A stream-ordered free of managed memory is refused (CUDA_ERROR_NOT_SUPPORTED, seen on
+ * an H200); the memory stays allocated. */
+static CUresult free_async_key(uint64_t key)
+{
+    int managed = 0;
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < n_allocs && !managed; i++)
+        managed = allocs[i].key == key && allocs[i].pinned == 0 && allocs[i].managed;
+    pthread_mutex_unlock(&mu);
+    return managed ? CUDA_ERROR_NOT_SUPPORTED : free_key(key);
+}
+
+static CUresult graph_free_node(CUgraph g, CUdeviceptr dptr, CUgraphNode *node);
+
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
     CHECK_INIT("cuMemFreeAsync");
-    if (s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && s->capture != NULL)
-        return CUDA_SUCCESS; /* a free node of the captured graph */
-    return free_key(p);
+    if (s != NULL && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && s->capture != NULL) {
+        /* a free node of the captured graph (the double records it for the graph's own) */
+        (void)graph_free_node(s->capture, p, NULL);
+        return CUDA_SUCCESS;
+    }
+    return free_async_key(p);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
 {
     (void)s;
     CHECK_INIT("cuMemFreeAsync_ptsz");
-    return free_key(p);
+    return free_async_key(p);
 }
 
 /* ---- copies and sets: device memory holds real bytes ---- */
@@ -2165,7 +2186,7 @@ static CUgraphNode add_node(CUgraph g, int type, uint64_t bytes, int dev)
             g->nodes = v;
         return NULL;
     }
-    *n = (struct CUgraphNode_st){type, bytes, dev};
+    *n = (struct CUgraphNode_st){type, bytes, dev, 0, 0};
     g->nodes = v;
     g->nodes[g->n_nodes++] = n;
     return n;
@@ -2249,10 +2270,40 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgra
         return CUDA_ERROR_OUT_OF_MEMORY;
     g->mem_bytes += params->bytesize;
     g->mem_dev = params->poolProps.location.id;
-    params->dptr = new_address(params->bytesize);
+    params->dptr = n_->dptr = new_address(params->bytesize);
     if (node)
         *node = n_;
     return CUDA_SUCCESS;
+}
+
+/* A free node for one of the graph's own allocations: after a launch its memory is the
+ * pool's again. An allocation no node frees stays allocated after the exec is gone (the
+ * driver's graph pool keeps it through cuDeviceGraphMemTrim: seen on an H200). */
+static CUresult graph_free_node(CUgraph g, CUdeviceptr dptr, CUgraphNode *node)
+{
+    struct CUgraphNode_st *a = NULL;
+    for (size_t i = 0; i < g->n_nodes && a == NULL; i++)
+        if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && g->nodes[i]->dptr == dptr &&
+            !g->nodes[i]->freed)
+            a = g->nodes[i];
+    if (a == NULL)
+        return CUDA_ERROR_INVALID_VALUE; /* the double frees only the graph's own */
+    CUgraphNode n_ = add_node(g, CU_GRAPH_NODE_TYPE_MEM_FREE, 0, a->dev);
+    if (n_ == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    a->freed = 1;
+    g->mem_freed += a->bytes;
+    if (node)
+        *node = n_;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                      size_t n, CUdeviceptr dptr)
+{
+    (void)deps, (void)n;
+    CHECK_INIT("cuGraphAddMemFreeNode");
+    return g == NULL ? CUDA_ERROR_INVALID_VALUE : graph_free_node(g, dptr, node);
 }
 
 /* Physical memory for an exec's allocations: what the graph pool has free is reused,
@@ -2275,15 +2326,15 @@ static CUresult graph_back(struct CUgraphExec_st *x)
     return rc;
 }
 
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
 {
-    CHECK_INIT("cuGraphInstantiateWithFlags");
     if (e == NULL || g == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *x = calloc(1, sizeof *x);
     x->dur_ns = g->dur_ns;
     x->mem_bytes = g->mem_bytes;
     x->mem_dev = g->mem_dev;
+    x->mem_freed = g->mem_freed;
     CUresult rc = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) ? graph_back(x) : CUDA_SUCCESS;
     if (rc != CUDA_SUCCESS) {
         free(x);
@@ -2293,12 +2344,23 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
     return CUDA_SUCCESS;
 }
 
+/* The upload flag is for cuGraphInstantiateWithParams only (it names the upload stream);
+ * here the driver refuses it (seen on an H200). */
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    CHECK_INIT("cuGraphInstantiateWithFlags");
+    if (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)
+        return CUDA_ERROR_INVALID_VALUE;
+    return instantiate(e, g, flags);
+}
+
 EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g,
                                              CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
+    CHECK_INIT("cuGraphInstantiateWithParams");
     if (params == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = cuGraphInstantiateWithFlags(e, g, params->flags);
+    CUresult rc = instantiate(e, g, params->flags);
     params->result_out = rc == CUDA_SUCCESS ? 0 : 1;
     return rc;
 }
@@ -2367,7 +2429,7 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
         return CUDA_ERROR_INVALID_VALUE;
     if (e->backed) {
         pthread_mutex_lock(&pool_mu);
-        graph_used[e->mem_dev] -= e->mem_bytes;
+        graph_used[e->mem_dev] -= e->mem_freed;
         pthread_mutex_unlock(&pool_mu);
     }
     free(e);
@@ -3047,6 +3109,7 @@ static const struct proc procs[] = {
     PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
     P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
     P("cuGraphGetNodes", 10000, cuGraphGetNodes),
     P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     P("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),

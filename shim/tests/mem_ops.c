@@ -299,8 +299,11 @@ int main(int argc, char **argv)
             printf("trim %d\n", A.cuMemPoolTrimTo(pool_in_use(), size_arg(ARG())));
         } else if (strcmp(c, "sync") == 0) {
             printf("sync %d\n", A.cuCtxSynchronize());
-        } else if (strcmp(c, "graph") == 0) {
-            /* graph <dev> <bytes>: a graph with one memory allocation node */
+        } else if (strcmp(c, "graph") == 0 || strcmp(c, "graphfree") == 0) {
+            /* graph <dev> <bytes>: a graph with one memory allocation node; graphfree also
+             * frees it in the graph (a free node after it), as a captured
+             * cudaMallocAsync + cudaFreeAsync pair does */
+            int with_free = strcmp(c, "graphfree") == 0;
             CUgraph g = NULL;
             CUDA_MEM_ALLOC_NODE_PARAMS np;
             memset(&np, 0, sizeof np);
@@ -312,7 +315,10 @@ int main(int argc, char **argv)
             rc = A.cuGraphCreate(&g, 0);
             if (rc == CUDA_SUCCESS)
                 rc = A.cuGraphAddMemAllocNode(&node, g, NULL, 0, &np);
-            printf("graph %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
+            CUgraphNode freed;
+            if (rc == CUDA_SUCCESS && with_free)
+                rc = A.cuGraphAddMemFreeNode(&freed, g, &node, 1, np.dptr);
+            printf("%s %d %d\n", c, rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
         } else if (strcmp(c, "instantiate") == 0) {
             /* instantiate <graph id> <flags> */
             CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];

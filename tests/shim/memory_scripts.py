@@ -16,6 +16,7 @@ from tests.shim.sandbox import GiB, MiB, step, steps
 
 OOM = "2"  # CUDA_ERROR_OUT_OF_MEMORY
 INVALID_VALUE = "1"
+NOT_SUPPORTED = "801"
 
 
 def results(stdout: str, *names: str) -> list[str]:
@@ -44,13 +45,18 @@ def mi(n: int, unit: int) -> str:
 
 
 def linear(kind: str) -> Script:
-    """managed / async / pool: the second of two 700 MiB allocations passes the slice."""
+    """managed / async / pool: the second of two 700 MiB allocations passes the slice.
+    The driver refuses a stream-ordered free of managed memory (seen on an H200): it stays
+    allocated, and counted, until cuMemFree."""
+    managed = kind == "managed"
 
     def script(u: int) -> tuple[str, ...]:
-        return (kind, mi(700, u), kind, mi(700, u), "freeasync", "0", kind, mi(700, u), "info")
+        free = ("freeasync", "0", "free", "0") if managed else ("freeasync", "0")
+        return (kind, mi(700, u), kind, mi(700, u), *free, kind, mi(700, u), "info")
 
     def check(out: str, u: int, slack: int) -> None:
         assert results(out, kind) == ["0", OOM, "0"], out
+        assert results(out, "freeasync", "free") == ([NOT_SUPPORTED, "0"] if managed else ["0"])
         free_is(out, u * (GiB - 700 * MiB), slack)
 
     return Script(script, check)
@@ -114,6 +120,7 @@ def pool_keeps_after_free(own_pool: bool) -> Script:
             "alloc", mi(700, u),  # the pool still holds 700 MiB: past the slice
             "pool", mi(700, u),  # the pool's own free memory is reused: fits
             "freeasync", "1",
+            "sync",  # the driver trims only what the stream has freed by then
             "trim", "0",
             "alloc", mi(700, u),  # given back: fits
             "info",
@@ -150,7 +157,7 @@ POOL_GIVES_BACK = Script(_pool_release, _pool_release_check)
 
 def _graph_trim(u: int) -> tuple[str, ...]:
     return (
-        "graph", "0", mi(700, u),  # id 0
+        "graphfree", "0", mi(700, u),  # id 0: allocates and frees 700 MiB
         "instantiate", "0", "0",  # id 1: no memory yet
         "alloc", mi(400, u),  # id 2
         "glaunch", "1",  # backing 700 MiB would pass the slice
@@ -158,11 +165,13 @@ def _graph_trim(u: int) -> tuple[str, ...]:
         "glaunch", "1",
         "glaunch", "1",  # backed once
         "alloc", mi(400, u),
+        "sync",
         "gexecdestroy", "1",
         "alloc", mi(400, u),  # the graph pool keeps the memory
         "gtrim", "0",
         "alloc", mi(400, u),  # trimmed: given back
-        "instantiate", "0", "2",  # upload at instantiation: backed now, past the slice
+        "instantiate", "0", "2",  # the upload flag is cuGraphInstantiateWithParams' alone
+        "instantiatep", "0", "2",  # upload at instantiation: backed now, past the slice
         "info",
     )  # fmt: skip
 
@@ -170,11 +179,35 @@ def _graph_trim(u: int) -> tuple[str, ...]:
 def _graph_trim_check(out: str, u: int, slack: int) -> None:
     assert results(out, "glaunch") == [OOM, "0", "0"], out
     assert results(out, "alloc") == ["0", OOM, OOM, "0"], out
-    assert results(out, "instantiate") == ["0", OOM], out
+    assert results(out, "instantiate") == ["0", INVALID_VALUE, OOM], out
     free_is(out, u * (GiB - 400 * MiB), slack)
 
 
 GRAPH_BACKED_UNTIL_TRIMMED = Script(_graph_trim, _graph_trim_check)
+
+
+def _graph_unfreed(u: int) -> tuple[str, ...]:
+    # An allocation no node of its graph frees outlives the exec: the driver's graph pool
+    # keeps it through a trim (seen on an H200), and the slice counts it.
+    return (
+        "graph", "0", mi(700, u),  # id 0: allocates, never frees
+        "instantiate", "0", "0",  # id 1
+        "glaunch", "1",
+        "sync",
+        "gexecdestroy", "1",
+        "gtrim", "0",
+        "alloc", mi(400, u),  # 700 MiB still allocated: past the slice
+        "info",
+    )  # fmt: skip
+
+
+def _graph_unfreed_check(out: str, u: int, slack: int) -> None:
+    assert results(out, "glaunch", "gexecdestroy", "gtrim") == ["0", "0", "0"], out
+    assert results(out, "alloc") == [OOM], out
+    free_is(out, u * (GiB - 700 * MiB), slack)
+
+
+GRAPH_UNFREED_OUTLIVES_ITS_EXEC = Script(_graph_unfreed, _graph_unfreed_check)
 
 
 def graph_instantiated_by(instantiate: str) -> Script:
@@ -240,6 +273,7 @@ SCRIPTS: dict[str, Script] = {
     "pool-keeps-own": pool_keeps_after_free(own_pool=True),
     "pool-gives-back": POOL_GIVES_BACK,
     "graph-backed-until-trimmed": GRAPH_BACKED_UNTIL_TRIMMED,
+    "graph-unfreed-outlives-its-exec": GRAPH_UNFREED_OUTLIVES_ITS_EXEC,
     "graph-instantiatep": graph_instantiated_by("instantiatep"),
     "graph-instantiate2": graph_instantiated_by("instantiate2"),
     "graph-captured-async": CAPTURED_ASYNC_COUNTS_ONCE,
