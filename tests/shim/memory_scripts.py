@@ -158,6 +158,7 @@ POOL_GIVES_BACK = Script(_pool_release, _pool_release_check)
 def _graph_trim(u: int) -> tuple[str, ...]:
     return (
         "graphfree", "0", mi(700, u),  # id 0: allocates and frees 700 MiB
+        "instantiate", "0", "2",  # the upload flag is cuGraphInstantiateWithParams' alone
         "instantiate", "0", "0",  # id 1: no memory yet
         "alloc", mi(400, u),  # id 2
         "glaunch", "1",  # backing 700 MiB would pass the slice
@@ -170,7 +171,6 @@ def _graph_trim(u: int) -> tuple[str, ...]:
         "alloc", mi(400, u),  # the graph pool keeps the memory
         "gtrim", "0",
         "alloc", mi(400, u),  # trimmed: given back
-        "instantiate", "0", "2",  # the upload flag is cuGraphInstantiateWithParams' alone
         "instantiatep", "0", "2",  # upload at instantiation: backed now, past the slice
         "info",
     )  # fmt: skip
@@ -179,7 +179,7 @@ def _graph_trim(u: int) -> tuple[str, ...]:
 def _graph_trim_check(out: str, u: int, slack: int) -> None:
     assert results(out, "glaunch") == [OOM, "0", "0"], out
     assert results(out, "alloc") == ["0", OOM, OOM, "0"], out
-    assert results(out, "instantiate") == ["0", INVALID_VALUE, OOM], out
+    assert results(out, "instantiate") == [INVALID_VALUE, "0", OOM], out
     free_is(out, u * (GiB - 400 * MiB), slack)
 
 
