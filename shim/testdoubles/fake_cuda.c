@@ -52,9 +52,10 @@ struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t m
 /* type: CU_GRAPH_NODE_TYPE_KERNEL, _MEM_ALLOC (bytes on dev at dptr) or _MEM_FREE;
  * freed: an allocation node whose memory a free node of the graph frees. */
 struct CUgraphNode_st { int type; uint64_t bytes; int dev; CUdeviceptr dptr; int freed; };
-/* backed: its allocations have physical memory from the device's graph pool. */
+/* backed: its allocations have physical memory from the device's graph pool;
+ * launched: it has run once (its unfreed allocations are live since). */
 struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t mem_freed;
-                        int backed; };
+                        int backed; int launched; };
 /* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
  * the device when allocations need more than it has free, given back at a
  * synchronisation above the release threshold, on cuMemPoolTrimTo, on destroy). */
@@ -2406,8 +2407,15 @@ static CUresult graph_launch(CUgraphExec e, CUstream s)
 {
     if (e == NULL)
         return CUDA_ERROR_INVALID_VALUE;
+    /* An exec whose last launch left allocations live cannot run again until they are
+     * freed (seen on an H200); the double frees graph memory only through free nodes. */
+    if (e->launched && e->mem_bytes > e->mem_freed)
+        return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = graph_back(e);
-    return rc == CUDA_SUCCESS ? launch(NULL, s, e->dur_ns) : rc;
+    if (rc == CUDA_SUCCESS)
+        rc = launch(NULL, s, e->dur_ns);
+    e->launched |= rc == CUDA_SUCCESS;
+    return rc;
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
