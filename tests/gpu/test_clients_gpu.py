@@ -107,9 +107,8 @@ def test_cuda_bindings_and_pynvml_see_the_slice(box: Container) -> None:
     assert box.lines(CUDA_BINDINGS_MEMORY) == cuda_bindings_memory_expected(SLICE)
 
 
-CUPY = """
-import cupy as cp
-import numpy as np
+# The slice as CuPy sees it, past it, half of it, and past what is left (a is held).
+CUPY_SLICE = """
 free, total = cp.cuda.runtime.memGetInfo()
 print("info", free, total)
 def alloc(n):
@@ -120,7 +119,17 @@ def alloc(n):
 print("over", alloc(total + 1)[1])
 a, ra = alloc(total // 2)
 print("half", ra)
-print("more", alloc(total // 2 + (1 << 20))[1])
+print("more", alloc(total // 2 + (64 << 20))[1])
+"""
+CUPY_SLICE_SEEN = [f"info {SLICE} {SLICE}", "over oom", "half ok", "more oom"]
+
+CUPY = (
+    """
+import cupy as cp
+import numpy as np
+"""
+    + CUPY_SLICE
+    + """
 del a
 cp.get_default_memory_pool().free_all_blocks()
 rng = np.random.default_rng(3)
@@ -129,17 +138,12 @@ y = rng.standard_normal((1024, 1024), dtype=np.float32)
 product = cp.asnumpy(cp.asarray(x) @ cp.asarray(y))
 print("matmul", bool(np.allclose(product, x @ y, rtol=1e-3, atol=1e-3)))
 """
+)
 
 
 def test_cupy_sees_the_slice_runs_out_of_memory_past_it_and_multiplies(box: Container) -> None:
     needs(box, "cupy")
-    assert box.lines(CUPY) == [
-        f"info {SLICE} {SLICE}",
-        "over oom",
-        "half ok",
-        "more oom",
-        "matmul True",
-    ]
+    assert box.lines(CUPY) == [*CUPY_SLICE_SEEN, "matmul True"]
 
 
 JAX = """
@@ -207,29 +211,24 @@ def test_pytorch_expandable_segments_stay_inside_the_slice(box: Container) -> No
     }, got
 
 
-CUPY_MANAGED = """
+CUPY_MANAGED = (
+    """
 import cupy as cp
 # every CuPy allocation becomes cudaMallocManaged, which the driver would let grow past
 # the GPU's memory: under the shim it is the container's memory like any other
 cp.cuda.set_allocator(cp.cuda.MemoryPool(cp.cuda.malloc_managed).malloc)
-free, total = cp.cuda.runtime.memGetInfo()
-def alloc(n):
-    try:
-        return cp.empty(n, dtype=cp.uint8), "ok"
-    except cp.cuda.memory.OutOfMemoryError:
-        return None, "oom"
-print("over", alloc(total + 1)[1])
-a, ra = alloc(total // 2)
-print("half", ra)
-print("more", alloc(total // 2 + (64 << 20))[1])
+"""
+    + CUPY_SLICE
+    + """
 a.fill(3)
 print("sum", int(a[:1024].sum()))
 """
+)
 
 
 def test_cupy_managed_memory_counts_against_the_slice(box: Container) -> None:
     needs(box, "cupy")
-    assert box.lines(CUPY_MANAGED) == ["over oom", "half ok", "more oom", f"sum {3 * 1024}"]
+    assert box.lines(CUPY_MANAGED) == [*CUPY_SLICE_SEEN, f"sum {3 * 1024}"]
 
 
 def test_a_program_built_by_nvcc_with_the_static_runtime_sees_the_slice(
