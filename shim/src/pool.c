@@ -8,11 +8,16 @@
  *    any value), cuMemPoolTrimTo, or cuMemPoolDestroy;
  *  - each device's graph memory pool (cuGraphAddMemAllocNode): an exec's allocations
  *    get physical memory when it is uploaded or launched, and that memory stays in
- *    the pool after frees and exec destruction until cuDeviceGraphMemTrim.
+ *    the pool after frees and exec destruction until cuDeviceGraphMemTrim. An
+ *    allocation that no free node of its graph frees outlives its exec: it stays
+ *    allocated until the program frees the pointer.
  *
  * So a free must not give the slice back while the pool still holds the memory. Per
  * pool the shim keeps live (bytes of allocations the program holds) and counted
- * (bytes counted against the slice, >= live). A free lowers live only. counted is
+ * (bytes counted against the slice, >= live). A free lowers live only. For the graph
+ * pool live is at least the driver's USED_MEM_CURRENT (held): the execs the shim saw
+ * backed are not all a graph holds, since allocations outlive their execs, and memory
+ * still allocated is not free for the next exec. counted is
  * settled against the driver's own figure for the pool (RESERVED_MEM_CURRENT): down to
  * max(live, reserved) when the pool released memory, up to reserved when the driver
  * took more than the shim saw (rounding, an exec the shim did not see instantiated) -
@@ -34,6 +39,7 @@ struct cpool {
     CUdevice dev;   /* CUDA ordinal (graph pool queries) */
     int destroyed;  /* cuMemPoolDestroy: frees give back at once */
     uint64_t live, counted;
+    uint64_t held;  /* graph pool: the driver's USED_MEM_CURRENT at the last settle */
 };
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -55,7 +61,7 @@ static struct cpool *find_or_add(int kind, uint64_t key, unsigned di, CUdevice d
     for (int i = 0; i < MAX_POOLS; i++) {
         /* a destroyed pool with nothing left is only a memory of one: reuse it */
         if (pools[i].kind == 0 || (pools[i].destroyed && pools[i].counted == 0)) {
-            pools[i] = (struct cpool){key, kind, di, dev, 0, 0, 0};
+            pools[i] = (struct cpool){key, kind, di, dev, 0, 0, 0, 0};
             return &pools[i];
         }
     }
@@ -80,6 +86,22 @@ static int driver_reserved(const struct cpool *p, uint64_t *out)
     return 0;
 }
 
+/* Bytes the pool's allocations hold: what the program holds and, for the graph pool,
+ * what the driver says graphs still have allocated, whichever is more. */
+static uint64_t in_use(const struct cpool *p)
+{
+    return p->live > p->held ? p->live : p->held;
+}
+
+static void read_graph_used(struct cpool *p)
+{
+    cuuint64_t v = 0;
+    if (p->kind == POOL_GRAPH && !p->destroyed && real_cuDeviceGetGraphMemAttribute != NULL &&
+        real_cuDeviceGetGraphMemAttribute(p->dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v) ==
+            CUDA_SUCCESS)
+        p->held = v;
+}
+
 static int reserve(unsigned di, uint64_t bytes, uint64_t limit)
 {
     return bytes == 0 ? 0 : fracgpu_region_reserve(G.region, G.slot, di, bytes, limit);
@@ -95,9 +117,10 @@ static void give_back(unsigned di, uint64_t bytes)
 static uint64_t settle(struct cpool *p)
 {
     uint64_t r;
+    read_graph_used(p);
     if (driver_reserved(p, &r) != 0)
         return 0;
-    uint64_t target = r > p->live ? r : p->live;
+    uint64_t target = r > in_use(p) ? r : in_use(p);
     if (p->counted > target) {
         uint64_t d = p->counted - target;
         p->counted = target;
@@ -163,7 +186,8 @@ CUresult fracgpu_pool_take(int kind, uint64_t key, int di, CUdevice dev, uint64_
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         settle(p);
-        uint64_t idle = p->counted - p->live, need = n > idle ? n - idle : 0;
+        uint64_t used = in_use(p);
+        uint64_t idle = p->counted > used ? p->counted - used : 0, need = n > idle ? n - idle : 0;
         uint64_t limit = G.limits.dev[p->di].memory_limit;
         if (reserve(p->di, need, limit) != 0 &&
             (settle_all_locked() == 0 || reserve(p->di, need, limit) != 0)) {

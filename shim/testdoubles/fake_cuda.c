@@ -53,9 +53,12 @@ struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t m
  * freed: an allocation node whose memory a free node of the graph frees. */
 struct CUgraphNode_st { int type; uint64_t bytes; int dev; CUdeviceptr dptr; int freed; };
 /* backed: its allocations have physical memory from the device's graph pool;
- * launched: it has run once (its unfreed allocations are live since). */
+ * launched: it has run; unfreed: its allocation nodes no free node frees (address and
+ * size, n_unfreed of them), of which outstanding are still allocated from its last run. */
+struct unfreed_alloc { CUdeviceptr dptr; uint64_t bytes; };
 struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t mem_freed;
-                        int backed; int launched; };
+                        int backed; int launched; struct unfreed_alloc *unfreed;
+                        size_t n_unfreed, outstanding; };
 /* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
  * the device when allocations need more than it has free, given back at a
  * synchronisation above the release threshold, on cuMemPoolTrimTo, on destroy). */
@@ -312,6 +315,12 @@ static struct CUmemPoolHandle_st *pools[256]; /* every pool of this process */
 static size_t n_pools;
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t graph_reserved[FAKE_MAX_DEVICES], graph_used[FAKE_MAX_DEVICES];
+/* Allocations a graph run made and no node freed: they outlive the exec until the
+ * program frees the address (cuMemFree, cuMemFreeAsync). exec: NULL once destroyed. */
+#define GRAPH_LIVE_MAX 1024
+static struct graph_live { CUdeviceptr dptr; uint64_t bytes; int dev;
+                           struct CUgraphExec_st *exec; } graph_live[GRAPH_LIVE_MAX];
+static size_t n_graph_live;
 
 static struct CUmemPoolHandle_st *pool_of_dev(int dev)
 {
@@ -1312,10 +1321,29 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
     ALLOC_CURRENT("cuMemAllocPitch_v2", *pitch * h, dptr)
 }
 
+/* A free of an address a graph run allocated: back to the graph pool (still reserved).
+ * 1 if it was one. */
+static int free_graph_address(CUdeviceptr p)
+{
+    int found = 0;
+    pthread_mutex_lock(&pool_mu);
+    for (size_t i = 0; i < n_graph_live && !found; i++) {
+        if (graph_live[i].dptr != p)
+            continue;
+        graph_used[graph_live[i].dev] -= graph_live[i].bytes;
+        if (graph_live[i].exec != NULL)
+            graph_live[i].exec->outstanding--;
+        graph_live[i] = graph_live[--n_graph_live];
+        found = 1;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return found;
+}
+
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 {
     CHECK_INIT("cuMemFree_v2");
-    return free_key(p);
+    return free_graph_address(p) ? CUDA_SUCCESS : free_key(p);
 }
 /* A stream-ordered free of managed memory is refused (CUDA_ERROR_NOT_SUPPORTED, seen on
  * an H200); the memory stays allocated. */
@@ -1326,10 +1354,13 @@ static CUresult free_async_key(uint64_t key)
     for (size_t i = 0; i < n_allocs && !managed; i++)
         managed = allocs[i].key == key && allocs[i].pinned == 0 && allocs[i].managed;
     pthread_mutex_unlock(&mu);
-    return managed ? CUDA_ERROR_NOT_SUPPORTED : free_key(key);
+    if (managed)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return free_graph_address(key) ? CUDA_SUCCESS : free_key(key);
 }
 
 static CUresult graph_free_node(CUgraph g, CUdeviceptr dptr, CUgraphNode *node);
+static int free_graph_address(CUdeviceptr p);
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
@@ -2309,22 +2340,58 @@ EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgrap
 
 /* Physical memory for an exec's allocations: what the graph pool has free is reused,
  * the rest taken from the device; it stays in the pool until cuDeviceGraphMemTrim. */
+static CUresult graph_take_locked(int d, uint64_t n)
+{
+    uint64_t idle = graph_reserved[d] - graph_used[d];
+    uint64_t more = n > idle ? n - idle : 0;
+    CUresult rc = more ? take_memory(d, more) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        graph_reserved[d] += more;
+        graph_used[d] += n;
+    }
+    return rc;
+}
+
+static uint64_t unfreed_bytes(const struct CUgraphExec_st *x)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < x->n_unfreed; i++)
+        n += x->unfreed[i].bytes;
+    return n;
+}
+
 static CUresult graph_back(struct CUgraphExec_st *x)
 {
     if (x->backed || x->mem_bytes == 0)
         return CUDA_SUCCESS;
-    int d = x->mem_dev;
     pthread_mutex_lock(&pool_mu);
-    uint64_t idle = graph_reserved[d] - graph_used[d];
-    uint64_t more = x->mem_bytes > idle ? x->mem_bytes - idle : 0;
-    CUresult rc = more ? take_memory(d, more) : CUDA_SUCCESS;
-    if (rc == CUDA_SUCCESS) {
-        graph_reserved[d] += more;
-        graph_used[d] += x->mem_bytes;
-        x->backed = 1;
-    }
+    CUresult rc = graph_take_locked(x->mem_dev, x->mem_bytes);
+    x->backed |= rc == CUDA_SUCCESS;
     pthread_mutex_unlock(&pool_mu);
     return rc;
+}
+
+/* A run makes the exec's unfreed allocations: live until the program frees them. A
+ * later run needs them freed first (CUDA_ERROR_INVALID_VALUE otherwise, seen on an
+ * H200), and takes their memory from the pool again. Call with pool_mu held. */
+static CUresult graph_allocate_locked(struct CUgraphExec_st *x)
+{
+    if (x->n_unfreed == 0)
+        return CUDA_SUCCESS;
+    if (x->outstanding > 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (n_graph_live + x->n_unfreed > GRAPH_LIVE_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (x->launched) {
+        CUresult rc = graph_take_locked(x->mem_dev, unfreed_bytes(x));
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    for (size_t i = 0; i < x->n_unfreed; i++)
+        graph_live[n_graph_live++] =
+            (struct graph_live){x->unfreed[i].dptr, x->unfreed[i].bytes, x->mem_dev, x};
+    x->outstanding = x->n_unfreed;
+    return CUDA_SUCCESS;
 }
 
 static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
@@ -2336,8 +2403,18 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
     x->mem_bytes = g->mem_bytes;
     x->mem_dev = g->mem_dev;
     x->mem_freed = g->mem_freed;
+    x->unfreed = calloc(g->n_nodes + 1, sizeof *x->unfreed);
+    if (x->unfreed == NULL) {
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (size_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && !g->nodes[i]->freed)
+            x->unfreed[x->n_unfreed++] =
+                (struct unfreed_alloc){g->nodes[i]->dptr, g->nodes[i]->bytes};
     CUresult rc = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) ? graph_back(x) : CUDA_SUCCESS;
     if (rc != CUDA_SUCCESS) {
+        free(x->unfreed);
         free(x);
         return rc;
     }
@@ -2407,11 +2484,14 @@ static CUresult graph_launch(CUgraphExec e, CUstream s)
 {
     if (e == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    /* An exec whose last launch left allocations live cannot run again until they are
-     * freed (seen on an H200); the double frees graph memory only through free nodes. */
-    if (e->launched && e->mem_bytes > e->mem_freed)
+    if (e->launched && e->outstanding > 0)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = graph_back(e);
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&pool_mu);
+        rc = graph_allocate_locked(e);
+        pthread_mutex_unlock(&pool_mu);
+    }
     if (rc == CUDA_SUCCESS)
         rc = launch(NULL, s, e->dur_ns);
     e->launched |= rc == CUDA_SUCCESS;
@@ -2430,16 +2510,20 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
     return graph_launch(e, s);
 }
 
-/* The exec's memory goes back to the graph pool, which keeps it reserved. */
+/* The exec's memory goes back to the graph pool, which keeps it reserved; allocations
+ * a run made and no node freed stay allocated. */
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     if (e == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (e->backed) {
-        pthread_mutex_lock(&pool_mu);
-        graph_used[e->mem_dev] -= e->mem_freed;
-        pthread_mutex_unlock(&pool_mu);
-    }
+    pthread_mutex_lock(&pool_mu);
+    if (e->backed)
+        graph_used[e->mem_dev] -= e->mem_freed + (e->launched ? 0 : unfreed_bytes(e));
+    for (size_t i = 0; i < n_graph_live; i++)
+        if (graph_live[i].exec == e)
+            graph_live[i].exec = NULL;
+    pthread_mutex_unlock(&pool_mu);
+    free(e->unfreed);
     free(e);
     return CUDA_SUCCESS;
 }

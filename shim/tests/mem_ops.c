@@ -299,11 +299,14 @@ int main(int argc, char **argv)
             printf("trim %d\n", A.cuMemPoolTrimTo(pool_in_use(), size_arg(ARG())));
         } else if (strcmp(c, "sync") == 0) {
             printf("sync %d\n", A.cuCtxSynchronize());
-        } else if (strcmp(c, "graph") == 0 || strcmp(c, "graphfree") == 0) {
+        } else if (strcmp(c, "graph") == 0 || strcmp(c, "graphfree") == 0 ||
+                   strcmp(c, "graphptr") == 0) {
             /* graph <dev> <bytes>: a graph with one memory allocation node; graphfree also
              * frees it in the graph (a free node after it), as a captured
-             * cudaMallocAsync + cudaFreeAsync pair does */
+             * cudaMallocAsync + cudaFreeAsync pair does; graphptr keeps the allocation's
+             * address too (next id), for a free outside the graph */
             int with_free = strcmp(c, "graphfree") == 0;
+            int with_ptr = strcmp(c, "graphptr") == 0;
             CUgraph g = NULL;
             CUDA_MEM_ALLOC_NODE_PARAMS np;
             memset(&np, 0, sizeof np);
@@ -318,7 +321,10 @@ int main(int argc, char **argv)
             CUgraphNode freed;
             if (rc == CUDA_SUCCESS && with_free)
                 rc = A.cuGraphAddMemFreeNode(&freed, g, &node, 1, np.dptr);
-            printf("%s %d %d\n", c, rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
+            printf("%s %d %d", c, rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
+            if (with_ptr)
+                printf(" %d", rc == CUDA_SUCCESS ? keep(np.dptr) : -1);
+            printf("\n");
         } else if (strcmp(c, "instantiate") == 0) {
             /* instantiate <graph id> <flags> */
             CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];

@@ -211,6 +211,63 @@ def _graph_unfreed_check(out: str, u: int, slack: int) -> None:
 GRAPH_UNFREED_OUTLIVES_ITS_EXEC = Script(_graph_unfreed, _graph_unfreed_check)
 
 
+def _graph_unfreed_twice(u: int) -> tuple[str, ...]:
+    # The attack: memory a destroyed exec's graph still holds is not free for the next
+    # exec. Counting only the execs alive, the second graph would be backed from memory
+    # the first still has allocated, and the driver would take 700 MiB more.
+    return (
+        "graph", "0", mi(700, u),  # id 0: allocates, never frees
+        "instantiate", "0", "0",  # id 1
+        "glaunch", "1",
+        "sync",
+        "gexecdestroy", "1",
+        "graph", "0", mi(700, u),  # id 2: the same again
+        "instantiate", "2", "0",  # id 3
+        "glaunch", "3",  # 700 MiB more would pass the slice
+        "info",
+    )  # fmt: skip
+
+
+def _graph_unfreed_twice_check(out: str, u: int, slack: int) -> None:
+    assert results(out, "glaunch") == ["0", OOM], out
+    free_is(out, u * (GiB - 700 * MiB), slack)
+
+
+GRAPH_UNFREED_NOT_REUSED = Script(_graph_unfreed_twice, _graph_unfreed_twice_check)
+
+
+def _graph_freed_by_address(u: int) -> tuple[str, ...]:
+    # A program frees a graph's allocation with cuMemFree: the memory goes back to the
+    # graph pool (still reserved, still counted), the exec may run again, and a trim
+    # gives it back once nothing holds it.
+    return (
+        "graphptr", "0", mi(700, u),  # id 0: the graph, id 1: its allocation's address
+        "instantiate", "0", "0",  # id 2
+        "glaunch", "2",
+        "glaunch", "2",  # still allocated: refused
+        "alloc", mi(400, u),  # 700 + 400 MiB: past the slice
+        "free", "1",
+        "alloc", mi(400, u),  # freed into the graph pool, which keeps it
+        "glaunch", "2",  # runs again from the pool
+        "free", "1",
+        "sync",
+        "gexecdestroy", "2",
+        "gtrim", "0",
+        "alloc", mi(400, u),  # trimmed: given back
+        "info",
+    )  # fmt: skip
+
+
+def _graph_freed_by_address_check(out: str, u: int, slack: int) -> None:
+    assert results(out, "glaunch") == ["0", INVALID_VALUE, "0"], out
+    assert results(out, "free") == ["0", "0"], out
+    assert results(out, "alloc") == [OOM, OOM, "0"], out
+    free_is(out, u * (GiB - 400 * MiB), slack)
+
+
+GRAPH_FREED_BY_ADDRESS = Script(_graph_freed_by_address, _graph_freed_by_address_check)
+
+
 def graph_instantiated_by(instantiate: str) -> Script:
     """cuGraphInstantiateWithParams and the pre-12.0 cuGraphInstantiate_v2 make execs too;
     the shim reads the graph's allocation nodes from the driver at instantiation."""
@@ -275,6 +332,8 @@ SCRIPTS: dict[str, Script] = {
     "pool-gives-back": POOL_GIVES_BACK,
     "graph-backed-until-trimmed": GRAPH_BACKED_UNTIL_TRIMMED,
     "graph-unfreed-outlives-its-exec": GRAPH_UNFREED_OUTLIVES_ITS_EXEC,
+    "graph-unfreed-not-reused": GRAPH_UNFREED_NOT_REUSED,
+    "graph-freed-by-address": GRAPH_FREED_BY_ADDRESS,
     "graph-instantiatep": graph_instantiated_by("instantiatep"),
     "graph-instantiate2": graph_instantiated_by("instantiate2"),
     "graph-captured-async": CAPTURED_ASYNC_COUNTS_ONCE,

@@ -311,3 +311,14 @@ def test_the_shared_scripts_hold_on_a_larger_slice(node: Sandbox, name: str) -> 
     out = node.run("mem_ops", *SCRIPTS[name].args(2))
     assert out.returncode == 0, out.stdout + out.stderr
     SCRIPTS[name].check(out.stdout, 2, 0)
+
+
+@pytest.mark.parametrize("lookup", ["direct", "procaddr"])
+def test_memory_a_graph_still_holds_is_not_free_for_the_next_exec(
+    node: Sandbox, lookup: str
+) -> None:
+    run_script(node, SCRIPTS["graph-unfreed-not-reused"], lookup=lookup)
+
+
+def test_a_graph_allocation_freed_by_address_goes_back_through_the_pool(node: Sandbox) -> None:
+    run_script(node, SCRIPTS["graph-freed-by-address"])
