@@ -127,6 +127,9 @@ typedef struct {
 #define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
 #define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
 #define CU_STREAM_CAPTURE_STATUS_NONE 0
+/* The default streams' handles, valid in every entry point. */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 #define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
 #define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10

@@ -623,6 +623,13 @@ static CUresult async_plain_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstr
     return real_cuMemAllocAsync_ptsz(d, n, s);
 }
 
+/* In a _ptsz entry point the null stream is the thread's own: name it, so that a
+ * capture check asks about the stream the call really uses. */
+static CUstream per_thread(CUstream s)
+{
+    return s == NULL ? CU_STREAM_PER_THREAD : s;
+}
+
 /* Under stream capture an asynchronous allocation is a node of the captured graph: it
  * takes no memory now, and the graph's memory is counted when an exec of it is backed. */
 static int capturing(CUstream s)
@@ -697,7 +704,7 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstrea
     ENTER(cuMemAllocAsync_ptsz);
     if (mode_ == MODE_PASS)
         return real_cuMemAllocAsync_ptsz(dptr, bytesize, hStream);
-    return pool_alloc(dptr, bytesize, NULL, hStream, async_plain_ptsz);
+    return pool_alloc(dptr, bytesize, NULL, per_thread(hStream), async_plain_ptsz);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -715,7 +722,8 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
     ENTER(cuMemAllocFromPoolAsync_ptsz);
     if (mode_ == MODE_PASS || pool == NULL)
         return real_cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream);
-    return pool_alloc(dptr, bytesize, pool, hStream, real_cuMemAllocFromPoolAsync_ptsz);
+    return pool_alloc(dptr, bytesize, pool, per_thread(hStream),
+                      real_cuMemAllocFromPoolAsync_ptsz);
 }
 
 /* ---- memory pools: where a pool's memory counts, and when the pool gives it back ---- */
@@ -821,6 +829,12 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wid
 static CUresult free_linear(CUdeviceptr dptr, CUstream stream, CUresult (*sync)(CUstream),
                             CUresult (*realfree)(CUdeviceptr, CUstream))
 {
+    /* On a capturing stream the free is a node of the graph being captured: nothing is
+     * freed until the graph runs, if it ever does, so the memory stays counted. (A free
+     * the shim cannot see later over-counts; releasing now would let a capture that never
+     * runs give the slice back while the memory stays allocated.) */
+    if (stream != NULL && capturing(stream))
+        return realfree(dptr, stream);
     uint64_t sz;
     unsigned di;
     uint32_t kind = ALLOC_PTR;
@@ -906,7 +920,7 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
     ENTER(cuMemFreeAsync_ptsz);
     if (mode_ == MODE_PASS)
         return real_cuMemFreeAsync_ptsz(dptr, hStream);
-    return free_linear(dptr, hStream, sync_stream_ptsz, free_async_ptsz);
+    return free_linear(dptr, per_thread(hStream), sync_stream_ptsz, free_async_ptsz);
 }
 
 /* ---- virtual memory management ---- */

@@ -17,8 +17,6 @@
 #define RING 16
 #define POOL (2 * RING + 4)
 #define POOLS 8 /* contexts per device whose spare events are kept */
-#define CU_STREAM_LEGACY ((CUstream)0x1)
-#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 /* Spare events of one context (an event belongs to the context it was made in). */
 struct pool { CUcontext ctx; CUevent ev[POOL]; unsigned n; };

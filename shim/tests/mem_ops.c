@@ -160,6 +160,10 @@ int main(int argc, char **argv)
             int id = atoi(ARG());
             rc = c[4] == 'a' ? A.cuMemFreeAsync(ids[id], NULL) : A.cuMemFree(ids[id]);
             printf("%s %d\n", c, rc);
+        } else if (strcmp(c, "freeon") == 0) {
+            /* freeon <stream id> <id>: cuMemFreeAsync on that stream */
+            CUstream st = (CUstream)(uintptr_t)ids[atoi(ARG())];
+            printf("freeon %d\n", A.cuMemFreeAsync(ids[atoi(ARG())], st));
         } else if (strcmp(c, "create") == 0) {
             int dev = atoi(ARG());
             uint64_t n = size_arg(ARG());

@@ -320,6 +320,32 @@ def _captured_check(out: str, u: int, slack: int) -> None:
 
 CAPTURED_ASYNC_COUNTS_ONCE = Script(_captured, _captured_check)
 
+
+def captured_free(kind: str) -> Script:
+    """The attack: a cuMemFreeAsync on a capturing stream is only a node of the graph
+    being captured, and the capture is never launched. Releasing the count at the call
+    would free the slice while the memory stays allocated, again and again."""
+
+    def script(u: int) -> tuple[str, ...]:
+        return (
+            "stream",  # id 0
+            kind, mi(700, u),  # id 1
+            "capture", "0",
+            "freeon", "0", "1",
+            "endcapture", "0",  # id 2: never instantiated
+            kind, mi(700, u),  # still allocated: past the slice
+            "info",
+        )  # fmt: skip
+
+    def check(out: str, u: int, slack: int) -> None:
+        # whether the driver takes a captured free of this memory is the driver's business;
+        # either way it is not freed, and stays counted
+        assert results(out, kind) == ["0", OOM], out
+        free_is(out, u * (GiB - 700 * MiB), slack)
+
+    return Script(script, check)
+
+
 # Every script, by name: the real-driver suite runs them all.
 SCRIPTS: dict[str, Script] = {
     "managed": linear("managed"),
@@ -334,6 +360,8 @@ SCRIPTS: dict[str, Script] = {
     "graph-unfreed-outlives-its-exec": GRAPH_UNFREED_OUTLIVES_ITS_EXEC,
     "graph-unfreed-not-reused": GRAPH_UNFREED_NOT_REUSED,
     "graph-freed-by-address": GRAPH_FREED_BY_ADDRESS,
+    "captured-free-alloc": captured_free("alloc"),
+    "captured-free-async": captured_free("async"),
     "graph-instantiatep": graph_instantiated_by("instantiatep"),
     "graph-instantiate2": graph_instantiated_by("instantiate2"),
     "graph-captured-async": CAPTURED_ASYNC_COUNTS_ONCE,

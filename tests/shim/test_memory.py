@@ -322,3 +322,11 @@ def test_memory_a_graph_still_holds_is_not_free_for_the_next_exec(
 
 def test_a_graph_allocation_freed_by_address_goes_back_through_the_pool(node: Sandbox) -> None:
     run_script(node, SCRIPTS["graph-freed-by-address"])
+
+
+@pytest.mark.parametrize("lookup", LOOKUPS)
+@pytest.mark.parametrize("kind", ["alloc", "async"])
+def test_a_captured_free_that_never_runs_keeps_the_memory_counted(
+    node: Sandbox, kind: str, lookup: str
+) -> None:
+    run_script(node, SCRIPTS[f"captured-free-{kind}"], lookup=lookup)
