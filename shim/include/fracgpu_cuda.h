@@ -127,13 +127,31 @@ typedef struct {
 #define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
 #define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
 #define CU_STREAM_CAPTURE_STATUS_NONE 0
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 /* The default streams' handles, valid in every entry point. */
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
-#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
+#define CU_GRAPH_NODE_TYPE_GRAPH 1
 #define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
 #define CU_GRAPH_NODE_TYPE_MEM_FREE 11
+/* cuGraphAddNode (12.2) / _v2 (12.3): the generic node parameters, 256 bytes. A child
+ * graph moved into its parent (12.9) may hold memory allocation and free nodes. */
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE 0
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE 1
+typedef struct {
+    CUgraph graph;
+    int ownership;
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
 typedef struct {
     cuuint64_t flags;
     CUstream hUploadStream;

@@ -1074,12 +1074,17 @@ static uint64_t key_of(const void *h)
 /* Bytes of g's memory allocation nodes per limits index, from the driver's own view of
  * the graph (however its nodes were made: added, captured from a stream, cloned).
  * -1: a node allocates on a device not in the limits (nothing is allowed there). */
-static int graph_bytes(CUgraph g, uint64_t *sz, uint64_t *dev)
+/* Child graphs nest at most this deep before an instantiation is refused: each level
+ * is a graph the program built, and the count must end. */
+#define GRAPH_DEPTH_MAX 16
+
+/* Adds the bytes of g's memory allocation nodes, per limits index, to sz (device
+ * ordinals in dev), child graphs included: a child moved into its parent (12.9) may hold
+ * allocation nodes. -1: a node on a device outside the slice, or nesting too deep. */
+static int graph_bytes_at(CUgraph g, uint64_t *sz, uint64_t *dev, int depth)
 {
     size_t n = 0;
-    if (real_cuGraphGetNodes == NULL || real_cuGraphNodeGetType == NULL ||
-        real_cuGraphMemAllocNodeGetParams == NULL || real_cuGraphGetNodes(g, NULL, &n) != 0 ||
-        n == 0)
+    if (real_cuGraphGetNodes(g, NULL, &n) != 0 || n == 0)
         return 0; /* unknown: the graph pool is still settled after each launch */
     CUgraphNode *nodes = malloc(n * sizeof *nodes);
     if (nodes == NULL || real_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS) {
@@ -1090,8 +1095,21 @@ static int graph_bytes(CUgraph g, uint64_t *sz, uint64_t *dev)
     for (size_t i = 0; i < n && rc == 0; i++) {
         int type = -1;
         CUDA_MEM_ALLOC_NODE_PARAMS p;
-        if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS ||
-            type != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+        CUgraph child = NULL;
+        if (real_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS)
+            continue;
+        if (type == CU_GRAPH_NODE_TYPE_GRAPH && real_cuGraphChildGraphNodeGetGraph != NULL &&
+            real_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS) {
+            if (depth >= GRAPH_DEPTH_MAX) {
+                LOGW("child graphs nested deeper than %d: instantiation refused",
+                     GRAPH_DEPTH_MAX);
+                rc = -1;
+            } else {
+                rc = graph_bytes_at(child, sz, dev, depth + 1);
+            }
+            continue;
+        }
+        if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
             real_cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS ||
             p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
             continue;
@@ -1105,6 +1123,14 @@ static int graph_bytes(CUgraph g, uint64_t *sz, uint64_t *dev)
     }
     free(nodes);
     return rc;
+}
+
+static int graph_bytes(CUgraph g, uint64_t *sz, uint64_t *dev)
+{
+    if (real_cuGraphGetNodes == NULL || real_cuGraphNodeGetType == NULL ||
+        real_cuGraphMemAllocNodeGetParams == NULL)
+        return 0; /* unknown: the graph pool is still settled after each launch */
+    return graph_bytes_at(g, sz, dev, 0);
 }
 
 /* Undo backing of exec e on limits indexes below upto (they are ALLOC_EXEC_BACKED). */
@@ -1180,7 +1206,7 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, int upload, instantiate_f
     uint64_t sz[FRACGPU_MAX_DEVICES] = {0}, dev[FRACGPU_MAX_DEVICES] = {0};
     uint64_t took[FRACGPU_MAX_DEVICES] = {0};
     if (graph_bytes(g, sz, dev) != 0)
-        return CUDA_ERROR_OUT_OF_MEMORY; /* memory on a device outside the slice */
+        return CUDA_ERROR_OUT_OF_MEMORY; /* outside the slice, or nested too deep */
     int any = 0;
     for (unsigned i = 0; i < G.limits.device_count; i++)
         any |= sz[i] != 0;

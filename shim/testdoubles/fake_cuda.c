@@ -49,9 +49,11 @@ struct CUmod_st { int unused; };
  * mem_freed: the part its own free nodes free again. */
 struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t mem_freed;
                     struct CUgraphNode_st **nodes; size_t n_nodes; };
-/* type: CU_GRAPH_NODE_TYPE_KERNEL, _MEM_ALLOC (bytes on dev at dptr) or _MEM_FREE;
- * freed: an allocation node whose memory a free node of the graph frees. */
-struct CUgraphNode_st { int type; uint64_t bytes; int dev; CUdeviceptr dptr; int freed; };
+/* type: CU_GRAPH_NODE_TYPE_KERNEL, _MEM_ALLOC (bytes on dev at dptr), _MEM_FREE or
+ * _GRAPH (child: the graph it runs, owned by the node); freed: an allocation node whose
+ * memory a free node of the graph frees. */
+struct CUgraphNode_st { int type; uint64_t bytes; int dev; CUdeviceptr dptr; int freed;
+                        struct CUgraph_st *child; };
 /* backed: its allocations have physical memory from the device's graph pool;
  * launched: it has run; unfreed: its allocation nodes no free node frees (address and
  * size, n_unfreed of them), of which outstanding are still allocated from its last run. */
@@ -2218,7 +2220,7 @@ static CUgraphNode add_node(CUgraph g, int type, uint64_t bytes, int dev)
             g->nodes = v;
         return NULL;
     }
-    *n = (struct CUgraphNode_st){type, bytes, dev, 0, 0};
+    *n = (struct CUgraphNode_st){type, bytes, dev, 0, 0, NULL};
     g->nodes = v;
     g->nodes[g->n_nodes++] = n;
     return n;
@@ -2275,6 +2277,70 @@ EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgr
     g->dur_ns += params->func->dur_ns;
     if (node)
         *node = n_;
+    return CUDA_SUCCESS;
+}
+
+/* A child graph node (cuGraphAddNode, CU_GRAPH_NODE_TYPE_GRAPH). Cloned, the child may not
+ * hold memory nodes; moved (12.9), it may, and the parent owns it: its allocations are the
+ * parent's (one device per graph, as for the double's other graphs). */
+static CUresult add_child_graph(CUgraphNode *node, CUgraph g, const CUgraphNodeParams *params)
+{
+    CUgraph c = params->graph.graph;
+    int move = params->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+    if (c == NULL || c == g || (!move && params->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (c->mem_bytes && (!move || (g->mem_bytes && g->mem_dev != c->mem_dev)))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *owned = c;
+    if (!move) {
+        /* the double's kernel nodes carry only their time: a clone is that time */
+        if ((owned = calloc(1, sizeof *owned)) == NULL)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        owned->dur_ns = c->dur_ns;
+    }
+    CUgraphNode n_ = add_node(g, CU_GRAPH_NODE_TYPE_GRAPH, 0, c->mem_dev);
+    if (n_ == NULL) {
+        if (!move)
+            free(owned);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    n_->child = owned;
+    g->dur_ns += owned->dur_ns;
+    if (owned->mem_bytes) {
+        g->mem_bytes += owned->mem_bytes;
+        g->mem_freed += owned->mem_freed;
+        g->mem_dev = owned->mem_dev;
+    }
+    if (node)
+        *node = n_;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                               CUgraphNodeParams *params)
+{
+    (void)deps, (void)n;
+    CHECK_INIT("cuGraphAddNode");
+    if (g == NULL || params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (params->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_NOT_SUPPORTED; /* the double adds child graphs this way only */
+    return add_child_graph(node, g, params);
+}
+
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                  const void *edges, size_t n, CUgraphNodeParams *params)
+{
+    (void)edges;
+    return cuGraphAddNode(node, g, deps, n, params);
+}
+
+EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *child)
+{
+    CHECK_INIT("cuGraphChildGraphNodeGetGraph");
+    if (node == NULL || child == NULL || node->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *child = node->child;
     return CUDA_SUCCESS;
 }
 
@@ -2394,6 +2460,27 @@ static CUresult graph_allocate_locked(struct CUgraphExec_st *x)
     return CUDA_SUCCESS;
 }
 
+/* Nodes of g and of its child graphs. */
+static size_t count_nodes(const struct CUgraph_st *g)
+{
+    size_t n = g->n_nodes;
+    for (size_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->child != NULL)
+            n += count_nodes(g->nodes[i]->child);
+    return n;
+}
+
+static void collect_unfreed(const struct CUgraph_st *g, struct CUgraphExec_st *x)
+{
+    for (size_t i = 0; i < g->n_nodes; i++) {
+        const struct CUgraphNode_st *n = g->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && !n->freed)
+            x->unfreed[x->n_unfreed++] = (struct unfreed_alloc){n->dptr, n->bytes};
+        else if (n->child != NULL)
+            collect_unfreed(n->child, x);
+    }
+}
+
 static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
 {
     if (e == NULL || g == NULL)
@@ -2403,15 +2490,12 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
     x->mem_bytes = g->mem_bytes;
     x->mem_dev = g->mem_dev;
     x->mem_freed = g->mem_freed;
-    x->unfreed = calloc(g->n_nodes + 1, sizeof *x->unfreed);
+    x->unfreed = calloc(count_nodes(g) + 1, sizeof *x->unfreed);
     if (x->unfreed == NULL) {
         free(x);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    for (size_t i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && !g->nodes[i]->freed)
-            x->unfreed[x->n_unfreed++] =
-                (struct unfreed_alloc){g->nodes[i]->dptr, g->nodes[i]->bytes};
+    collect_unfreed(g, x);
     CUresult rc = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) ? graph_back(x) : CUDA_SUCCESS;
     if (rc != CUDA_SUCCESS) {
         free(x->unfreed);
@@ -2531,8 +2615,11 @@ EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     if (g == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < g->n_nodes; i++)
+    for (size_t i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->child != NULL)
+            cuGraphDestroy(g->nodes[i]->child);
         free(g->nodes[i]);
+    }
     free(g->nodes);
     free(g);
     return CUDA_SUCCESS;
@@ -3202,6 +3289,9 @@ static const struct proc procs[] = {
     P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
     P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
     P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    P("cuGraphAddNode", 12020, cuGraphAddNode),
+    P("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+    P("cuGraphChildGraphNodeGetGraph", 10000, cuGraphChildGraphNodeGetGraph),
     P("cuGraphGetNodes", 10000, cuGraphGetNodes),
     P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
     P("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),

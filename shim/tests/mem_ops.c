@@ -329,6 +329,36 @@ int main(int argc, char **argv)
             if (with_ptr)
                 printf(" %d", rc == CUDA_SUCCESS ? keep(np.dptr) : -1);
             printf("\n");
+        } else if (strcmp(c, "graphchild") == 0 || strcmp(c, "graphnest") == 0) {
+            /* graphchild <dev> <bytes>: a graph whose only node is a child graph, moved
+             * into it (12.9), that holds one memory allocation node; graphnest <dev>
+             * <bytes> <depth>: that child nested depth graphs deep */
+            CUgraph g = NULL;
+            CUDA_MEM_ALLOC_NODE_PARAMS np;
+            memset(&np, 0, sizeof np);
+            np.poolProps.allocType = 1;
+            np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            np.poolProps.location.id = atoi(ARG());
+            np.bytesize = size_arg(ARG());
+            int depth = c[5] == 'n' ? atoi(ARG()) : 1;
+            CUgraphNode node;
+            rc = A.cuGraphCreate(&g, 0);
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuGraphAddMemAllocNode(&node, g, NULL, 0, &np);
+            for (int d = 0; d < depth && rc == CUDA_SUCCESS; d++) {
+                CUgraph parent = NULL;
+                rc = A.cuGraphCreate(&parent, 0);
+                if (rc != CUDA_SUCCESS)
+                    break;
+                CUgraphNodeParams gp;
+                memset(&gp, 0, sizeof gp);
+                gp.type = CU_GRAPH_NODE_TYPE_GRAPH;
+                gp.graph.graph = g;
+                gp.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+                rc = A.cuGraphAddNode(&node, parent, NULL, NULL, 0, &gp);
+                g = parent;
+            }
+            printf("%s %d %d\n", c, rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
         } else if (strcmp(c, "instantiate") == 0) {
             /* instantiate <graph id> <flags> */
             CUgraph g = (CUgraph)(uintptr_t)ids[atoi(ARG())];

@@ -321,6 +321,29 @@ def _captured_check(out: str, u: int, slack: int) -> None:
 CAPTURED_ASYNC_COUNTS_ONCE = Script(_captured, _captured_check)
 
 
+def _graph_child(u: int) -> tuple[str, ...]:
+    # The attack: a child graph moved into its parent (12.9) may hold allocation nodes;
+    # counting the parent's own nodes only, its exec would be backed with nothing.
+    return (
+        "graphchild", "0", mi(700, u),  # id 0
+        "alloc", mi(400, u),  # id 1
+        "instantiate", "0", "0",  # id 2
+        "glaunch", "2",  # the child's 700 MiB would pass the slice
+        "free", "1",
+        "glaunch", "2",
+        "info",
+    )  # fmt: skip
+
+
+def _graph_child_check(out: str, u: int, slack: int) -> None:
+    assert results(out, "graphchild", "instantiate") == ["0", "0"], out
+    assert results(out, "glaunch") == [OOM, "0"], out
+    free_is(out, u * (GiB - 700 * MiB), slack)
+
+
+GRAPH_CHILD_ALLOCATION_COUNTS = Script(_graph_child, _graph_child_check)
+
+
 def captured_free(kind: str) -> Script:
     """The attack: a cuMemFreeAsync on a capturing stream is only a node of the graph
     being captured, and the capture is never launched. Releasing the count at the call
@@ -360,6 +383,7 @@ SCRIPTS: dict[str, Script] = {
     "graph-unfreed-outlives-its-exec": GRAPH_UNFREED_OUTLIVES_ITS_EXEC,
     "graph-unfreed-not-reused": GRAPH_UNFREED_NOT_REUSED,
     "graph-freed-by-address": GRAPH_FREED_BY_ADDRESS,
+    "graph-child-allocation": GRAPH_CHILD_ALLOCATION_COUNTS,
     "captured-free-alloc": captured_free("alloc"),
     "captured-free-async": captured_free("async"),
     "graph-instantiatep": graph_instantiated_by("instantiatep"),

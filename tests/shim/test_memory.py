@@ -330,3 +330,24 @@ def test_a_captured_free_that_never_runs_keeps_the_memory_counted(
     node: Sandbox, kind: str, lookup: str
 ) -> None:
     run_script(node, SCRIPTS[f"captured-free-{kind}"], lookup=lookup)
+
+
+@pytest.mark.parametrize("lookup", ["direct", "procaddr"])
+def test_allocations_inside_a_moved_child_graph_count(node: Sandbox, lookup: str) -> None:
+    run_script(node, SCRIPTS["graph-child-allocation"], lookup=lookup)
+
+
+def test_child_graphs_nested_past_the_bound_are_refused(node: Sandbox) -> None:
+    # Counting walks every level; a nesting past 16 levels is refused rather than walked.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "graphnest", "0", "700Mi", "16",  # id 0: counted through 16 levels
+        "graphnest", "0", "100Mi", "17",  # id 1: one level too many
+        "alloc", "400Mi",  # id 2
+        "instantiate", "0", "0",  # id 3
+        "glaunch", "3",  # the innermost 700 MiB would pass the slice
+        "instantiate", "1", "0",
+    )  # fmt: skip
+    assert [s[1] for s in steps(out.stdout) if s[0] == "graphnest"] == ["0", "0"], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "glaunch"] == [OOM], out.stdout
+    assert [s[1] for s in steps(out.stdout) if s[0] == "instantiate"] == ["0", OOM], out.stdout
