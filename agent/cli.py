@@ -162,6 +162,7 @@ class Agent:
             lookup_attempts=s.prestart_lookup_attempts,
             lookup_interval_seconds=s.prestart_lookup_interval_seconds,
             delivery=delivery,
+            context_overhead_bytes=s.context_overhead_bytes,
         )
         plugins = [
             DevicePlugin(

@@ -46,6 +46,7 @@ class ContainerStarter:
         lookup_attempts: int,
         lookup_interval_seconds: float,
         delivery: QueueDelivery,
+        context_overhead_bytes: int = 0,
     ) -> None:
         self._node = node_name
         self._resources = tuple(resources)
@@ -56,6 +57,7 @@ class ContainerStarter:
         self._attempts = max(1, lookup_attempts)
         self._interval = lookup_interval_seconds
         self._delivery = delivery
+        self._context_overhead = context_overhead_bytes
 
     def allocation_prepared(
         self, resource: str, kind: ResourceKind, device_ids: Iterable[str]
@@ -80,7 +82,14 @@ class ContainerStarter:
                 compute=len(holder.devices.get(compute, ())),
                 memory_blocks=len(holder.devices.get(memory, ())),
             )
-            limits = limits_for(pod, holder.container, self._node, self._gpus(), allocated)
+            limits = limits_for(
+                pod,
+                holder.container,
+                self._node,
+                self._gpus(),
+                allocated,
+                context_overhead_bytes=self._context_overhead,
+            )
         except (PodLookupError, LimitsError) as error:
             raise ContainerStartError(str(error)) from None
         keys = {

@@ -70,12 +70,18 @@ class AllocatedTokens:
     memory_blocks: int
 
 
+# The most device memory a CUDA context can be counted for (--context-overhead-bytes).
+MAX_CONTEXT_OVERHEAD_BYTES = 4 << 30
+
+
 def limits_for(
     pod: PodInfo,
     container: str,
     node_name: str,
     gpus: dict[str, GPUDevice],
     allocated: AllocatedTokens | None = None,
+    *,
+    context_overhead_bytes: int = 0,
 ) -> Limits:
     """The container's limits from its pod's assignment, checked against this node and, when
     given, against the device IDs kubelet allocated it (so an assignment written past the
@@ -145,6 +151,9 @@ def limits_for(
             priority=priority,
             # Memory scaling: past the physical memory, the slice is served from host memory.
             memory_host_fallback=assignment.memory_scaling > 1.0,
+            # The driver's own memory for each context (primary or created) the container
+            # makes: counted in the slice, so contexts cannot take memory outside it.
+            context_overhead_bytes=context_overhead_bytes,
         )
         encode_limits(limits)  # the shim's own checks, so a bad file is never written
     except CodecError as error:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
 from agent.slice_audit import DEFAULT_TOLERANCE_BYTES, MAX_TOLERANCE_BYTES, SliceAuditSettings
 from fracgpu import __version__
 from fracgpu.names import MAX_MEMORY_SCALING, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
@@ -36,6 +37,9 @@ class AgentSettings:
     memory_resource: str = RESOURCE_VCUDA_MEMORY
     # Memory advertised = physical x this; the GPUNode's spec.memoryScaling overrides it.
     memory_scaling: float = 1.0
+    # Device memory each CUDA context of a container counts against its slice (the
+    # driver's own use); 0: contexts are not counted (the slice audit still sees them).
+    context_overhead_bytes: int = 0
     # host side: where the shim library and per-container files live
     host_lib_dir: Path = Path("/var/lib/fracgpu/lib")
     host_state_dir: Path = Path("/var/lib/fracgpu/containers")
@@ -245,6 +249,14 @@ def _parser() -> argparse.ArgumentParser:
         "true or false (default false: log and metrics only; the flag alone means true)",
     )
     p.add_argument(
+        "--context-overhead-bytes",
+        type=int,
+        default=d.context_overhead_bytes,
+        help="GPU memory each CUDA context of a container counts against its slice (the "
+        "driver's own memory for the context: every process's primary context and each one "
+        f"it creates), 0 to {MAX_CONTEXT_OVERHEAD_BYTES}; 0 counts none",
+    )
+    p.add_argument(
         "--slice-audit-tolerance-bytes",
         type=int,
         default=d.slice_audit_tolerance_bytes,
@@ -324,6 +336,11 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
             "--slice-audit-kill needs the host's PID namespace: run the agent with hostPID "
             f"and --slice-audit-proc-dir=/proc (not {ns.slice_audit_proc_dir})"
         )
+    if not 0 <= ns.context_overhead_bytes <= MAX_CONTEXT_OVERHEAD_BYTES:
+        raise SettingsError(
+            f"--context-overhead-bytes must be 0 to {MAX_CONTEXT_OVERHEAD_BYTES} "
+            f"(bytes per CUDA context), not {ns.context_overhead_bytes}"
+        )
     try:  # the audit's own settings say what is allowed
         SliceAuditSettings(tolerance_bytes=ns.slice_audit_tolerance_bytes)
     except ValueError as error:
@@ -394,4 +411,5 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         slice_audit_kill=slice_audit_kill,
         slice_audit_tolerance_bytes=ns.slice_audit_tolerance_bytes,
         slice_audit_proc_dir=ns.slice_audit_proc_dir,
+        context_overhead_bytes=ns.context_overhead_bytes,
     )

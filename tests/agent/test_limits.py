@@ -251,3 +251,10 @@ def test_a_containers_own_priority_wins_over_the_pods(
 ) -> None:
     pod = _pod_with([GPUAllocation(GPU_A.uuid, 30, 4096)], priority=own, annotations=annotations)
     assert limits_for(pod, "main", NODE, GPUS).priority == level
+
+
+def test_context_overhead_reaches_the_limits_file() -> None:
+    pod = assigned_pod("p", {"main": [GPUAllocation(GPU_A.uuid, 40, 8192)]})
+    assert limits_for(pod, "main", NODE, GPUS).context_overhead_bytes == 0
+    limits = limits_for(pod, "main", NODE, GPUS, context_overhead_bytes=300 * MIB)
+    assert decode_limits(render_limits(limits).encode()).context_overhead_bytes == 300 * MIB

@@ -26,6 +26,7 @@ from tests.e2e.webhook_harness import (
     TcpBalancer,
     WebhookReplica,
     WebhookTLS,
+    install_webhook_rbac,
     register_webhooks,
     unregister_webhooks,
     wait_placing,
@@ -43,6 +44,8 @@ def webhook(
     fracgpu_crds: list[str],
     tmp_path: Path,
 ) -> Iterator[WebhookReplica]:
+    # fracgpu's namespace holds the replica's Lease; run alone, no other test made it
+    install_webhook_rbac(kube_client)
     tls = WebhookTLS.create(tmp_path / "tls")
     replica = WebhookReplica("agent-e2e", control_plane.kubeconfig("admin"), tls, tmp_path).start()
     try:
@@ -123,6 +126,8 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         # the agent's own identity, limited to the chart's RBAC for it
         kubeconfig=control_plane.kubeconfig("agent"),
         publish_inventory=True,
+        # every CUDA context of its containers counts 256 MiB against the slice
+        extra=(f"--context-overhead-bytes={256 << 20}",),
     )
     custom = kubernetes.client.CustomObjectsApi(kube_client)
     core = kubernetes.client.CoreV1Api(kube_client)
@@ -216,6 +221,7 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         )
         assert not written.compute_limit_enabled and not written.whole
         assert written.memory_host_fallback  # 32 GiB on a 24 GiB GPU: the rest from the host
+        assert written.context_overhead_bytes == 256 << 20
         assert (agent.node_dir.stat().st_mode & 0o7777) == 0o755  # the boards: the agent's only
 
         # A GPU that stops answering NVML is published unhealthy, and healthy once it answers.

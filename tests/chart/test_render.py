@@ -64,6 +64,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         }
     },
     "slice-audit-kill": {"values": {"agent": {"sliceAudit": {"kill": True}}}},
+    "context-overhead": {"values": {"agent": {"contextOverheadBytes": 512 << 20}}},
     "node-defaults": {"values": {"webhook": {"memoryScaling": 2.5, "disableCoreLimit": True}}},
     "other-release": {"name": "gpu", "namespace": "gpu-platform"},
     "queue": {"values": {"webhook": {"queue": {"enabled": True}}}},
@@ -320,6 +321,15 @@ def test_the_gpu_node_taint_reaches_the_webhook(rendered: dict[str, Rendered]) -
         deployment = rendered[profile].one("Deployment", "fracgpu-webhook")
         env = _env(_container(deployment, "webhook"), {"metadata.name": "w"})
         assert webhook_settings.load(None, env).gpu_node_taint == key
+
+
+def test_the_context_overhead_reaches_the_agent(rendered: dict[str, Rendered]) -> None:
+    """agent.contextOverheadBytes: 0 by default (contexts not counted), else the bytes."""
+    for profile, overhead in (("default", 0), ("context-overhead", 512 << 20)):
+        env = _env(
+            _container(rendered[profile].one("DaemonSet"), "agent"), {"spec.nodeName": "gpu-1"}
+        )
+        assert parse_settings([], env).context_overhead_bytes == overhead
 
 
 def test_agent_settings_are_accepted_by_the_agent(rendered: dict[str, Rendered]) -> None:

@@ -147,6 +147,8 @@ BAD_VALUES = [
     ("agent privileged as string", "agent.privileged", "false"),
     ("agent negative xid", "agent.ignoredXids", [-1]),
     ("agent poll seconds zero", "agent.kubeletPollSeconds", 0),
+    ("context overhead negative", "agent.contextOverheadBytes", -1),
+    ("context overhead past 4 GiB", "agent.contextOverheadBytes", (4 << 30) + 1),
     ("node selector value not a string", "agent.nodeSelector", {"gpu": True}),
     ("PDB minAvailable negative", "webhook.podDisruptionBudget.minAvailable", -1),
     ("update strategy zero", "agent.updateStrategy.maxUnavailable", 0),
