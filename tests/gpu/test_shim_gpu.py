@@ -291,3 +291,36 @@ def test_host_fallback_oversubscribes_the_gpu(box: Container, fallback: bool) ->
         physical = box.gpu.total_mib * MiB  # nvidia-smi's MiB; the driver counts bytes
         assert isinstance(got["total"], int) and abs(got["total"] - physical) <= physical // 100
         assert filled < box.gpu.total_mib * MiB and host == 0
+
+
+# A process that has made its primary context and nothing else: what nvidia-smi shows for
+# it is the driver's own memory for one context (--context-overhead-bytes, docs/security.md).
+CONTEXT_ONLY = """
+import ctypes, os, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+device, context = ctypes.c_int(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
+assert cuda.cuCtxSetCurrent(context) == 0
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_cuda_context_takes_device_memory_outside_any_allocation(box: Container) -> None:
+    proc = box.python(CONTEXT_ONLY, preload=False)
+    try:
+        assert proc.stdout is not None
+        pid = int(proc.stdout.readline())
+        apps = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        proc.communicate("go\n", timeout=60)
+    used = {int(p): int(m) for p, m in (line.split(",") for line in apps.splitlines() if line)}
+    print(f"one primary context: {used.get(pid)} MiB (nvidia-smi, pid {pid})")
+    assert used.get(pid, 0) > 0, apps
