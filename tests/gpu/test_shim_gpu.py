@@ -324,3 +324,31 @@ def test_a_cuda_context_takes_device_memory_outside_any_allocation(box: Containe
     used = {int(p): int(m) for p, m in (line.split(",") for line in apps.splitlines() if line)}
     print(f"one primary context: {used.get(pid)} MiB (nvidia-smi, pid {pid})")
     assert used.get(pid, 0) > 0, apps
+
+
+# The device runtime's launch pool, sized by cuCtxSetLimit(PENDING_LAUNCH_COUNT), is device
+# memory the shim does not count (docs/security.md): how much it is, per pending launch.
+LAUNCH_SLOTS = """
+import ctypes, os, subprocess, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+device, context = ctypes.c_int(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
+assert cuda.cuCtxSetCurrent(context) == 0
+def used():
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True).stdout
+    return {int(p): int(m) for p, m in (l.split(",") for l in out.splitlines() if l)}[os.getpid()]
+before = used()
+rc = cuda.cuCtxSetLimit(4, ctypes.c_size_t(1 << 20))  # CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
+print(rc, before, used(), flush=True)
+"""
+
+
+def test_device_runtime_launch_slots_take_memory_outside_the_slice(box: Container) -> None:
+    rc, before, after = (int(x) for x in box.lines(LAUNCH_SLOTS)[-1].split())
+    print(f"1 Mi pending launches: rc {rc}, {before} -> {after} MiB (nvidia-smi)")
+    assert rc == 0
+    assert after >= before
