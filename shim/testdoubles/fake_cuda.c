@@ -64,7 +64,9 @@ struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64
 /* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
  * the device when allocations need more than it has free, given back at a
  * synchronisation above the release threshold, on cuMemPoolTrimTo, on destroy). */
-struct CUmemPoolHandle_st { int dev; int destroyed; uint64_t reserved, used, threshold; };
+/* pending: bytes freed by stream-ordered frees that no synchronisation has passed yet;
+ * the pool may serve them again (stream order) but a trim cannot release them. */
+struct CUmemPoolHandle_st { int dev; int destroyed; uint64_t reserved, used, threshold, pending; };
 struct CUarray_st { uint64_t size; int dev; };
 struct CUmipmappedArray_st { uint64_t size; int dev; };
 
@@ -371,6 +373,8 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, uint64_t n, CUdeviceptr
     if (rc == CUDA_SUCCESS) {
         p->reserved += more;
         p->used += n;
+        if (p->pending > p->reserved - p->used) /* served from pending frees */
+            p->pending = p->reserved - p->used;
     }
     pthread_mutex_unlock(&pool_mu);
     if (rc != CUDA_SUCCESS)
@@ -381,21 +385,26 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *p, uint64_t n, CUdeviceptr
     return CUDA_SUCCESS;
 }
 
-/* Freed memory stays in the pool (reserved) until a synchronisation, a trim or destroy. */
-static void pool_free(struct CUmemPoolHandle_st *p, uint64_t n)
+/* Freed memory stays in the pool (reserved) until a synchronisation, a trim or destroy.
+ * ordered: a stream-ordered free, which a trim cannot release before a synchronisation
+ * (the driver kept such a block through cuMemPoolTrimTo on an H200). */
+static void pool_free(struct CUmemPoolHandle_st *p, uint64_t n, int ordered)
 {
     pthread_mutex_lock(&pool_mu);
     p->used -= n;
     if (p->destroyed) {
         p->reserved -= n;
         give_memory(p->dev - 1, n);
+    } else if (ordered) {
+        p->pending += n;
     }
     pthread_mutex_unlock(&pool_mu);
 }
 
 static void pool_trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
 {
-    uint64_t floor = p->used > keep ? p->used : keep;
+    uint64_t held = p->used + p->pending;
+    uint64_t floor = held > keep ? held : keep;
     if (p->reserved > floor) {
         give_memory(p->dev - 1, p->reserved - floor);
         p->reserved = floor;
@@ -407,20 +416,23 @@ static void pool_trim_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
 static void pools_synchronised(void)
 {
     pthread_mutex_lock(&pool_mu);
-    for (size_t i = 0; i < n_pools; i++)
+    for (size_t i = 0; i < n_pools; i++) {
+        pools[i]->pending = 0;
         if (pools[i]->reserved > pools[i]->threshold)
             pool_trim_locked(pools[i], pools[i]->threshold);
+    }
     pthread_mutex_unlock(&pool_mu);
 }
 
-static CUresult free_key(uint64_t key)
+/* ordered: a stream-ordered free (cuMemFreeAsync). */
+static CUresult free_key_ordered(uint64_t key, int ordered)
 {
     struct alloc a;
     if (take_alloc(key, 0, &a) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     drop_bytes(&a);
     if (a.pool != NULL) {
-        pool_free(a.pool, a.size);
+        pool_free(a.pool, a.size, ordered);
         return CUDA_SUCCESS;
     }
     if (a.managed)
@@ -428,6 +440,11 @@ static CUresult free_key(uint64_t key)
     else
         give_memory(a.dev, a.size);
     return CUDA_SUCCESS;
+}
+
+static CUresult free_key(uint64_t key)
+{
+    return free_key_ordered(key, 0);
 }
 
 /* Destroying a context frees everything allocated in it, as the driver does.
@@ -1358,7 +1375,7 @@ static CUresult free_async_key(uint64_t key)
     pthread_mutex_unlock(&mu);
     if (managed)
         return CUDA_ERROR_NOT_SUPPORTED;
-    return free_graph_address(key) ? CUDA_SUCCESS : free_key(key);
+    return free_graph_address(key) ? CUDA_SUCCESS : free_key_ordered(key, 1);
 }
 
 static CUresult graph_free_node(CUgraph g, CUdeviceptr dptr, CUgraphNode *node);
