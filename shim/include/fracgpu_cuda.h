@@ -152,6 +152,7 @@ typedef struct {
     };
     long long reserved2;
 } CUgraphNodeParams;
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "cuda.h's CUgraphNodeParams is 256 bytes");
 typedef struct {
     cuuint64_t flags;
     CUstream hUploadStream;

@@ -1071,9 +1071,6 @@ static uint64_t key_of(const void *h)
     return (uint64_t)(uintptr_t)h;
 }
 
-/* Bytes of g's memory allocation nodes per limits index, from the driver's own view of
- * the graph (however its nodes were made: added, captured from a stream, cloned).
- * -1: a node allocates on a device not in the limits (nothing is allowed there). */
 /* Child graphs nest at most this deep before an instantiation is refused: each level
  * is a graph the program built, and the count must end. */
 #define GRAPH_DEPTH_MAX 16
@@ -1125,6 +1122,10 @@ static int graph_bytes_at(CUgraph g, uint64_t *sz, uint64_t *dev, int depth)
     return rc;
 }
 
+/* Bytes of g's memory allocation nodes per limits index, from the driver's own view of
+ * the graph (however its nodes were made: added, captured from a stream, cloned, moved in
+ * as a child). -1: a node allocates on a device not in the limits (nothing is allowed
+ * there), or child graphs nest too deep. */
 static int graph_bytes(CUgraph g, uint64_t *sz, uint64_t *dev)
 {
     if (real_cuGraphGetNodes == NULL || real_cuGraphNodeGetType == NULL ||

@@ -2304,7 +2304,8 @@ static CUresult add_child_graph(CUgraphNode *node, CUgraph g, const CUgraphNodeP
 {
     CUgraph c = params->graph.graph;
     int move = params->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
-    if (c == NULL || c == g || (!move && params->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE))
+    int clone = params->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+    if (c == NULL || c == g || (!move && !clone))
         return CUDA_ERROR_INVALID_VALUE;
     if (c->mem_bytes && (!move || (g->mem_bytes && g->mem_dev != c->mem_dev)))
         return CUDA_ERROR_INVALID_VALUE;
