@@ -4,7 +4,8 @@
 # written by others (numba-cuda, cuda-core, cuda-bindings, pynvml, CuPy, JAX) and the agent
 # on the real driver. Run from the repository root on a machine with the
 # driver and a CUDA-enabled PyTorch as python3. Wheels in .whl/ (the project's
-# dependencies that machine lacks) are installed into that Python first.
+# dependencies that machine lacks; scripts/gpu-wheels.sh fetches them on a machine with
+# the package registries) are installed into that Python first.
 #   scripts/gpu-suite.sh [OUTDIR [PYTEST-ARGS...]]   results: OUTDIR/{machine.txt,pytest.log,junit.xml}
 # PYTEST-ARGS narrow the run, e.g. -k share.
 set -uo pipefail
