@@ -111,6 +111,23 @@ static CUmemoryPool pool_in_use(void)
     return p;
 }
 
+/* A new graph holding one memory allocation node of bytes on device dev. */
+static CUresult graph_with_alloc(int dev, uint64_t bytes, CUgraph *g, CUgraphNode *node,
+                                 CUdeviceptr *dptr)
+{
+    CUDA_MEM_ALLOC_NODE_PARAMS np;
+    memset(&np, 0, sizeof np);
+    np.poolProps.allocType = 1;
+    np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    np.poolProps.location.id = dev;
+    np.bytesize = bytes;
+    CUresult rc = A.cuGraphCreate(g, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = A.cuGraphAddMemAllocNode(node, *g, NULL, 0, &np);
+    *dptr = np.dptr;
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     harness_resolve();
@@ -312,39 +329,28 @@ int main(int argc, char **argv)
             int with_free = strcmp(c, "graphfree") == 0;
             int with_ptr = strcmp(c, "graphptr") == 0;
             CUgraph g = NULL;
-            CUDA_MEM_ALLOC_NODE_PARAMS np;
-            memset(&np, 0, sizeof np);
-            np.poolProps.allocType = 1;
-            np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            np.poolProps.location.id = atoi(ARG());
-            np.bytesize = size_arg(ARG());
             CUgraphNode node;
-            rc = A.cuGraphCreate(&g, 0);
-            if (rc == CUDA_SUCCESS)
-                rc = A.cuGraphAddMemAllocNode(&node, g, NULL, 0, &np);
+            CUdeviceptr dptr = 0;
+            int dev = atoi(ARG());
+            rc = graph_with_alloc(dev, size_arg(ARG()), &g, &node, &dptr);
             CUgraphNode freed;
             if (rc == CUDA_SUCCESS && with_free)
-                rc = A.cuGraphAddMemFreeNode(&freed, g, &node, 1, np.dptr);
+                rc = A.cuGraphAddMemFreeNode(&freed, g, &node, 1, dptr);
             printf("%s %d %d", c, rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
             if (with_ptr)
-                printf(" %d", rc == CUDA_SUCCESS ? keep(np.dptr) : -1);
+                printf(" %d", rc == CUDA_SUCCESS ? keep(dptr) : -1);
             printf("\n");
         } else if (strcmp(c, "graphchild") == 0 || strcmp(c, "graphnest") == 0) {
             /* graphchild <dev> <bytes>: a graph whose only node is a child graph, moved
              * into it (12.9), that holds one memory allocation node; graphnest <dev>
              * <bytes> <depth>: that child nested depth graphs deep */
             CUgraph g = NULL;
-            CUDA_MEM_ALLOC_NODE_PARAMS np;
-            memset(&np, 0, sizeof np);
-            np.poolProps.allocType = 1;
-            np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            np.poolProps.location.id = atoi(ARG());
-            np.bytesize = size_arg(ARG());
-            int depth = c[5] == 'n' ? atoi(ARG()) : 1;
             CUgraphNode node;
-            rc = A.cuGraphCreate(&g, 0);
-            if (rc == CUDA_SUCCESS)
-                rc = A.cuGraphAddMemAllocNode(&node, g, NULL, 0, &np);
+            CUdeviceptr dptr = 0;
+            int dev = atoi(ARG());
+            uint64_t bytes = size_arg(ARG());
+            int depth = c[5] == 'n' ? atoi(ARG()) : 1;
+            rc = graph_with_alloc(dev, bytes, &g, &node, &dptr);
             for (int d = 0; d < depth && rc == CUDA_SUCCESS; d++) {
                 CUgraph parent = NULL;
                 rc = A.cuGraphCreate(&parent, 0);

@@ -293,19 +293,25 @@ def test_host_fallback_oversubscribes_the_gpu(box: Container, fallback: bool) ->
         assert filled < box.gpu.total_mib * MiB and host == 0
 
 
-# A process that has made its primary context and nothing else: what nvidia-smi shows for
-# it is the driver's own memory for one context (--context-overhead-bytes, docs/security.md).
-CONTEXT_ONLY = """
-import ctypes, os, sys
+# The driver API through ctypes, the primary context of device 0 made current: a process
+# that has done only this holds the driver's own memory for one context.
+PRIMARY_CONTEXT = """
+import ctypes, os, subprocess, sys
 cuda = ctypes.CDLL("libcuda.so.1")
 device, context = ctypes.c_int(), ctypes.c_void_p()
 assert cuda.cuInit(0) == 0
 assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
 assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
 assert cuda.cuCtxSetCurrent(context) == 0
+"""
+# What nvidia-smi shows for it is --context-overhead-bytes' value (docs/security.md).
+CONTEXT_ONLY = (
+    PRIMARY_CONTEXT
+    + """
 print(os.getpid(), flush=True)
 sys.stdin.readline()
 """
+)
 
 
 def test_a_cuda_context_takes_device_memory_outside_any_allocation(box: Container) -> None:
@@ -328,14 +334,9 @@ def test_a_cuda_context_takes_device_memory_outside_any_allocation(box: Containe
 
 # The device runtime's launch pool, sized by cuCtxSetLimit(PENDING_LAUNCH_COUNT), is device
 # memory the shim does not count (docs/security.md): how much it is, per pending launch.
-LAUNCH_SLOTS = """
-import ctypes, os, subprocess, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-device, context = ctypes.c_int(), ctypes.c_void_p()
-assert cuda.cuInit(0) == 0
-assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
-assert cuda.cuCtxSetCurrent(context) == 0
+LAUNCH_SLOTS = (
+    PRIMARY_CONTEXT
+    + """
 def used():
     out = subprocess.run(
         ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
@@ -345,6 +346,7 @@ before = used()
 rc = cuda.cuCtxSetLimit(4, ctypes.c_size_t(1 << 20))  # CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
 print(rc, before, used(), flush=True)
 """
+)
 
 
 def test_device_runtime_launch_slots_take_memory_outside_the_slice(box: Container) -> None:
