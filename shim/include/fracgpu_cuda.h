@@ -131,6 +131,7 @@ typedef struct {
 /* The default streams' handles, valid in every entry point. */
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES 3
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
 #define CU_GRAPH_NODE_TYPE_GRAPH 1
 #define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10

@@ -336,9 +336,19 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 /* ---- contexts: their overhead counts against the slice ---- */
 
+/* Raised whenever a context is made (it may reuse a destroyed one's handle) or a stack is
+ * set: a launch's check that its kernel's stack is counted (stack_counted) is made again. */
+static uint64_t stack_generation;
+
+static void stack_changed(void)
+{
+    __atomic_fetch_add(&stack_generation, 1, __ATOMIC_ACQ_REL);
+}
+
 static CUresult ctx_create_common(CUdevice dev, CUcontext *pctx, CUresult (*create)(void *),
                                   void *arg, int mode)
 {
+    stack_changed();
     if (mode == MODE_PASS)
         return create(arg);
     int di = fracgpu_cuda_dev_index(dev);
@@ -424,6 +434,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ENTER(cuDevicePrimaryCtxRetain);
+    stack_changed();
     if (mode_ == MODE_PASS)
         return real_cuDevicePrimaryCtxRetain(pctx, dev);
     int di = fracgpu_cuda_dev_index(dev);
@@ -541,11 +552,12 @@ static uint64_t limit_bytes(CUlimit limit, uint64_t v, CUdevice dev)
     return v * per > base ? v * per - base : 0;
 }
 
-EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+/* A limit of the current context set to value, what it takes counted (the three limits
+ * that take device memory). */
+static CUresult set_limit_counted(CUlimit limit, size_t value)
 {
-    ENTER(cuCtxSetLimit);
-    if (mode_ == MODE_PASS || limit < LIMIT_STACK || limit > LIMIT_MALLOC_HEAP)
-        return real_cuCtxSetLimit(limit, value);
+    if (limit == LIMIT_STACK)
+        stack_changed();
     int di;
     uint64_t ctx, had = 0;
     CUdevice dev;
@@ -586,6 +598,80 @@ EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     if (want)
         record(kind, ctx, want, di, ctx); /* destroying the context releases it */
     return rc;
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    ENTER(cuCtxSetLimit);
+    if (mode_ == MODE_PASS || limit < LIMIT_STACK || limit > LIMIT_MALLOC_HEAP)
+        return real_cuCtxSetLimit(limit, value);
+    return set_limit_counted(limit, value);
+}
+
+/* A launch makes the driver raise the context's stack to what the kernel needs per
+ * thread (CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES), for every resident thread of the GPU, and
+ * keep it raised: device memory outside any allocation call. Before the first launch of
+ * a kernel in a context (and again after any change of a stack), the stack is raised
+ * here instead, counted like cuCtxSetLimit: out of memory past the slice, as the driver
+ * says when it cannot. *settle: the launch is a first one, after which stack_settle
+ * counts what the driver really raised the stack to. The common launch costs a
+ * thread-local comparison and one cuCtxGetCurrent. */
+static CUresult stack_counted(CUfunction f, int *settle)
+{
+    static __thread CUfunction last_f;
+    static __thread CUcontext last_ctx;
+    static __thread uint64_t last_gen;
+    CUcontext ctx = NULL;
+    if (f == NULL || real_cuCtxGetCurrent == NULL || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+        ctx == NULL)
+        return CUDA_SUCCESS; /* the driver answers for these */
+    uint64_t gen = __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE);
+    if (LIKELY(f == last_f && ctx == last_ctx && gen == last_gen))
+        return CUDA_SUCCESS;
+    int local = 0;
+    size_t stack = 0;
+    if (real_cuFuncGetAttribute != NULL &&
+        real_cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) == CUDA_SUCCESS &&
+        local > 0 && real_cuCtxGetLimit != NULL &&
+        real_cuCtxGetLimit(&stack, LIMIT_STACK) == CUDA_SUCCESS && (size_t)local > stack) {
+        CUresult rc = set_limit_counted(LIMIT_STACK, (size_t)local);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        gen = __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE);
+    }
+    last_f = f;
+    last_ctx = ctx;
+    last_gen = gen;
+    *settle = 1;
+    return CUDA_SUCCESS;
+}
+
+/* After a first launch: the stack the driver settled on (its own needs may exceed the
+ * kernel's local size) counted, past the slice if it must be, so that later allocations
+ * are refused rather than the memory going uncounted. */
+static void stack_settle(void)
+{
+    int di;
+    uint64_t ctx, had = 0;
+    CUdevice dev;
+    unsigned hd;
+    size_t v = 0;
+    if (real_cuCtxGetLimit == NULL || current(&di, &ctx, &dev) != CUDA_SUCCESS ||
+        real_cuCtxGetLimit(&v, LIMIT_STACK) != CUDA_SUCCESS)
+        return;
+    uint32_t kind = ALLOC_LIMIT + LIMIT_STACK;
+    int held = fracgpu_table_take(kind, ctx, &had, &hd) == 0;
+    uint64_t want = limit_bytes(LIMIT_STACK, v, dev);
+    if (want > had) {
+        if (reserve_on(di, want - had) != CUDA_SUCCESS) {
+            LOGW("a launch raised the stack of device %d by %llu bytes past the slice: counted, "
+                 "further allocations are refused", di, (unsigned long long)(want - had));
+            fracgpu_region_reserve(G.region, G.slot, (unsigned)di, want - had, UINT64_MAX);
+        }
+        record(kind, ctx, want, di, ctx);
+    } else if (held) {
+        record(kind, ctx, had, di, ctx);
+    }
 }
 
 /* ---- linear memory ---- */
@@ -1373,23 +1459,36 @@ static inline int launch_dev_index(void)
     return G.limits.device_count == 1 ? 0 : fracgpu_current_dev_index();
 }
 
-#define LAUNCH(name, stream, ptsz, callargs)                                                     \
+#define LAUNCH(name, fn, stream, ptsz, callargs)                                                 \
     ENTER(name);                                                                                 \
-    if (LIKELY(!G.launch_hooks) || mode_ != MODE_ACCOUNT)                                        \
+    int settle_ = 0;                                                                             \
+    if (mode_ == MODE_ACCOUNT) {                                                                 \
+        CUresult stack_rc_ = stack_counted((fn), &settle_);                                      \
+        if (UNLIKELY(stack_rc_ != CUDA_SUCCESS))                                                 \
+            return stack_rc_;                                                                    \
+    }                                                                                            \
+    if (LIKELY(!settle_) && (LIKELY(!G.launch_hooks) || mode_ != MODE_ACCOUNT))                  \
         return real_##name callargs;                                                             \
-    struct fracgpu_pace_token tok_;                                                              \
-    int di_ = launch_dev_index();                                                                \
-    int bounded_ = fracgpu_priority_before(di_);                                                 \
-    fracgpu_pace_before(di_, bounded_, (stream), (ptsz), &tok_);                                 \
-    CUresult rc_ = real_##name callargs;                                                         \
-    fracgpu_pace_after((stream), (ptsz), &tok_, rc_);                                            \
+    CUresult rc_;                                                                                \
+    if (!G.launch_hooks || mode_ != MODE_ACCOUNT) {                                              \
+        rc_ = real_##name callargs;                                                              \
+    } else {                                                                                     \
+        struct fracgpu_pace_token tok_;                                                          \
+        int di_ = launch_dev_index();                                                            \
+        int bounded_ = fracgpu_priority_before(di_);                                             \
+        fracgpu_pace_before(di_, bounded_, (stream), (ptsz), &tok_);                             \
+        rc_ = real_##name callargs;                                                              \
+        fracgpu_pace_after((stream), (ptsz), &tok_, rc_);                                        \
+    }                                                                                            \
+    if (settle_)                                                                                 \
+        stack_settle();                                                                          \
     return rc_;
 
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                unsigned int bx, unsigned int by, unsigned int bz,
                                unsigned int shm, CUstream s, void **params, void **extra)
 {
-    LAUNCH(cuLaunchKernel, s, 0, (f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+    LAUNCH(cuLaunchKernel, f, s, 0, (f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
@@ -1397,19 +1496,20 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int 
                                     unsigned int bz, unsigned int shm, CUstream s, void **params,
                                     void **extra)
 {
-    LAUNCH(cuLaunchKernel_ptsz, s, 1, (f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+    LAUNCH(cuLaunchKernel_ptsz, f, s, 1, (f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
                                  void **extra)
 {
-    LAUNCH(cuLaunchKernelEx, config ? config->hStream : NULL, 0, (config, f, params, extra))
+    LAUNCH(cuLaunchKernelEx, f, config ? config->hStream : NULL, 0, (config, f, params, extra))
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params,
                                       void **extra)
 {
-    LAUNCH(cuLaunchKernelEx_ptsz, config ? config->hStream : NULL, 1, (config, f, params, extra))
+    LAUNCH(cuLaunchKernelEx_ptsz, f, config ? config->hStream : NULL, 1,
+           (config, f, params, extra))
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
@@ -1417,7 +1517,7 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigne
                                           unsigned int bz, unsigned int shm, CUstream s,
                                           void **params)
 {
-    LAUNCH(cuLaunchCooperativeKernel, s, 0, (f, gx, gy, gz, bx, by, bz, shm, s, params))
+    LAUNCH(cuLaunchCooperativeKernel, f, s, 0, (f, gx, gy, gz, bx, by, bz, shm, s, params))
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
@@ -1425,7 +1525,7 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, un
                                                unsigned int bz, unsigned int shm, CUstream s,
                                                void **params)
 {
-    LAUNCH(cuLaunchCooperativeKernel_ptsz, s, 1, (f, gx, gy, gz, bx, by, bz, shm, s, params))
+    LAUNCH(cuLaunchCooperativeKernel_ptsz, f, s, 1, (f, gx, gy, gz, bx, by, bz, shm, s, params))
 }
 
 /* A graph launch backs the exec's memory nodes first, then is paced like a kernel. */
@@ -1467,17 +1567,17 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 
 EXPORT CUresult cuLaunch(CUfunction f)
 {
-    LAUNCH(cuLaunch, NULL, 0, (f))
+    LAUNCH(cuLaunch, f, NULL, 0, (f))
 }
 
 EXPORT CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
 {
-    LAUNCH(cuLaunchGrid, NULL, 0, (f, grid_width, grid_height))
+    LAUNCH(cuLaunchGrid, f, NULL, 0, (f, grid_width, grid_height))
 }
 
 EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream s)
 {
-    LAUNCH(cuLaunchGridAsync, s, 0, (f, grid_width, grid_height, s))
+    LAUNCH(cuLaunchGridAsync, f, s, 0, (f, grid_width, grid_height, s))
 }
 
 /* Each kernel runs on its own device, on a stream of that device's context:

@@ -43,7 +43,9 @@ struct CUstream_st { int dev; uint64_t tail; pthread_mutex_t mu; unsigned head; 
                      unsigned char edge_data[8]; /* one default CUgraphEdgeData */ };
 struct CUevent_st { uint64_t ts; int recorded;
                     struct CUctx_st *ctx; /* an event belongs to the context it was created in */ };
-struct CUfunc_st { uint64_t dur_ns; };
+/* local_bytes: local memory each thread of the kernel needs ("local<bytes>" in its name);
+ * a launch grows its context's stack to it, as the driver does. */
+struct CUfunc_st { uint64_t dur_ns; uint64_t local_bytes; };
 struct CUmod_st { int unused; };
 /* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where;
  * mem_freed: the part its own free nodes free again. */
@@ -538,11 +540,19 @@ static void sleep_until(uint64_t t)
     }
 }
 
+static CUresult set_limit(struct CUctx_st *c, int limit, size_t value);
+static uint64_t ctx_limit(const struct CUctx_st *c, int limit);
+
 static CUresult launch(CUfunction f, CUstream s, uint64_t extra_ns)
 {
     int dev;
     CUresult rc = need_ctx(&dev);
     if (rc != CUDA_SUCCESS)
+        return rc;
+    /* The driver raises the context's stack to what the kernel needs per thread, for
+     * every resident thread, and keeps it raised; out of memory if the GPU cannot. */
+    if (f != NULL && f->local_bytes > ctx_limit(cur_ctx, 0) &&
+        (rc = set_limit(cur_ctx, 0, f->local_bytes)) != CUDA_SUCCESS)
         return rc;
     struct CUstream_st *st = stream_of(s);
     if (st == NULL)
@@ -994,14 +1004,8 @@ EXPORT CUresult cuCtxGetLimit(size_t *value, int limit)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+static CUresult set_limit(struct CUctx_st *c, int limit, size_t value)
 {
-    CHECK_INIT("cuCtxSetLimit");
-    struct CUctx_st *c = cur_ctx;
-    if (c == NULL)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (limit < 0 || limit >= N_LIMITS)
-        return CUDA_ERROR_INVALID_VALUE;
     if (limit == 0)
         value = (value + 15) / 16 * 16; /* the stack size is rounded up */
     uint64_t total = 0;
@@ -1017,6 +1021,16 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     c->limit_bytes = total;
     c->limit[limit] = value;
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    CHECK_INIT("cuCtxSetLimit");
+    if (cur_ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (limit < 0 || limit >= N_LIMITS)
+        return CUDA_ERROR_INVALID_VALUE;
+    return set_limit(cur_ctx, limit, value);
 }
 
 /* Attributes of an sm_80 data-centre GPU (A100-like), indexed by CUdevice_attribute;
@@ -2011,6 +2025,16 @@ EXPORT CUresult cuModuleUnload(CUmodule m)
 }
 
 /* "name_<N>us" runs N microseconds; other names run default_kernel_us. */
+/* "local<bytes>" in a kernel's name: the local memory each of its threads needs. */
+static uint64_t kernel_local_bytes(const char *name)
+{
+    const char *p = strstr(name, "local");
+    uint64_t v = 0;
+    for (p = p ? p + 5 : ""; *p >= '0' && *p <= '9' && v < UINT64_MAX / 100; p++)
+        v = v * 10 + (uint64_t)(*p - '0');
+    return v;
+}
+
 static uint64_t kernel_ns(const char *name)
 {
     uint64_t us = cfg()->default_kernel_us;
@@ -2036,7 +2060,24 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     if (fn == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     fn->dur_ns = kernel_ns(name);
+    fn->local_bytes = kernel_local_bytes(name);
     *f = fn;
+    return CUDA_SUCCESS;
+}
+
+/* Function attributes of the double's kernels: their local memory
+ * (CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES), 1024 threads per block, 32 registers. */
+EXPORT CUresult cuFuncGetAttribute(int *value, int attrib, CUfunction f)
+{
+    CHECK_INIT("cuFuncGetAttribute");
+    if (value == NULL || f == NULL || attrib < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attrib) {
+    case 0: *value = 1024; break;
+    case 3: *value = f->local_bytes > INT32_MAX ? INT32_MAX : (int)f->local_bytes; break;
+    case 4: *value = 32; break;
+    default: *value = 0;
+    }
     return CUDA_SUCCESS;
 }
 
@@ -2118,6 +2159,7 @@ EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             fn->dur_ns = kernel_ns(name);
+            fn->local_bytes = kernel_local_bytes(name);
             lib->names[i] = copy;
             lib->kernels[i] = fn;
             lib->n++;
@@ -3285,6 +3327,7 @@ static const struct proc procs[] = {
     P("cuModuleLoadData", 2000, cuModuleLoadData),
     P("cuModuleUnload", 2000, cuModuleUnload),
     P("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    P("cuFuncGetAttribute", 2020, cuFuncGetAttribute),
     P("cuLibraryLoadData", 12000, cuLibraryLoadData),
     P("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile),
     P("cuLibraryUnload", 12000, cuLibraryUnload),

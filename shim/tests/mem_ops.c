@@ -177,6 +177,19 @@ int main(int argc, char **argv)
             int id = atoi(ARG());
             rc = c[4] == 'a' ? A.cuMemFreeAsync(ids[id], NULL) : A.cuMemFree(ids[id]);
             printf("%s %d\n", c, rc);
+        } else if (strcmp(c, "kernel") == 0) {
+            /* kernel <name>: one launch of that kernel (the double reads its duration and
+             * local memory per thread from the name) on the null stream, then a sync */
+            CUmodule m;
+            CUfunction f;
+            rc = A.cuModuleLoadData(&m, "fake");
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuModuleGetFunction(&f, m, ARG());
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuCtxSynchronize();
+            printf("kernel %d\n", rc);
         } else if (strcmp(c, "freeon") == 0) {
             /* freeon <stream id> <id>: cuMemFreeAsync on that stream */
             CUstream st = (CUstream)(uintptr_t)ids[atoi(ARG())];

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.shim.memory_scripts import SCRIPTS, Script
+from tests.shim.memory_scripts import SCRIPTS, Script, results
 from tests.shim.sandbox import GiB, MiB, Sandbox, step, steps
 
 LOOKUPS = ["direct", "dlsym", "procaddr", "procaddr_ptds"]
@@ -351,3 +351,47 @@ def test_child_graphs_nested_past_the_bound_are_refused(node: Sandbox) -> None:
     assert [s[1] for s in steps(out.stdout) if s[0] == "graphnest"] == ["0", "0"], out.stdout
     assert [s[1] for s in steps(out.stdout) if s[0] == "glaunch"] == [OOM], out.stdout
     assert [s[1] for s in steps(out.stdout) if s[0] == "instantiate"] == ["0", OOM], out.stdout
+
+
+# A kernel needing 16 KiB of local memory per thread: a launch raises the context's stack
+# to it for all 16 x 2048 resident threads of the double's GPU, 480 MiB past the default.
+DEEP = "deep_local16384_10us"
+STACK_GROWTH = 16384 * 16 * 2048 - 1024 * 16 * 2048
+
+
+@pytest.mark.parametrize("lookup", LOOKUPS)
+def test_a_launch_that_raises_the_stack_counts_it(node: Sandbox, lookup: str) -> None:
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "alloc", "400Mi",
+        "kernel", DEEP,  # 480 MiB of stack: fits beside 400 MiB
+        "info",
+        "alloc", "200Mi",  # 400 + 480 + 200 MiB: past the slice
+        "kernel", DEEP,  # already raised: nothing more
+        "info",
+        lookup=lookup,
+    )  # fmt: skip
+    assert results(out.stdout, "kernel") == ["0", "0"], out.stdout + out.stderr
+    assert results(out.stdout, "alloc") == ["0", OOM], out.stdout
+    assert step(out.stdout, "info", 0)[2] == str(GiB - 400 * MiB - STACK_GROWTH)
+    assert step(out.stdout, "info", 1)[2] == str(GiB - 400 * MiB - STACK_GROWTH)
+
+
+def test_a_launch_whose_stack_would_pass_the_slice_is_refused(node: Sandbox) -> None:
+    # The attack: a kernel with large local arrays makes the driver allocate its stack for
+    # every resident thread at launch, outside any allocation call. Lowering the stack
+    # afterwards and launching again must not take it uncounted either.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "alloc", "600Mi",  # id 0
+        "kernel", DEEP,  # 600 + 480 MiB: past the slice
+        "free", "0",
+        "kernel", DEEP,  # now it fits
+        "setlimit", "0", "1024",  # back to the default: given back
+        "alloc", "600Mi",
+        "kernel", DEEP,  # raised again, past the slice again
+        "info",
+    )  # fmt: skip
+    assert results(out.stdout, "kernel") == [OOM, "0", OOM], out.stdout + out.stderr
+    assert results(out.stdout, "setlimit", "alloc") == ["0", "0", "0"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - 600 * MiB)
