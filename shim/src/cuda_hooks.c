@@ -630,9 +630,15 @@ static CUresult stack_counted(CUfunction f, int *settle)
         return CUDA_SUCCESS;
     int local = 0;
     size_t stack = 0;
-    if (real_cuFuncGetAttribute != NULL &&
-        real_cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) == CUDA_SUCCESS &&
-        local > 0 && real_cuCtxGetLimit != NULL &&
+    CUdevice dev;
+    if ((real_cuFuncGetAttribute == NULL ||
+         real_cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS) &&
+        (real_cuKernelGetAttribute == NULL || real_cuCtxGetDevice == NULL ||
+         real_cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+         real_cuKernelGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev) !=
+             CUDA_SUCCESS))
+        local = 0; /* neither says: the settle after the launch still counts it */
+    if (local > 0 && real_cuCtxGetLimit != NULL &&
         real_cuCtxGetLimit(&stack, LIMIT_STACK) == CUDA_SUCCESS && (size_t)local > stack) {
         CUresult rc = set_limit_counted(LIMIT_STACK, (size_t)local);
         if (rc != CUDA_SUCCESS)

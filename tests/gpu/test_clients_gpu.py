@@ -259,3 +259,41 @@ def test_a_program_built_by_nvcc_with_the_static_runtime_sees_the_slice(
         "managed 2",
         f"kernel 0 {1 << 24}",
     ]
+
+
+# A kernel with 16 KiB of local memory per thread: at launch the driver raises the stack
+# for every resident thread (about 4.3 GiB on an H200), which does not fit a 2 GiB slice.
+DEEP_STACK = """
+import json
+from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
+dev = Device(0)
+dev.set_current()
+stream = dev.create_stream()
+source = '''
+extern "C" __global__ void deep(int *out) {
+    volatile int a[4096];
+    for (int i = 0; i < 4096; i++) a[i] = i * (int)threadIdx.x;
+    out[threadIdx.x] = a[(threadIdx.x * 7) % 4096];
+}'''
+program = Program(source, code_type="c++", options=ProgramOptions(arch=f"sm_{dev.arch}"))
+kernel = program.compile("cubin").get_kernel("deep")
+out = dev.memory_resource.allocate(4 * 256, stream=stream)
+try:
+    launch(stream, LaunchConfig(grid=1, block=256), kernel, out)
+    stream.sync()
+    result = "ran"
+except Exception as e:  # cuda.core raises CUDAError naming the driver's code
+    result = "CUDA_ERROR_OUT_OF_MEMORY" if "OUT_OF_MEMORY" in str(e) else repr(e)
+print(json.dumps({"result": result, "local": kernel.attributes.local_size_bytes()}))
+"""
+
+
+def test_a_kernel_whose_stack_passes_the_slice_is_refused(box: Container) -> None:
+    needs(box, "cuda.core")
+    alone = box.result(DEEP_STACK, preload=False)
+    print(f"deep kernel, no shim: {alone}")
+    if alone["result"] != "ran":
+        pytest.skip(f"the kernel does not run without the shim either: {alone}")
+    got = box.result(DEEP_STACK)
+    print(f"deep kernel, 2 GiB slice: {got}")
+    assert got["result"] == "CUDA_ERROR_OUT_OF_MEMORY", got
