@@ -47,9 +47,8 @@ struct CUevent_st { uint64_t ts; int recorded;
  * a launch grows its context's stack to it, as the driver does. */
 struct CUfunc_st { uint64_t dur_ns; uint64_t local_bytes; };
 struct CUmod_st { int unused; };
-/* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where;
- * mem_freed: the part its own free nodes free again. */
-struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t mem_freed;
+/* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where. */
+struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev;
                     struct CUgraphNode_st **nodes; size_t n_nodes; };
 /* type: CU_GRAPH_NODE_TYPE_KERNEL, _MEM_ALLOC (bytes on dev at dptr), _MEM_FREE or
  * _GRAPH (child: the graph it runs, owned by the node); freed: an allocation node whose
@@ -60,7 +59,7 @@ struct CUgraphNode_st { int type; uint64_t bytes; int dev; CUdeviceptr dptr; int
  * launched: it has run; unfreed: its allocation nodes no free node frees (address and
  * size, n_unfreed of them), of which outstanding are still allocated from its last run. */
 struct unfreed_alloc { CUdeviceptr dptr; uint64_t bytes; };
-struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t mem_freed;
+struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev;
                         int backed; int launched; struct unfreed_alloc *unfreed;
                         size_t n_unfreed, outstanding; };
 /* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
@@ -2368,7 +2367,6 @@ static CUresult add_child_graph(CUgraphNode *node, CUgraph g, const CUgraphNodeP
     g->dur_ns += owned->dur_ns;
     if (owned->mem_bytes) {
         g->mem_bytes += owned->mem_bytes;
-        g->mem_freed += owned->mem_freed;
         g->mem_dev = owned->mem_dev;
     }
     if (node)
@@ -2450,7 +2448,6 @@ static CUresult graph_free_node(CUgraph g, CUdeviceptr dptr, CUgraphNode *node)
     if (n_ == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     a->freed = 1;
-    g->mem_freed += a->bytes;
     if (node)
         *node = n_;
     return CUDA_SUCCESS;
@@ -2549,7 +2546,6 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
     x->dur_ns = g->dur_ns;
     x->mem_bytes = g->mem_bytes;
     x->mem_dev = g->mem_dev;
-    x->mem_freed = g->mem_freed;
     x->unfreed = calloc(count_nodes(g) + 1, sizeof *x->unfreed);
     if (x->unfreed == NULL) {
         free(x);
@@ -2661,8 +2657,9 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
     if (e == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&pool_mu);
+    /* what its free nodes free, and the rest too if no run ever allocated it */
     if (e->backed)
-        graph_used[e->mem_dev] -= e->mem_freed + (e->launched ? 0 : unfreed_bytes(e));
+        graph_used[e->mem_dev] -= e->mem_bytes - (e->launched ? unfreed_bytes(e) : 0);
     for (size_t i = 0; i < n_graph_live; i++)
         if (graph_live[i].exec == e)
             graph_live[i].exec = NULL;
