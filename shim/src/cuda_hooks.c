@@ -1473,19 +1473,17 @@ static inline int launch_dev_index(void)
         if (UNLIKELY(stack_rc_ != CUDA_SUCCESS))                                                 \
             return stack_rc_;                                                                    \
     }                                                                                            \
-    if (LIKELY(!settle_) && (LIKELY(!G.launch_hooks) || mode_ != MODE_ACCOUNT))                  \
+    int paced_ = G.launch_hooks && mode_ == MODE_ACCOUNT;                                        \
+    if (LIKELY(!settle_ && !paced_))                                                             \
         return real_##name callargs;                                                             \
-    CUresult rc_;                                                                                \
-    if (!G.launch_hooks || mode_ != MODE_ACCOUNT) {                                              \
-        rc_ = real_##name callargs;                                                              \
-    } else {                                                                                     \
-        struct fracgpu_pace_token tok_;                                                          \
+    struct fracgpu_pace_token tok_;                                                              \
+    if (paced_) {                                                                                \
         int di_ = launch_dev_index();                                                            \
-        int bounded_ = fracgpu_priority_before(di_);                                             \
-        fracgpu_pace_before(di_, bounded_, (stream), (ptsz), &tok_);                             \
-        rc_ = real_##name callargs;                                                              \
-        fracgpu_pace_after((stream), (ptsz), &tok_, rc_);                                        \
+        fracgpu_pace_before(di_, fracgpu_priority_before(di_), (stream), (ptsz), &tok_);         \
     }                                                                                            \
+    CUresult rc_ = real_##name callargs;                                                         \
+    if (paced_)                                                                                  \
+        fracgpu_pace_after((stream), (ptsz), &tok_, rc_);                                        \
     if (settle_)                                                                                 \
         stack_settle();                                                                          \
     return rc_;
