@@ -46,7 +46,7 @@ class ContainerStarter:
         lookup_attempts: int,
         lookup_interval_seconds: float,
         delivery: QueueDelivery,
-        context_overhead_bytes: int = 0,
+        context_overhead_bytes: int,
     ) -> None:
         self._node = node_name
         self._resources = tuple(resources)

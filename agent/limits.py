@@ -21,6 +21,7 @@ from fracgpu.names import (
     HAMI_ANNOTATION_PRIORITY,
 )
 from fracgpu.shim_abi import (
+    DEFAULT_CONTEXT_OVERHEAD_BYTES,
     DEFAULT_PRIORITY,
     PRIORITY_HIGH,
     PRIORITY_LOW,
@@ -81,7 +82,7 @@ def limits_for(
     gpus: dict[str, GPUDevice],
     allocated: AllocatedTokens | None = None,
     *,
-    context_overhead_bytes: int = 0,
+    context_overhead_bytes: int = DEFAULT_CONTEXT_OVERHEAD_BYTES,
 ) -> Limits:
     """The container's limits from its pod's assignment, checked against this node and, when
     given, against the device IDs kubelet allocated it (so an assignment written past the

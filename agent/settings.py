@@ -14,6 +14,7 @@ from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
 from agent.slice_audit import DEFAULT_TOLERANCE_BYTES, MAX_TOLERANCE_BYTES, SliceAuditSettings
 from fracgpu import __version__
 from fracgpu.names import MAX_MEMORY_SCALING, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
+from fracgpu.shim_abi import DEFAULT_CONTEXT_OVERHEAD_BYTES
 
 ENV_PREFIX = "FRACGPU_AGENT_"
 
@@ -39,7 +40,7 @@ class AgentSettings:
     memory_scaling: float = 1.0
     # Device memory each CUDA context of a container counts against its slice (the
     # driver's own use); 0: contexts are not counted (the slice audit still sees them).
-    context_overhead_bytes: int = 0
+    context_overhead_bytes: int = DEFAULT_CONTEXT_OVERHEAD_BYTES
     # host side: where the shim library and per-container files live
     host_lib_dir: Path = Path("/var/lib/fracgpu/lib")
     host_state_dir: Path = Path("/var/lib/fracgpu/containers")

@@ -134,6 +134,7 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
         lookup_attempts=3,
         lookup_interval_seconds=0.05,
         delivery=delivery,
+        context_overhead_bytes=0,
     )
     plugins = [
         DevicePlugin(
