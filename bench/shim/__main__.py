@@ -23,8 +23,16 @@ REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "shim"
 BUILD = SHIM / "build"
 UUID = "GPU-fa4e0000-0000-4000-8000-000000000000"
-TARGET_ADDED_NS = {"alloc": 300.0, "launch": 50.0}
-OPERATIONS = ("alloc", "free", "launch", "getprocaddress", "asyncallocfree", "graphlaunch")
+TARGET_ADDED_NS = {"alloc": 300.0, "launch": 50.0, "launchmix": 50.0}
+OPERATIONS = (
+    "alloc",
+    "free",
+    "launch",
+    "launchmix",
+    "getprocaddress",
+    "asyncallocfree",
+    "graphlaunch",
+)
 
 
 def build() -> Path:

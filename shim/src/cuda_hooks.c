@@ -614,19 +614,33 @@ EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
  * a kernel in a context (and again after any change of a stack), the stack is raised
  * here instead, counted like cuCtxSetLimit: out of memory past the slice, as the driver
  * says when it cannot. *settle: the launch is a first one, after which stack_settle
- * counts what the driver really raised the stack to. The common launch costs a
- * thread-local comparison and one cuCtxGetCurrent. */
+ * counts what the driver really raised the stack to. A kernel already checked in this
+ * context by this thread (stack_seen) costs one cuCtxGetCurrent and a table lookup. */
+/* Kernels this thread has checked in ctx since the stack generation gen: a direct-mapped
+ * table by handle, emptied when either changes. */
+#define STACK_SEEN 64
+struct stack_seen {
+    CUcontext ctx;
+    uint64_t gen;
+    CUfunction f[STACK_SEEN];
+};
+
+static unsigned stack_slot(CUfunction f)
+{
+    uintptr_t h = (uintptr_t)f;
+    return (unsigned)((h >> 4) ^ (h >> 12)) & (STACK_SEEN - 1);
+}
+
 static CUresult stack_counted(CUfunction f, int *settle)
 {
-    static __thread CUfunction last_f;
-    static __thread CUcontext last_ctx;
-    static __thread uint64_t last_gen;
+    static __thread struct stack_seen seen;
     CUcontext ctx = NULL;
     if (f == NULL || real_cuCtxGetCurrent == NULL || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
         ctx == NULL)
         return CUDA_SUCCESS; /* the driver answers for these */
     uint64_t gen = __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE);
-    if (LIKELY(f == last_f && ctx == last_ctx && gen == last_gen))
+    unsigned slot = stack_slot(f);
+    if (LIKELY(ctx == seen.ctx && gen == seen.gen && seen.f[slot] == f))
         return CUDA_SUCCESS;
     int local = 0;
     size_t stack = 0;
@@ -645,9 +659,12 @@ static CUresult stack_counted(CUfunction f, int *settle)
             return rc;
         gen = __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE);
     }
-    last_f = f;
-    last_ctx = ctx;
-    last_gen = gen;
+    if (ctx != seen.ctx || gen != seen.gen) {
+        memset(&seen, 0, sizeof seen);
+        seen.ctx = ctx;
+        seen.gen = gen;
+    }
+    seen.f[slot] = f;
     *settle = 1;
     return CUDA_SUCCESS;
 }
