@@ -240,12 +240,72 @@ typedef struct {
     unsigned int memory;
 } nvmlUtilization_t;
 
+/* The unversioned process-list entry points take the first two fields only. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
 typedef struct {
     unsigned int pid;
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId;
     unsigned int computeInstanceId;
 } nvmlProcessInfo_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int mode; /* NVML_PROCESS_MODE_* */
+    unsigned int numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_t;
+
+#define NVML_PROCESS_MODE_COMPUTE 0
+#define NVML_PROCESS_MODE_GRAPHICS 1
+#define NVML_PROCESS_MODE_MPS 2
+/* NVML_STRUCT_VERSION: the struct's size, and its version in the top byte. */
+#define NVML_PROCESS_DETAIL_LIST_V1 ((unsigned int)(sizeof(nvmlProcessDetailList_t) | (1u << 24)))
+#define NVML_VALUE_NOT_AVAILABLE_U32 0xffffffffu
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+    unsigned int jpgUtil;
+    unsigned int ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_t;
+#define NVML_PROCESSES_UTILIZATION_INFO_V1                                                       \
+    ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_t) | (1u << 24)))
+
+/* Never read by the shim: only passed on. */
+typedef struct nvmlAccountingStats_st nvmlAccountingStats_t;
 
 typedef struct {
     nvmlDevice_t device;

@@ -182,6 +182,26 @@ unsigned fracgpu_region_reclaim_dead(struct fracgpu_region *r)
     return n;
 }
 
+unsigned fracgpu_region_processes(struct fracgpu_region *r, unsigned dev,
+                                  struct fracgpu_process_usage *out, unsigned cap)
+{
+    lock_region(r);
+    reclaim_locked(r, getpid());
+    unsigned n = 0;
+    for (unsigned s = 0; s < FRACGPU_MAX_PROCS; s++) {
+        const struct fracgpu_region_slot *sl = &r->slot[s];
+        int pid = LD(&sl->pid);
+        uint64_t used = LD(&sl->used[dev]), host = LD(&sl->host_used[dev]);
+        if (LD(&sl->state) != FRACGPU_SLOT_STATE_ACTIVE || pid <= 0 || used <= host)
+            continue;
+        if (n < cap)
+            out[n] = (struct fracgpu_process_usage){pid, used - host};
+        n++;
+    }
+    unlock_region(r);
+    return n;
+}
+
 static int init_new_region(struct fracgpu_region *r, const struct fracgpu_limits *lim)
 {
     pthread_mutexattr_t a;

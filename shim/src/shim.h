@@ -71,6 +71,11 @@ HIDDEN void fracgpu_region_release(struct fracgpu_region *r, int slot, unsigned 
 /* Marks bytes already reserved on dev as served from host memory. */
 HIDDEN void fracgpu_region_to_host(struct fracgpu_region *r, int slot, unsigned dev, uint64_t bytes);
 HIDDEN unsigned fracgpu_region_reclaim_dead(struct fracgpu_region *r);
+/* The container's live processes holding device memory on dev (host fallback bytes left
+ * out): how many there are; the first cap of them in out. */
+struct fracgpu_process_usage { int pid; uint64_t device_bytes; };
+HIDDEN unsigned fracgpu_region_processes(struct fracgpu_region *r, unsigned dev,
+                                         struct fracgpu_process_usage *out, unsigned cap);
 HIDDEN uint64_t fracgpu_proc_start_time(int pid);
 
 /* ---- per-process allocation table ---- */

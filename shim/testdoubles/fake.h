@@ -19,6 +19,7 @@ struct fake_dev {
     char pci_bus_id[32];
     unsigned minor;
     unsigned mig_mode;
+    unsigned accounting_mode; /* 1: nvmlDeviceGetAccountingPids lists the compute processes */
     int utilization; /* -1: derived from simulated kernel time */
     unsigned n_errors;
     struct fake_error errors[FAKE_MAX_ERRORS]; /* NVML errors injected for this device */

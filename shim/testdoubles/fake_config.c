@@ -150,6 +150,8 @@ static void apply(struct fake_config *c, const char *path, unsigned line, char *
             d->minor = (unsigned)atoi(val);
         } else if (strcmp(f, "mig_mode") == 0) {
             d->mig_mode = (unsigned)atoi(val);
+        } else if (strcmp(f, "accounting_mode") == 0) {
+            d->accounting_mode = (unsigned)atoi(val);
         } else if (strcmp(f, "utilization_gpu") == 0) {
             d->utilization = atoi(val);
         } else if (strncmp(f, "nvml_error.", 11) == 0) {

@@ -313,44 +313,166 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     return NVML_SUCCESS;
 }
 
-static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos,
-                              const char *fn)
+/* The compute processes holding memory on a device, as the driver lists them: every
+ * process on the GPU, whichever container it runs in, by its PID on the host. */
+static unsigned compute_processes(nvmlDevice_t device, nvmlProcessInfo_t *out, unsigned cap)
 {
-    DEV(fn);
-    (void)d_;
-    if (count == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
     struct fake_state *s = fake_state();
-    unsigned n = 0, cap = *count;
+    unsigned n = 0;
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         int pid = __atomic_load_n(&s->procs[i].pid, __ATOMIC_ACQUIRE);
         uint64_t used = __atomic_load_n(&s->procs[i].used[device->index], __ATOMIC_ACQUIRE);
         if (pid <= 0 || used == 0 || !fake_pid_alive(pid))
             continue;
-        if (infos != NULL && n < cap)
-            infos[n] = (nvmlProcessInfo_t){(unsigned)pid, used, 0xffffffffu, 0xffffffffu};
+        if (n < cap)
+            out[n] = (nvmlProcessInfo_t){(unsigned)pid, used, NVML_VALUE_NOT_AVAILABLE_U32,
+                                         NVML_VALUE_NOT_AVAILABLE_U32};
         n++;
     }
+    return n;
+}
+
+/* One process-list call: the count in *count, entries of `size` bytes (the unversioned
+ * entry points write only pid and memory) when there is room. The double has no graphics
+ * or MPS clients: those lists are empty. */
+static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, void *infos, size_t size,
+                              int compute, const char *fn)
+{
+    DEV(fn);
+    (void)d_;
+    if (count == NULL || (infos == NULL && *count > 0))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_t found[FAKE_MAX_PROCS];
+    unsigned n = compute ? compute_processes(device, found, FAKE_MAX_PROCS) : 0, cap = *count;
     *count = n;
-    if (n > cap || (infos == NULL && n > 0))
+    if (n > cap)
         return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned i = 0; i < n; i++)
+        memcpy((char *)infos + i * size, &found[i], size);
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *c,
-                                                            nvmlProcessInfo_t *p)
+#define PROCESS_LISTS(kind, compute)                                                               \
+    EXPORT nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses_v3(nvmlDevice_t d, unsigned *c,      \
+                                                                 nvmlProcessInfo_t *p)             \
+    {                                                                                              \
+        return processes(d, c, p, sizeof *p, compute, "nvmlDeviceGet" #kind "RunningProcesses");   \
+    }                                                                                              \
+    EXPORT nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses_v2(nvmlDevice_t d, unsigned *c,      \
+                                                                 nvmlProcessInfo_t *p)             \
+    {                                                                                              \
+        return processes(d, c, p, sizeof *p, compute, "nvmlDeviceGet" #kind "RunningProcesses");   \
+    }                                                                                              \
+    EXPORT nvmlReturn_t nvmlDeviceGet##kind##RunningProcesses(nvmlDevice_t d, unsigned *c,         \
+                                                              nvmlProcessInfo_v1_t *p)             \
+    {                                                                                              \
+        return processes(d, c, p, sizeof *p, compute, "nvmlDeviceGet" #kind "RunningProcesses");   \
+    }
+PROCESS_LISTS(Compute, 1)
+PROCESS_LISTS(Graphics, 0)
+PROCESS_LISTS(MPSCompute, 0)
+
+EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
+                                                          nvmlProcessDetailList_t *list)
 {
-    return processes(device, c, p, "nvmlDeviceGetComputeRunningProcesses");
+    DEV("nvmlDeviceGetRunningProcessDetailList");
+    (void)d_;
+    if (list == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (list->version != NVML_PROCESS_DETAIL_LIST_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (list->mode > NVML_PROCESS_MODE_MPS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_t found[FAKE_MAX_PROCS];
+    unsigned n = list->mode == NVML_PROCESS_MODE_COMPUTE
+                     ? compute_processes(device, found, FAKE_MAX_PROCS)
+                     : 0;
+    unsigned cap = list->procArray != NULL ? list->numProcArrayEntries : 0;
+    list->numProcArrayEntries = n;
+    if (n > cap)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned i = 0; i < n; i++)
+        list->procArray[i] = (nvmlProcessDetail_v1_t){found[i].pid, found[i].usedGpuMemory,
+                                                       found[i].gpuInstanceId,
+                                                       found[i].computeInstanceId, 0};
+    return NVML_SUCCESS;
 }
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *c,
-                                                            nvmlProcessInfo_t *p)
+
+/* A sample per compute process (the double keeps no per-process busy time: 0 %). */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                    nvmlProcessUtilizationSample_t *samples,
+                                                    unsigned int *count,
+                                                    unsigned long long lastSeenTimeStamp)
 {
-    return processes(device, c, p, "nvmlDeviceGetComputeRunningProcesses");
+    DEV("nvmlDeviceGetProcessUtilization");
+    (void)d_;
+    (void)lastSeenTimeStamp;
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_t found[FAKE_MAX_PROCS];
+    unsigned n = compute_processes(device, found, FAKE_MAX_PROCS), cap = *count;
+    *count = n;
+    if (n == 0)
+        return NVML_ERROR_NOT_FOUND;
+    if (samples == NULL || n > cap)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    unsigned long long now = fake_now_ns() / 1000;
+    for (unsigned i = 0; i < n; i++)
+        samples[i] = (nvmlProcessUtilizationSample_t){found[i].pid, now, 0, 0, 0, 0};
+    return NVML_SUCCESS;
 }
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *c,
-                                                         nvmlProcessInfo_t *p)
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
+                                                          nvmlProcessesUtilizationInfo_t *info)
 {
-    return processes(device, c, p, "nvmlDeviceGetComputeRunningProcesses");
+    DEV("nvmlDeviceGetProcessesUtilizationInfo");
+    (void)d_;
+    if (info == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != NVML_PROCESSES_UTILIZATION_INFO_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlProcessInfo_t found[FAKE_MAX_PROCS];
+    unsigned n = compute_processes(device, found, FAKE_MAX_PROCS);
+    unsigned cap = info->procUtilArray != NULL ? info->processSamplesCount : 0;
+    info->processSamplesCount = n;
+    if (n == 0)
+        return NVML_ERROR_NOT_FOUND;
+    if (n > cap)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    unsigned long long now = fake_now_ns() / 1000;
+    for (unsigned i = 0; i < n; i++)
+        info->procUtilArray[i] = (nvmlProcessUtilizationInfo_v1_t){now, found[i].pid, 0, 0, 0, 0,
+                                                                   0, 0};
+    return NVML_SUCCESS;
+}
+
+/* Accounting is off unless the config turns it on (device.N.accounting_mode=1), as on a
+ * real GPU; when on, every compute process is listed, and its stats are not kept. */
+EXPORT nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int *count,
+                                                unsigned int *pids)
+{
+    DEV("nvmlDeviceGetAccountingPids");
+    if (!d_->accounting_mode)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_t found[FAKE_MAX_PROCS];
+    unsigned n = compute_processes(device, found, FAKE_MAX_PROCS), cap = *count;
+    *count = n;
+    if (pids == NULL || n > cap)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned i = 0; i < n; i++)
+        pids[i] = found[i].pid;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t device, unsigned int pid,
+                                                 nvmlAccountingStats_t *stats)
+{
+    DEV("nvmlDeviceGetAccountingStats");
+    (void)pid;
+    (void)stats;
+    return d_->accounting_mode ? NVML_ERROR_NOT_FOUND : NVML_ERROR_NOT_SUPPORTED;
 }
 
 /* ---- events ---- */
