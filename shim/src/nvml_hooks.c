@@ -133,17 +133,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
  * is not supported: both name host PIDs. A whole GPU is the container's alone: the
  * driver's answers pass.
  */
+static unsigned listed(int index, int compute, struct fracgpu_process_usage *found)
+{
+    if (!compute || index < 0)
+        return 0;
+    return fracgpu_region_processes(G.region, (unsigned)index, found, FRACGPU_MAX_PROCS);
+}
+
 static nvmlReturn_t own_processes(int index, int compute, unsigned int *count, void *infos,
                                   size_t size)
 {
     if (count == NULL || (infos == NULL && *count > 0))
         return NVML_ERROR_INVALID_ARGUMENT;
     struct fracgpu_process_usage found[FRACGPU_MAX_PROCS];
-    unsigned n = compute && index >= 0
-                     ? fracgpu_region_processes(G.region, (unsigned)index, found,
-                                                FRACGPU_MAX_PROCS)
-                     : 0;
-    unsigned cap = *count;
+    unsigned n = listed(index, compute, found), cap = *count;
     *count = n;
     if (n > cap)
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -162,14 +165,18 @@ static int answered_here(int mode, nvmlDevice_t device, int *index)
     return mode == NV_ACCOUNT && limits_index(device, index);
 }
 
+/* The driver answers unless the call is answered here; then `index` is the GPU's. */
+#define NV_ENTER_ANSWERED(name, args)                                                            \
+    NV_ENTER(name);                                                                              \
+    int index;                                                                                   \
+    if (!answered_here(mode_, device, &index))                                                   \
+        return real_##name args;
+
 #define PROCESS_LIST(name, entry, compute)                                                       \
     EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, entry *infos)         \
     {                                                                                            \
-        NV_ENTER(name);                                                                          \
-        int index;                                                                               \
-        if (answered_here(mode_, device, &index))                                                \
-            return own_processes(index, compute, infoCount, infos, sizeof(entry));               \
-        return real_##name(device, infoCount, infos);                                            \
+        NV_ENTER_ANSWERED(name, (device, infoCount, infos));                                     \
+        return own_processes(index, compute, infoCount, infos, sizeof(entry));                   \
     }
 PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, 1)
 PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t, 1)
@@ -184,10 +191,7 @@ PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, 0)
 EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
                                                           nvmlProcessDetailList_t *list)
 {
-    NV_ENTER(nvmlDeviceGetRunningProcessDetailList);
-    int index;
-    if (!answered_here(mode_, device, &index))
-        return real_nvmlDeviceGetRunningProcessDetailList(device, list);
+    NV_ENTER_ANSWERED(nvmlDeviceGetRunningProcessDetailList, (device, list));
     if (list == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (list->version != NVML_PROCESS_DETAIL_LIST_V1)
@@ -195,10 +199,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
     if (list->mode > NVML_PROCESS_MODE_MPS)
         return NVML_ERROR_INVALID_ARGUMENT;
     struct fracgpu_process_usage found[FRACGPU_MAX_PROCS];
-    unsigned n = list->mode == NVML_PROCESS_MODE_COMPUTE && index >= 0
-                     ? fracgpu_region_processes(G.region, (unsigned)index, found,
-                                                FRACGPU_MAX_PROCS)
-                     : 0;
+    unsigned n = listed(index, list->mode == NVML_PROCESS_MODE_COMPUTE, found);
     unsigned cap = list->procArray != NULL ? list->numProcArrayEntries : 0;
     list->numProcArrayEntries = n;
     if (n > cap)
@@ -216,11 +217,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                     unsigned int *processSamplesCount,
                                                     unsigned long long lastSeenTimeStamp)
 {
-    NV_ENTER(nvmlDeviceGetProcessUtilization);
-    int index;
-    if (!answered_here(mode_, device, &index))
-        return real_nvmlDeviceGetProcessUtilization(device, utilization, processSamplesCount,
-                                                    lastSeenTimeStamp);
+    NV_ENTER_ANSWERED(nvmlDeviceGetProcessUtilization,
+                      (device, utilization, processSamplesCount, lastSeenTimeStamp));
     if (processSamplesCount == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
     *processSamplesCount = 0;
@@ -230,29 +228,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
 EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
                                                           nvmlProcessesUtilizationInfo_t *info)
 {
-    NV_ENTER(nvmlDeviceGetProcessesUtilizationInfo);
-    int index;
-    if (!answered_here(mode_, device, &index))
-        return real_nvmlDeviceGetProcessesUtilizationInfo(device, info);
+    NV_ENTER_ANSWERED(nvmlDeviceGetProcessesUtilizationInfo, (device, info));
     return NVML_ERROR_NOT_FOUND;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int *count,
                                                 unsigned int *pids)
 {
-    NV_ENTER(nvmlDeviceGetAccountingPids);
-    int index;
-    if (!answered_here(mode_, device, &index))
-        return real_nvmlDeviceGetAccountingPids(device, count, pids);
+    NV_ENTER_ANSWERED(nvmlDeviceGetAccountingPids, (device, count, pids));
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t device, unsigned int pid,
                                                  nvmlAccountingStats_t *stats)
 {
-    NV_ENTER(nvmlDeviceGetAccountingStats);
-    int index;
-    if (!answered_here(mode_, device, &index))
-        return real_nvmlDeviceGetAccountingStats(device, pid, stats);
+    NV_ENTER_ANSWERED(nvmlDeviceGetAccountingStats, (device, pid, stats));
     return NVML_ERROR_NOT_SUPPORTED;
 }

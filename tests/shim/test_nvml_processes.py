@@ -13,7 +13,10 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
 
 from fracgpu import shim_abi
 from tests.shim.sandbox import UUIDS, GiB, MiB, Sandbox, wait_for
@@ -76,19 +79,6 @@ NOT_SUPPORTED = "error 3"
 VERSION_MISMATCH = "error 25"
 
 
-def neighbour(node: Sandbox, memory: int = GiB, core: int = 50) -> tuple[Path, Path]:
-    """A second container on the node: its limits file and region."""
-    other = node.root / "neighbour"
-    other.mkdir(exist_ok=True)
-    limits = other / "limits"
-    limits.write_bytes(
-        shim_abi.encode_limits(
-            shim_abi.Limits(devices=(shim_abi.DeviceLimits(UUIDS[0], memory, core),))
-        )
-    )
-    return limits, other / "region"
-
-
 def probe(node: Sandbox, **env_args: object) -> dict[str, object]:
     out = subprocess.run(
         [sys.executable, "-c", PROBE],
@@ -115,54 +105,69 @@ def release(*holders: subprocess.Popen[str]) -> None:
         holder.communicate("go\n", timeout=30)
 
 
-def accounting_on(node: Sandbox) -> None:
-    node.fake_extra = ["device.0.accounting_mode=1"]
+@dataclass(frozen=True)
+class Tenants:
+    """Two sliced containers on GPU 0, each holding memory: this one (the node's limits and
+    region) and a neighbour with its own."""
+
+    mine: subprocess.Popen[str]
+    theirs: subprocess.Popen[str]
+    neighbour_env: dict[str, object]
+
+
+@pytest.fixture
+def tenants(node: Sandbox) -> Iterator[Tenants]:
+    node.fake_extra = ["device.0.accounting_mode=1"]  # accounting lists pids too
     node.write_fake_config()
-
-
-def test_a_sliced_container_lists_only_its_own_processes(node: Sandbox) -> None:
-    accounting_on(node)
     node.write_limits(core=50)
-    limits, region = neighbour(node)
+    other = node.root / "neighbour"
+    other.mkdir()
+    limits = other / "limits"
+    limits.write_bytes(
+        shim_abi.encode_limits(shim_abi.Limits(devices=(shim_abi.DeviceLimits(UUIDS[0], GiB, 50),)))
+    )
+    neighbour_env: dict[str, object] = {
+        "region": other / "region",
+        "extra": {"FRACGPU_TEST_LIMITS_PATH": str(limits)},
+    }
     mine = hold(node, "300Mi")
-    theirs = hold(node, "200Mi", region=region, extra={"FRACGPU_TEST_LIMITS_PATH": str(limits)})
+    theirs = hold(node, "200Mi", **neighbour_env)
     try:
-        seen = probe(node)
-        own = [[mine.pid, 300 * MiB]]
-        assert seen["compute_v3"] == own
-        assert seen["compute_v2"] == own
-        assert seen["compute_v1"] == [0, own]
-        assert seen["detail"] == own
-        assert seen["graphics"] == [] and seen["mps"] == []
-        assert seen["detail_wrong_version"] == VERSION_MISMATCH
-        assert seen["utilization"] == NOT_FOUND
-        assert seen["utilization_info"] == NOT_FOUND
-        assert seen["accounting"] == NOT_SUPPORTED
-        # The neighbour, asking from its own container, sees only itself.
-        other = probe(node, region=region, extra={"FRACGPU_TEST_LIMITS_PATH": str(limits)})
-        assert other["compute_v3"] == [[theirs.pid, 200 * MiB]]
+        yield Tenants(mine, theirs, neighbour_env)
     finally:
         release(mine, theirs)
 
 
-def test_the_driver_itself_lists_every_containers_processes(node: Sandbox) -> None:
+def test_a_sliced_container_lists_only_its_own_processes(node: Sandbox, tenants: Tenants) -> None:
+    seen = probe(node)
+    own = [[tenants.mine.pid, 300 * MiB]]
+    assert seen["compute_v3"] == own
+    assert seen["compute_v2"] == own
+    assert seen["compute_v1"] == [0, own]
+    assert seen["detail"] == own
+    assert seen["graphics"] == [] and seen["mps"] == []
+    assert seen["detail_wrong_version"] == VERSION_MISMATCH
+    assert seen["utilization"] == NOT_FOUND
+    assert seen["utilization_info"] == NOT_FOUND
+    assert seen["accounting"] == NOT_SUPPORTED
+    # The neighbour, asking from its own container, sees only itself.
+    other = probe(node, **tenants.neighbour_env)
+    assert other["compute_v3"] == [[tenants.theirs.pid, 200 * MiB]]
+
+
+def test_the_driver_itself_lists_every_containers_processes(
+    node: Sandbox, tenants: Tenants
+) -> None:
     """What the shim hides: without it, one tenant reads the other's PID and memory."""
-    accounting_on(node)
-    node.write_limits(core=50)
-    limits, region = neighbour(node)
-    mine = hold(node, "300Mi")
-    theirs = hold(node, "200Mi", region=region, extra={"FRACGPU_TEST_LIMITS_PATH": str(limits)})
-    try:
-        seen = probe(node, preload=None)
-        both = sorted([[mine.pid, 300 * MiB], [theirs.pid, 200 * MiB]])
-        assert seen["compute_v3"] == both
-        assert seen["compute_v1"] == [0, both]
-        assert seen["detail"] == both
-        assert seen["utilization"] == sorted([mine.pid, theirs.pid])
-        assert seen["utilization_info"] == sorted([mine.pid, theirs.pid])
-        assert seen["accounting"] == sorted([mine.pid, theirs.pid])
-    finally:
-        release(mine, theirs)
+    seen = probe(node, preload=None)
+    pids = sorted([tenants.mine.pid, tenants.theirs.pid])
+    both = sorted([[tenants.mine.pid, 300 * MiB], [tenants.theirs.pid, 200 * MiB]])
+    assert seen["compute_v3"] == both
+    assert seen["compute_v1"] == [0, both]
+    assert seen["detail"] == both
+    assert seen["utilization"] == pids
+    assert seen["utilization_info"] == pids
+    assert seen["accounting"] == pids
 
 
 def test_a_whole_gpu_container_gets_the_drivers_lists(node: Sandbox) -> None:
