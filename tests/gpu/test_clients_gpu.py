@@ -297,3 +297,52 @@ def test_a_kernel_whose_stack_passes_the_slice_is_refused(box: Container) -> Non
     got = box.result(DEEP_STACK)
     print(f"deep kernel, 2 GiB slice: {got}")
     assert got["result"] == "CUDA_ERROR_OUT_OF_MEMORY", got
+
+
+# Holds 256 MiB, then lists the GPU's compute processes through pynvml and nvidia-smi.
+NVML_PROCESSES = """
+import json, os, subprocess, torch, pynvml
+held = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+uuid = os.environ["CUDA_VISIBLE_DEVICES"]
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+nvml = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+smi = subprocess.run(
+    ["nvidia-smi", "-i", uuid, "--query-compute-apps=pid", "--format=csv,noheader"],
+    capture_output=True, text=True, check=True,
+)
+smi_pids = sorted(int(x) for x in smi.stdout.split())
+print(json.dumps({"me": os.getpid(), "nvml": nvml, "smi": smi_pids}))
+"""
+HOLD = """
+import os, sys, torch
+held = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_nvml_lists_only_the_containers_own_processes(box: Container, tmp_path: Path) -> None:
+    """On the real driver, which lists every process on the GPU by host PID: a neighbour's
+    process is in the driver's list, and not in what a sliced container sees."""
+    needs(box, "pynvml")
+    neighbour = Container(tmp_path / "neighbour", box.gpu)
+    neighbour.limit(2 * GiB)
+    holder = neighbour.python(HOLD)
+    try:
+        assert holder.stdout is not None
+        theirs = int(holder.stdout.readline())
+        driver = box.result(NVML_PROCESSES, preload=False)
+        sliced = box.result(NVML_PROCESSES)
+    finally:
+        holder.communicate("\n", timeout=60)
+    print(f"driver's list: {driver}; under the shim: {sliced}")
+    assert str(theirs) in driver["nvml"] and theirs in driver["smi"]  # type: ignore[operator]
+    mine = sliced["me"]
+    listed = sliced["nvml"]
+    assert isinstance(listed, dict) and list(listed) == [str(mine)], sliced
+    # what the shim counted for it: the tensor, and whatever else PyTorch allocated
+    assert 256 * 2**20 <= listed[str(mine)] <= 320 * 2**20, sliced
+    assert sliced["smi"] == [mine]
