@@ -171,7 +171,9 @@ typedef struct {
     unsigned int numAttrs;
 } CUlaunchConfig;
 
-/* Only the leading function field is read by the doubles. */
+/* CUDA_KERNEL_NODE_PARAMS_v2 (12.0), which cuGraphAddKernelNode_v2 and
+ * cuGraphKernelNodeGetParams_v2 take; the pre-12.0 entry points take the fields before
+ * kern only. A node made from a library kernel has kern set and func NULL. */
 typedef struct {
     CUfunction func;
     unsigned int gridDimX, gridDimY, gridDimZ;
@@ -179,6 +181,8 @@ typedef struct {
     unsigned int sharedMemBytes;
     void **kernelParams;
     void **extra;
+    void *kern;
+    CUcontext ctx;
 } CUDA_KERNEL_NODE_PARAMS;
 
 /* cuLaunchCooperativeKernelMultiDevice: one entry per device. */

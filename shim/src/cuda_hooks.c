@@ -622,49 +622,71 @@ EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 struct stack_seen {
     CUcontext ctx;
     uint64_t gen;
-    CUfunction f[STACK_SEEN];
+    const void *h[STACK_SEEN]; /* kernels, and graph execs (stack_settle_exec) */
 };
+static __thread struct stack_seen stack_seen;
 
-static unsigned stack_slot(CUfunction f)
+static unsigned stack_slot(const void *h)
 {
-    uintptr_t h = (uintptr_t)f;
-    return (unsigned)((h >> 4) ^ (h >> 12)) & (STACK_SEEN - 1);
+    uintptr_t x = (uintptr_t)h;
+    return (unsigned)((x >> 4) ^ (x >> 12)) & (STACK_SEEN - 1);
+}
+
+static int stack_is_seen(CUcontext ctx, uint64_t gen, const void *h)
+{
+    return ctx == stack_seen.ctx && gen == stack_seen.gen && stack_seen.h[stack_slot(h)] == h;
+}
+
+static void stack_mark_seen(CUcontext ctx, uint64_t gen, const void *h)
+{
+    if (ctx != stack_seen.ctx || gen != stack_seen.gen) {
+        memset(&stack_seen, 0, sizeof stack_seen);
+        stack_seen.ctx = ctx;
+        stack_seen.gen = gen;
+    }
+    stack_seen.h[stack_slot(h)] = h;
+}
+
+/* Local memory per thread kernel f (a CUfunction, or a library CUkernel) needs; 0 when
+ * the driver does not say: the settle after the launch still counts what it takes. */
+static int kernel_local_size(CUfunction f)
+{
+    int local = 0;
+    CUdevice dev;
+    if (real_cuFuncGetAttribute != NULL &&
+        real_cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) == CUDA_SUCCESS)
+        return local;
+    if (real_cuKernelGetAttribute != NULL && real_cuCtxGetDevice != NULL &&
+        real_cuCtxGetDevice(&dev) == CUDA_SUCCESS &&
+        real_cuKernelGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev) ==
+            CUDA_SUCCESS)
+        return local;
+    return 0;
+}
+
+/* The current context's stack raised to local bytes per thread, counted, unless it is
+ * that large already: out of memory past the slice. */
+static CUresult stack_raise(int local)
+{
+    size_t stack = 0;
+    if (local <= 0 || real_cuCtxGetLimit == NULL ||
+        real_cuCtxGetLimit(&stack, LIMIT_STACK) != CUDA_SUCCESS || (size_t)local <= stack)
+        return CUDA_SUCCESS;
+    return set_limit_counted(LIMIT_STACK, (size_t)local);
 }
 
 static CUresult stack_counted(CUfunction f, int *settle)
 {
-    static __thread struct stack_seen seen;
     CUcontext ctx = NULL;
     if (f == NULL || real_cuCtxGetCurrent == NULL || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
         ctx == NULL)
         return CUDA_SUCCESS; /* the driver answers for these */
-    uint64_t gen = __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE);
-    unsigned slot = stack_slot(f);
-    if (LIKELY(ctx == seen.ctx && gen == seen.gen && seen.f[slot] == f))
+    if (LIKELY(stack_is_seen(ctx, __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE), f)))
         return CUDA_SUCCESS;
-    int local = 0;
-    size_t stack = 0;
-    CUdevice dev;
-    if ((real_cuFuncGetAttribute == NULL ||
-         real_cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS) &&
-        (real_cuKernelGetAttribute == NULL || real_cuCtxGetDevice == NULL ||
-         real_cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
-         real_cuKernelGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev) !=
-             CUDA_SUCCESS))
-        local = 0; /* neither says: the settle after the launch still counts it */
-    if (local > 0 && real_cuCtxGetLimit != NULL &&
-        real_cuCtxGetLimit(&stack, LIMIT_STACK) == CUDA_SUCCESS && (size_t)local > stack) {
-        CUresult rc = set_limit_counted(LIMIT_STACK, (size_t)local);
-        if (rc != CUDA_SUCCESS)
-            return rc;
-        gen = __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE);
-    }
-    if (ctx != seen.ctx || gen != seen.gen) {
-        memset(&seen, 0, sizeof seen);
-        seen.ctx = ctx;
-        seen.gen = gen;
-    }
-    seen.f[slot] = f;
+    CUresult rc = stack_raise(kernel_local_size(f));
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    stack_mark_seen(ctx, __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE), f);
     *settle = 1;
     return CUDA_SUCCESS;
 }
@@ -695,6 +717,19 @@ static void stack_settle(void)
     } else if (held) {
         record(kind, ctx, had, di, ctx);
     }
+}
+
+/* After an exec's first upload or launch in this context (and again after any change of
+ * a stack): what its kernels raised the stack to, beyond what its instantiation raised it
+ * to, counted as after a kernel's first launch. */
+static void stack_settle_exec(CUgraphExec e)
+{
+    CUcontext ctx = NULL;
+    if (real_cuCtxGetCurrent == NULL || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+        ctx == NULL || stack_is_seen(ctx, __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE), e))
+        return;
+    stack_settle();
+    stack_mark_seen(ctx, __atomic_load_n(&stack_generation, __ATOMIC_ACQUIRE), e);
 }
 
 /* ---- linear memory ---- */
@@ -1184,11 +1219,34 @@ static uint64_t key_of(const void *h)
  * is a graph the program built, and the count must end. */
 #define GRAPH_DEPTH_MAX 16
 
-/* Adds the bytes of g's memory allocation nodes, per limits index, to sz (device
- * ordinals in dev), child graphs included: a child moved into its parent (12.9) may hold
- * allocation nodes. -1: a node on a device outside the slice, or nesting too deep. */
-static int graph_bytes_at(CUgraph g, uint64_t *sz, uint64_t *dev, int depth)
+/* What a graph takes when it runs: its allocation nodes' bytes per limits index (device
+ * ordinals in dev), and the most local memory per thread any of its kernels needs (the
+ * driver raises the context's stack to it, as for a launched kernel). */
+struct graph_needs {
+    uint64_t sz[FRACGPU_MAX_DEVICES];
+    uint64_t dev[FRACGPU_MAX_DEVICES];
+    int local;
+};
+
+static void kernel_node_needs(CUgraphNode node, struct graph_needs *need)
 {
+    CUDA_KERNEL_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    if (real_cuGraphKernelNodeGetParams_v2 == NULL ||
+        real_cuGraphKernelNodeGetParams_v2(node, &p) != CUDA_SUCCESS)
+        return; /* unknown: the settle after each launch still counts the stack */
+    CUfunction f = p.func != NULL ? p.func : (CUfunction)p.kern;
+    int local = f != NULL ? kernel_local_size(f) : 0;
+    if (local > need->local)
+        need->local = local;
+}
+
+/* Adds what g's nodes need to need, child graphs included: a child moved into its parent
+ * (12.9) may hold allocation nodes. -1: an allocation on a device outside the slice, or
+ * nesting too deep. */
+static int graph_needs_at(CUgraph g, struct graph_needs *need, int depth)
+{
+    uint64_t *sz = need->sz, *dev = need->dev;
     size_t n = 0;
     if (real_cuGraphGetNodes(g, NULL, &n) != 0 || n == 0)
         return 0; /* unknown: the graph pool is still settled after each launch */
@@ -1211,8 +1269,12 @@ static int graph_bytes_at(CUgraph g, uint64_t *sz, uint64_t *dev, int depth)
                      GRAPH_DEPTH_MAX);
                 rc = -1;
             } else {
-                rc = graph_bytes_at(child, sz, dev, depth + 1);
+                rc = graph_needs_at(child, need, depth + 1);
             }
+            continue;
+        }
+        if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
+            kernel_node_needs(nodes[i], need);
             continue;
         }
         if (type != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
@@ -1231,16 +1293,16 @@ static int graph_bytes_at(CUgraph g, uint64_t *sz, uint64_t *dev, int depth)
     return rc;
 }
 
-/* Bytes of g's memory allocation nodes per limits index, from the driver's own view of
- * the graph (however its nodes were made: added, captured from a stream, cloned, moved in
- * as a child). -1: a node allocates on a device not in the limits (nothing is allowed
- * there), or child graphs nest too deep. */
-static int graph_bytes(CUgraph g, uint64_t *sz, uint64_t *dev)
+/* What g needs when it runs, from the driver's own view of the graph (however its nodes
+ * were made: added, captured from a stream, cloned, moved in as a child). -1: a node
+ * allocates on a device not in the limits (nothing is allowed there), or child graphs
+ * nest too deep. */
+static int graph_needs(CUgraph g, struct graph_needs *need)
 {
     if (real_cuGraphGetNodes == NULL || real_cuGraphNodeGetType == NULL ||
         real_cuGraphMemAllocNodeGetParams == NULL)
         return 0; /* unknown: the graph pool is still settled after each launch */
-    return graph_bytes_at(g, sz, dev, 0);
+    return graph_needs_at(g, need, 0);
 }
 
 /* Undo backing of exec e on limits indexes below upto (they are ALLOC_EXEC_BACKED). */
@@ -1302,6 +1364,7 @@ static void after_backing(CUgraphExec e, CUresult rc)
         fracgpu_pool_known(POOL_GRAPH, (uint64_t)dev, di, dev);
         fracgpu_pool_settle(POOL_GRAPH, (uint64_t)dev);
     }
+    stack_settle_exec(e);
 }
 
 /* Instantiation: the exec gets the graph's memory-node bytes, reserved now when it is
@@ -1313,10 +1376,16 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, int upload, instantiate_f
 {
     if (mode != MODE_ACCOUNT)
         return real(e, g, arg);
-    uint64_t sz[FRACGPU_MAX_DEVICES] = {0}, dev[FRACGPU_MAX_DEVICES] = {0};
+    struct graph_needs need;
+    memset(&need, 0, sizeof need);
+    uint64_t *sz = need.sz, *dev = need.dev;
     uint64_t took[FRACGPU_MAX_DEVICES] = {0};
-    if (graph_bytes(g, sz, dev) != 0)
+    if (graph_needs(g, &need) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY; /* outside the slice, or nested too deep */
+    /* Its kernels' stack, raised and counted now, as before a kernel's first launch. */
+    CUresult stack_rc = stack_raise(need.local);
+    if (stack_rc != CUDA_SUCCESS)
+        return stack_rc;
     int any = 0;
     for (unsigned i = 0; i < G.limits.device_count; i++)
         any |= sz[i] != 0;

@@ -47,19 +47,20 @@ struct CUevent_st { uint64_t ts; int recorded;
  * a launch grows its context's stack to it, as the driver does. */
 struct CUfunc_st { uint64_t dur_ns; uint64_t local_bytes; };
 struct CUmod_st { int unused; };
-/* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where. */
-struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev;
+/* mem_bytes, mem_dev: what the graph's memory allocation nodes take, and where;
+ * local_bytes: the most local memory per thread any of its kernels needs. */
+struct CUgraph_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t local_bytes;
                     struct CUgraphNode_st **nodes; size_t n_nodes; };
 /* type: CU_GRAPH_NODE_TYPE_KERNEL, _MEM_ALLOC (bytes on dev at dptr), _MEM_FREE or
  * _GRAPH (child: the graph it runs, owned by the node); freed: an allocation node whose
  * memory a free node of the graph frees. */
 struct CUgraphNode_st { int type; uint64_t bytes; int dev; CUdeviceptr dptr; int freed;
-                        struct CUgraph_st *child; };
+                        struct CUgraph_st *child; CUfunction func; };
 /* backed: its allocations have physical memory from the device's graph pool;
  * launched: it has run; unfreed: its allocation nodes no free node frees (address and
  * size, n_unfreed of them), of which outstanding are still allocated from its last run. */
 struct unfreed_alloc { CUdeviceptr dptr; uint64_t bytes; };
-struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev;
+struct CUgraphExec_st { uint64_t dur_ns; uint64_t mem_bytes; int mem_dev; uint64_t local_bytes;
                         int backed; int launched; struct unfreed_alloc *unfreed;
                         size_t n_unfreed, outstanding; };
 /* A stream-ordered memory pool: reserved is the physical memory it holds (taken from
@@ -2332,7 +2333,10 @@ EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgr
     CUgraphNode n_ = add_node(g, CU_GRAPH_NODE_TYPE_KERNEL, 0, 0);
     if (n_ == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    n_->func = params->func;
     g->dur_ns += params->func->dur_ns;
+    if (params->func->local_bytes > g->local_bytes)
+        g->local_bytes = params->func->local_bytes;
     if (node)
         *node = n_;
     return CUDA_SUCCESS;
@@ -2352,10 +2356,18 @@ static CUresult add_child_graph(CUgraphNode *node, CUgraph g, const CUgraphNodeP
         return CUDA_ERROR_INVALID_VALUE;
     struct CUgraph_st *owned = c;
     if (!move) {
-        /* the double's kernel nodes carry only their time: a clone is that time */
+        /* the double's kernel nodes carry only their time and function: a clone is those */
         if ((owned = calloc(1, sizeof *owned)) == NULL)
             return CUDA_ERROR_OUT_OF_MEMORY;
         owned->dur_ns = c->dur_ns;
+        owned->local_bytes = c->local_bytes;
+        for (size_t i = 0; i < c->n_nodes; i++) {
+            CUgraphNode k = c->nodes[i]->type == CU_GRAPH_NODE_TYPE_KERNEL
+                                ? add_node(owned, CU_GRAPH_NODE_TYPE_KERNEL, 0, 0)
+                                : NULL;
+            if (k != NULL)
+                k->func = c->nodes[i]->func;
+        }
     }
     CUgraphNode n_ = add_node(g, CU_GRAPH_NODE_TYPE_GRAPH, 0, c->mem_dev);
     if (n_ == NULL) {
@@ -2365,6 +2377,8 @@ static CUresult add_child_graph(CUgraphNode *node, CUgraph g, const CUgraphNodeP
     }
     n_->child = owned;
     g->dur_ns += owned->dur_ns;
+    if (owned->local_bytes > g->local_bytes)
+        g->local_bytes = owned->local_bytes;
     if (owned->mem_bytes) {
         g->mem_bytes += owned->mem_bytes;
         g->mem_dev = owned->mem_dev;
@@ -2406,6 +2420,16 @@ EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraph
                                      size_t n, const CUDA_KERNEL_NODE_PARAMS *params)
 {
     return cuGraphAddKernelNode_v2(node, g, deps, n, params);
+}
+
+EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS *params)
+{
+    CHECK_INIT("cuGraphKernelNodeGetParams_v2");
+    if (node == NULL || params == NULL || node->type != CU_GRAPH_NODE_TYPE_KERNEL)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(params, 0, sizeof *params);
+    params->func = node->func;
+    return CUDA_SUCCESS;
 }
 
 /* A memory allocation node: its memory is virtual until an exec of the graph is uploaded
@@ -2546,6 +2570,7 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags)
     x->dur_ns = g->dur_ns;
     x->mem_bytes = g->mem_bytes;
     x->mem_dev = g->mem_dev;
+    x->local_bytes = g->local_bytes;
     x->unfreed = calloc(count_nodes(g) + 1, sizeof *x->unfreed);
     if (x->unfreed == NULL) {
         free(x);
@@ -2632,6 +2657,11 @@ static CUresult graph_launch(CUgraphExec e, CUstream s)
         rc = graph_allocate_locked(e);
         pthread_mutex_unlock(&pool_mu);
     }
+    /* Its kernels raise the context's stack as launched ones do (launch). */
+    int dev;
+    if (rc == CUDA_SUCCESS && e->local_bytes > 0 && (rc = need_ctx(&dev)) == CUDA_SUCCESS &&
+        e->local_bytes > ctx_limit(cur_ctx, 0))
+        rc = set_limit(cur_ctx, 0, e->local_bytes);
     if (rc == CUDA_SUCCESS)
         rc = launch(NULL, s, e->dur_ns);
     e->launched |= rc == CUDA_SUCCESS;
@@ -3341,6 +3371,7 @@ static const struct proc procs[] = {
     P("cuGraphCreate", 10000, cuGraphCreate),
     P("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
     P("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    P("cuGraphKernelNodeGetParams", 12000, cuGraphKernelNodeGetParams_v2),
     P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
     P("cuGraphLaunch", 10000, cuGraphLaunch),
     PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),

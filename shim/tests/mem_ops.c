@@ -190,6 +190,25 @@ int main(int argc, char **argv)
             if (rc == CUDA_SUCCESS)
                 rc = A.cuCtxSynchronize();
             printf("kernel %d\n", rc);
+        } else if (strcmp(c, "gkernel") == 0) {
+            /* gkernel <name>: a graph with one kernel node of that kernel (next id) */
+            CUmodule m;
+            CUfunction f = NULL;
+            CUgraph g = NULL;
+            CUgraphNode node;
+            CUDA_KERNEL_NODE_PARAMS kp;
+            memset(&kp, 0, sizeof kp);
+            rc = A.cuModuleLoadData(&m, "fake");
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuModuleGetFunction(&f, m, ARG());
+            kp.func = f;
+            kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+            kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuGraphCreate(&g, 0);
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuGraphAddKernelNode(&node, g, NULL, 0, &kp);
+            printf("gkernel %d %d\n", rc, rc == CUDA_SUCCESS ? keep((uint64_t)(uintptr_t)g) : -1);
         } else if (strcmp(c, "freeon") == 0) {
             /* freeon <stream id> <id>: cuMemFreeAsync on that stream */
             CUstream st = (CUstream)(uintptr_t)ids[atoi(ARG())];

@@ -377,6 +377,29 @@ def test_a_launch_that_raises_the_stack_counts_it(node: Sandbox, lookup: str) ->
     assert step(out.stdout, "info", 1)[2] == str(GiB - 400 * MiB - STACK_GROWTH)
 
 
+def test_a_graph_whose_kernel_stack_would_pass_the_slice_is_refused(node: Sandbox) -> None:
+    # The same attack through a graph: its kernel nodes raise the stack when the graph
+    # runs, and a graph launch is no kernel launch the shim checks. The instantiation
+    # raises the stack first, counted, so a graph that would pass the slice is refused.
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "alloc", "600Mi",  # id 0
+        "gkernel", DEEP,  # id 1
+        "instantiate", "1", "0",  # 600 + 480 MiB: past the slice
+        "free", "0",
+        "instantiate", "1", "0",  # id 2: now it fits
+        "glaunch", "2",
+        "sync",
+        "info",
+        "alloc", "600Mi",  # 480 + 600 MiB: the stack stays counted
+    )  # fmt: skip
+    assert results(out.stdout, "gkernel") == ["0"], out.stdout + out.stderr
+    assert results(out.stdout, "instantiate") == [OOM, "0"], out.stdout + out.stderr
+    assert results(out.stdout, "glaunch") == ["0"], out.stdout
+    assert step(out.stdout, "info")[2] == str(GiB - STACK_GROWTH)
+    assert results(out.stdout, "alloc") == ["0", OOM], out.stdout
+
+
 def test_a_launch_whose_stack_would_pass_the_slice_is_refused(node: Sandbox) -> None:
     # The attack: a kernel with large local arrays makes the driver allocate its stack for
     # every resident thread at launch, outside any allocation call. Lowering the stack
