@@ -299,6 +299,56 @@ def test_a_kernel_whose_stack_passes_the_slice_is_refused(box: Container) -> Non
     assert got["result"] == "CUDA_ERROR_OUT_OF_MEMORY", got
 
 
+# The same kind of kernel as the one node of a graph (cuda-bindings, no parameters): the
+# graph's launch would raise the stack the same way.
+DEEP_STACK_GRAPH = """
+import json
+from cuda.bindings import driver as d
+from cuda.core import Device, Program, ProgramOptions
+def ok(result):
+    err = result[0] if isinstance(result, tuple) else result
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return result[1:] if isinstance(result, tuple) else ()
+dev = Device(0)
+dev.set_current()
+source = '''
+extern "C" __global__ void deep() {
+    volatile int a[4096];
+    for (int i = 0; i < 4096; i++) a[i] = i * (int)threadIdx.x;
+    if (a[(threadIdx.x * 7) % 4096] == -1) asm("trap;");
+}'''
+program = Program(source, code_type="c++", options=ProgramOptions(arch=f"sm_{dev.arch}"))
+mod, = ok(d.cuModuleLoadData(program.compile("cubin").code))
+fn, = ok(d.cuModuleGetFunction(mod, b"deep"))
+g, = ok(d.cuGraphCreate(0))
+p = d.CUDA_KERNEL_NODE_PARAMS()
+p.func = fn
+p.gridDimX = p.gridDimY = p.gridDimZ = 1
+p.blockDimX, p.blockDimY, p.blockDimZ = 256, 1, 1
+ok(d.cuGraphAddKernelNode(g, None, 0, p))
+err, e = d.cuGraphInstantiate(g, 0)
+result = err.name
+if err == d.CUresult.CUDA_SUCCESS:
+    err, = d.cuGraphLaunch(e, None)
+    if err == d.CUresult.CUDA_SUCCESS:
+        err = d.cuCtxSynchronize()[0]
+    result = "ran" if err == d.CUresult.CUDA_SUCCESS else err.name
+print(json.dumps({"result": result}))
+"""
+
+
+def test_a_graph_whose_kernel_stack_passes_the_slice_is_refused(box: Container) -> None:
+    needs(box, "cuda.core")
+    needs(box, "cuda.bindings")
+    alone = box.result(DEEP_STACK_GRAPH, preload=False)
+    print(f"deep kernel in a graph, no shim: {alone}")
+    if alone["result"] != "ran":
+        pytest.skip(f"the graph does not run without the shim either: {alone}")
+    got = box.result(DEEP_STACK_GRAPH)
+    print(f"deep kernel in a graph, 2 GiB slice: {got}")
+    assert got["result"] == "CUDA_ERROR_OUT_OF_MEMORY", got
+
+
 # Holds 256 MiB, then lists the GPU's compute processes through pynvml and nvidia-smi.
 NVML_PROCESSES = """
 import json, os, subprocess, torch, pynvml
