@@ -1673,17 +1673,47 @@ EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height,
 /* Each kernel runs on its own device, on a stream of that device's context:
  * every one waits for and is charged to its device's slice, measured in its
  * stream's context (made current around the measuring calls). */
+/* After a multi-device launch: the stack each stream's context settled on, counted. */
+static void multi_device_settle(const CUDA_LAUNCH_PARAMS *list, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        CUcontext c, popped;
+        if (real_cuStreamGetCtx(list[i].hStream, &c) != CUDA_SUCCESS ||
+            real_cuCtxPushCurrent_v2(c) != CUDA_SUCCESS)
+            continue;
+        stack_settle();
+        real_cuCtxPopCurrent_v2(&popped);
+    }
+}
+
 EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
                                                      unsigned int numDevices, unsigned int flags)
 {
     ENTER(cuLaunchCooperativeKernelMultiDevice);
-    if (LIKELY(!G.launch_hooks) || mode_ != MODE_ACCOUNT)
+    if (mode_ != MODE_ACCOUNT)
         return real_cuLaunchCooperativeKernelMultiDevice(list, numDevices, flags);
     if (list == NULL || numDevices == 0 || numDevices > FRACGPU_MAX_DEVICES)
         return CUDA_ERROR_INVALID_VALUE; /* one kernel per device, at most every device */
     if (real_cuStreamGetCtx == NULL || real_cuCtxPushCurrent_v2 == NULL ||
         real_cuCtxPopCurrent_v2 == NULL)
         return CUDA_ERROR_NOT_SUPPORTED; /* cannot measure it: refuse, never run it unpaced */
+    /* Each kernel's stack in its stream's context, raised and counted first (stack_counted);
+     * what the driver settles on is counted after the launch. */
+    for (unsigned i = 0; i < numDevices; i++) {
+        CUcontext c, popped;
+        if (real_cuStreamGetCtx(list[i].hStream, &c) != CUDA_SUCCESS ||
+            real_cuCtxPushCurrent_v2(c) != CUDA_SUCCESS)
+            continue; /* the driver refuses this launch list too */
+        CUresult stack_rc = stack_raise(kernel_local_size(list[i].function));
+        real_cuCtxPopCurrent_v2(&popped);
+        if (stack_rc != CUDA_SUCCESS)
+            return stack_rc;
+    }
+    if (LIKELY(!G.launch_hooks)) {
+        CUresult rc = real_cuLaunchCooperativeKernelMultiDevice(list, numDevices, flags);
+        multi_device_settle(list, numDevices);
+        return rc;
+    }
     struct fracgpu_pace_token tok[FRACGPU_MAX_DEVICES];
     CUcontext ctx[FRACGPU_MAX_DEVICES];
     for (unsigned i = 0; i < numDevices; i++) {
@@ -1708,5 +1738,6 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
         fracgpu_pace_after(list[i].hStream, 0, &tok[i], rc);
         real_cuCtxPopCurrent_v2(&popped);
     }
+    multi_device_settle(list, numDevices);
     return rc;
 }

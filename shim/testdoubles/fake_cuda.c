@@ -3232,12 +3232,13 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, u
         seen |= 1u << s->dev;
     }
     struct CUctx_st *saved = cur_ctx;
-    for (unsigned i = 0; i < n; i++) {
+    CUresult rc = CUDA_SUCCESS;
+    for (unsigned i = 0; i < n && rc == CUDA_SUCCESS; i++) {
         cur_ctx = list[i].hStream->ctx;
-        launch(list[i].function, list[i].hStream, 0);
+        rc = launch(list[i].function, list[i].hStream, 0); /* its stack, as a launch raises it */
     }
     cur_ctx = saved;
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 /* ---- cuGetProcAddress: versioned and per-thread-stream resolution ---- */

@@ -190,6 +190,24 @@ int main(int argc, char **argv)
             if (rc == CUDA_SUCCESS)
                 rc = A.cuCtxSynchronize();
             printf("kernel %d\n", rc);
+        } else if (strcmp(c, "multikernel") == 0) {
+            /* multikernel <name>: that kernel through cuLaunchCooperativeKernelMultiDevice,
+             * on a new stream of the current context (one device), then a sync */
+            CUmodule m;
+            CUDA_LAUNCH_PARAMS lp;
+            memset(&lp, 0, sizeof lp);
+            lp.gridDimX = lp.gridDimY = lp.gridDimZ = 1;
+            lp.blockDimX = lp.blockDimY = lp.blockDimZ = 1;
+            rc = A.cuModuleLoadData(&m, "fake");
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuModuleGetFunction(&lp.function, m, ARG());
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuStreamCreate(&lp.hStream, 0);
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuLaunchCooperativeKernelMultiDevice(&lp, 1, 0);
+            if (rc == CUDA_SUCCESS)
+                rc = A.cuCtxSynchronize();
+            printf("multikernel %d\n", rc);
         } else if (strcmp(c, "gkernel") == 0) {
             /* gkernel <name>: a graph with one kernel node of that kernel (next id) */
             CUmodule m;

@@ -400,6 +400,23 @@ def test_a_graph_whose_kernel_stack_would_pass_the_slice_is_refused(node: Sandbo
     assert results(out.stdout, "alloc") == ["0", OOM], out.stdout
 
 
+@pytest.mark.parametrize("core", [100, 50])  # unpaced and paced launch paths
+def test_a_multi_device_launch_whose_stack_would_pass_the_slice_is_refused(
+    node: Sandbox, core: int
+) -> None:
+    node.write_limits(core=core)
+    out = node.run(
+        "mem_ops", "ctx", "0",
+        "alloc", "600Mi",  # id 0
+        "multikernel", DEEP,  # 600 + 480 MiB: past the slice
+        "free", "0",
+        "multikernel", DEEP,  # now it fits, and stays counted
+        "info",
+    )  # fmt: skip
+    assert results(out.stdout, "multikernel") == [OOM, "0"], out.stdout + out.stderr
+    assert step(out.stdout, "info")[2] == str(GiB - STACK_GROWTH)
+
+
 def test_a_launch_whose_stack_would_pass_the_slice_is_refused(node: Sandbox) -> None:
     # The attack: a kernel with large local arrays makes the driver allocate its stack for
     # every resident thread at launch, outside any allocation call. Lowering the stack
