@@ -1670,9 +1670,6 @@ EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height,
     LAUNCH(cuLaunchGridAsync, f, s, 0, (f, grid_width, grid_height, s))
 }
 
-/* Each kernel runs on its own device, on a stream of that device's context:
- * every one waits for and is charged to its device's slice, measured in its
- * stream's context (made current around the measuring calls). */
 /* After a multi-device launch: the stack each stream's context settled on, counted. */
 static void multi_device_settle(const CUDA_LAUNCH_PARAMS *list, unsigned n)
 {
@@ -1686,6 +1683,9 @@ static void multi_device_settle(const CUDA_LAUNCH_PARAMS *list, unsigned n)
     }
 }
 
+/* Each kernel runs on its own device, on a stream of that device's context:
+ * every one waits for and is charged to its device's slice, measured in its
+ * stream's context (made current around the measuring calls). */
 EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
                                                      unsigned int numDevices, unsigned int flags)
 {
