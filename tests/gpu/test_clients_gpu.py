@@ -288,17 +288,6 @@ print(json.dumps({"result": result, "local": kernel.attributes.local_size_bytes(
 """
 
 
-def test_a_kernel_whose_stack_passes_the_slice_is_refused(box: Container) -> None:
-    needs(box, "cuda.core")
-    alone = box.result(DEEP_STACK, preload=False)
-    print(f"deep kernel, no shim: {alone}")
-    if alone["result"] != "ran":
-        pytest.skip(f"the kernel does not run without the shim either: {alone}")
-    got = box.result(DEEP_STACK)
-    print(f"deep kernel, 2 GiB slice: {got}")
-    assert got["result"] == "CUDA_ERROR_OUT_OF_MEMORY", got
-
-
 # The same kind of kernel as the one node of a graph (cuda-bindings, no parameters): the
 # graph's launch would raise the stack the same way.
 DEEP_STACK_GRAPH = """
@@ -337,15 +326,15 @@ print(json.dumps({"result": result}))
 """
 
 
-def test_a_graph_whose_kernel_stack_passes_the_slice_is_refused(box: Container) -> None:
+@pytest.mark.parametrize("program", [DEEP_STACK, DEEP_STACK_GRAPH], ids=["launch", "graph"])
+def test_a_kernel_whose_stack_passes_the_slice_is_refused(box: Container, program: str) -> None:
     needs(box, "cuda.core")
-    needs(box, "cuda.bindings")
-    alone = box.result(DEEP_STACK_GRAPH, preload=False)
-    print(f"deep kernel in a graph, no shim: {alone}")
+    alone = box.result(program, preload=False)
+    print(f"deep kernel, no shim: {alone}")
     if alone["result"] != "ran":
-        pytest.skip(f"the graph does not run without the shim either: {alone}")
-    got = box.result(DEEP_STACK_GRAPH)
-    print(f"deep kernel in a graph, 2 GiB slice: {got}")
+        pytest.skip(f"the kernel does not run without the shim either: {alone}")
+    got = box.result(program)
+    print(f"deep kernel, 2 GiB slice: {got}")
     assert got["result"] == "CUDA_ERROR_OUT_OF_MEMORY", got
 
 
