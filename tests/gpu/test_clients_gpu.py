@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.shim.bindings import CUDA_BINDINGS_OK
 from tests.shim.test_clients import (
     CUDA_BINDINGS_MEMORY,
     CUDA_CORE_MEMORY,
@@ -290,14 +291,11 @@ print(json.dumps({"result": result, "local": kernel.attributes.local_size_bytes(
 
 # The same kind of kernel as the one node of a graph (cuda-bindings, no parameters): the
 # graph's launch would raise the stack the same way.
-DEEP_STACK_GRAPH = """
+DEEP_STACK_GRAPH = (
+    CUDA_BINDINGS_OK
+    + """
 import json
-from cuda.bindings import driver as d
 from cuda.core import Device, Program, ProgramOptions
-def ok(result):
-    err = result[0] if isinstance(result, tuple) else result
-    assert err == d.CUresult.CUDA_SUCCESS, err
-    return result[1:] if isinstance(result, tuple) else ()
 dev = Device(0)
 dev.set_current()
 source = '''
@@ -324,6 +322,7 @@ if err == d.CUresult.CUDA_SUCCESS:
     result = "ran" if err == d.CUresult.CUDA_SUCCESS else err.name
 print(json.dumps({"result": result}))
 """
+)
 
 
 @pytest.mark.parametrize("program", [DEEP_STACK, DEEP_STACK_GRAPH], ids=["launch", "graph"])

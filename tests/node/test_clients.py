@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from fracgpu import names
+from tests.shim.bindings import CUDA_BINDINGS_OK
 from tests.shim.test_clients import CUDA_CORE, NUMBA, check_cuda_core, numba_expected
 
 from .pods import GIB, pod_body, run_probe, sections
@@ -39,12 +40,9 @@ print(n.nvmlDeviceGetCount(), uuid.decode() if isinstance(uuid, bytes) else uuid
 # does not shadow the image's /usr, where the container toolkit puts the driver.
 MOUNTED_PREFIX = Path("/opt/host-python")
 
-CUDA_BINDINGS = """
-from cuda.bindings import driver as d
-def ok(result):
-    err = result[0] if isinstance(result, tuple) else result
-    assert err == d.CUresult.CUDA_SUCCESS, err
-    return result[1:] if isinstance(result, tuple) else ()
+CUDA_BINDINGS = (
+    CUDA_BINDINGS_OK
+    + """
 ok(d.cuInit(0))
 dev, = ok(d.cuDeviceGet(0))
 ctx, = ok(d.cuDevicePrimaryCtxRetain(dev))
@@ -55,6 +53,7 @@ print("over", int(d.cuMemAlloc(total + 1)[0]))
 print("half", int(d.cuMemAlloc(total // 2)[0]), int(d.cuMemAlloc(total // 2)[0]))
 print("more", int(d.cuMemAlloc(1 << 20)[0]))
 """
+)
 
 
 def client_pod(name: str, limits: dict[str, str], code: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from .bindings import CUDA_BINDINGS_OK
 from .sandbox import GiB, Sandbox
 
 SLICE = GiB  # the slice the limits file gives; the fake GPU has 4 GiB
@@ -164,14 +165,11 @@ def test_cuda_core_sees_the_slice_runs_out_of_memory_past_it_and_launches(node: 
     check_cuda_core(run_client(node, CUDA_CORE), SLICE)
 
 
-CUDA_BINDINGS_MEMORY = """
+CUDA_BINDINGS_MEMORY = (
+    CUDA_BINDINGS_OK
+    + """
 import numpy as np
 import pynvml
-from cuda.bindings import driver as d
-def ok(result):
-    err = result[0] if isinstance(result, tuple) else result
-    assert err == d.CUresult.CUDA_SUCCESS, err
-    return result[1:] if isinstance(result, tuple) else ()
 ok(d.cuInit(0))
 dev, = ok(d.cuDeviceGet(0))
 ctx, = ok(d.cuDevicePrimaryCtxRetain(dev))
@@ -194,6 +192,7 @@ pynvml.nvmlInit()
 info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
 print("nvml", info.total, info.used, info.free)
 """
+)
 # The fake driver checks a copy against the allocation it lands in; the real one may not
 # (the next allocation can follow), so this part runs on the fake driver only.
 CUDA_BINDINGS = (

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from .bindings import CUDA_BINDINGS_OK
 from .sandbox import Sandbox
 
 PTDS = 2  # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
@@ -111,12 +112,9 @@ def test_a_newer_driver_gives_its_newer_variants_and_an_older_one_does_not(
     ) == [[0, "cuStreamGetCaptureInfo_v2"], [0, "cuMemAdvise"], [500, None]]
 
 
-CAPTURE = """
-from cuda.bindings import driver as d
-def ok(result):
-    err = result[0] if isinstance(result, tuple) else result
-    assert err == d.CUresult.CUDA_SUCCESS, err
-    return result[1:] if isinstance(result, tuple) else ()
+CAPTURE = (
+    CUDA_BINDINGS_OK
+    + """
 ok(d.cuInit(0))
 dev, = ok(d.cuDeviceGet(0))
 ctx, = ok(d.cuDevicePrimaryCtxRetain(dev))
@@ -134,6 +132,7 @@ graph, = ok(d.cuStreamEndCapture(s))
 print("end", int(ok(d.cuStreamGetCaptureInfo(s))[0]), int(graph) == int(g2))
 print("free", int(ok(d.cuMemGetInfo())[0]) == int(ok(d.cuMemGetInfo())[1]))
 """
+)
 
 
 def test_stream_capture_queries_report_the_capture_as_it_grows(node: Sandbox) -> None:
@@ -156,13 +155,10 @@ def test_stream_capture_queries_report_the_capture_as_it_grows(node: Sandbox) ->
     ]
 
 
-CONTEXTS = """
+CONTEXTS = (
+    CUDA_BINDINGS_OK
+    + """
 import ctypes
-from cuda.bindings import driver as d
-def ok(result):
-    err = result[0] if isinstance(result, tuple) else result
-    assert err == d.CUresult.CUDA_SUCCESS, err
-    return result[1:] if isinstance(result, tuple) else ()
 ok(d.cuInit(0))
 dev, = ok(d.cuDeviceGet(0))
 ok(d.cuDevicePrimaryCtxSetFlags(dev, 4))  # CU_CTX_SCHED_BLOCKING_SYNC
@@ -185,6 +181,7 @@ bus = bus.split(b"\\0")[0].decode()
 back = int(ok(d.cuDeviceGetByPCIBusId(bus.encode()))[0])
 print("pci", bus, back, int(d.cuDeviceGetByPCIBusId(b"0000:99:00.0")[0]))
 """
+)
 
 
 def test_context_flags_ids_and_pci_addresses_are_kept(node: Sandbox) -> None:
@@ -212,13 +209,10 @@ def test_context_flags_ids_and_pci_addresses_are_kept(node: Sandbox) -> None:
     ]
 
 
-WAIT = """
+WAIT = (
+    CUDA_BINDINGS_OK
+    + """
 import time
-from cuda.bindings import driver as d
-def ok(result):
-    err = result[0] if isinstance(result, tuple) else result
-    assert err == d.CUresult.CUDA_SUCCESS, err
-    return result[1:] if isinstance(result, tuple) else ()
 ok(d.cuInit(0))
 ctx0, = ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0))[0]))
 ctx1, = ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(1))[0]))
@@ -243,6 +237,7 @@ ok(d.cuEventRecord(end, s1))
 ok(d.cuEventSynchronize(end))
 print(f"{ok(d.cuEventElapsedTime(start, end))[0]:.3f} {gap:.3f}")
 """
+)
 
 
 def test_a_stream_waits_for_an_event_of_another_gpu(node: Sandbox) -> None:
