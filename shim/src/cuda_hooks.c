@@ -1670,22 +1670,6 @@ EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height,
     LAUNCH(cuLaunchGridAsync, f, s, 0, (f, grid_width, grid_height, s))
 }
 
-/* After a multi-device launch: the stack each stream's context settled on, counted. */
-static void multi_device_settle(const CUDA_LAUNCH_PARAMS *list, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++) {
-        CUcontext c, popped;
-        if (real_cuStreamGetCtx(list[i].hStream, &c) != CUDA_SUCCESS ||
-            real_cuCtxPushCurrent_v2(c) != CUDA_SUCCESS)
-            continue;
-        stack_settle();
-        real_cuCtxPopCurrent_v2(&popped);
-    }
-}
-
-/* Each kernel runs on its own device, on a stream of that device's context:
- * every one waits for and is charged to its device's slice, measured in its
- * stream's context (made current around the measuring calls). */
 EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
                                                      unsigned int numDevices, unsigned int flags)
 {
@@ -1697,47 +1681,42 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list,
     if (real_cuStreamGetCtx == NULL || real_cuCtxPushCurrent_v2 == NULL ||
         real_cuCtxPopCurrent_v2 == NULL)
         return CUDA_ERROR_NOT_SUPPORTED; /* cannot measure it: refuse, never run it unpaced */
-    /* Each kernel's stack in its stream's context, raised and counted first (stack_counted);
-     * what the driver settles on is counted after the launch. */
-    for (unsigned i = 0; i < numDevices; i++) {
-        CUcontext c, popped;
-        if (real_cuStreamGetCtx(list[i].hStream, &c) != CUDA_SUCCESS ||
-            real_cuCtxPushCurrent_v2(c) != CUDA_SUCCESS)
-            continue; /* the driver refuses this launch list too */
-        CUresult stack_rc = stack_raise(kernel_local_size(list[i].function));
-        real_cuCtxPopCurrent_v2(&popped);
-        if (stack_rc != CUDA_SUCCESS)
-            return stack_rc;
-    }
-    if (LIKELY(!G.launch_hooks)) {
-        CUresult rc = real_cuLaunchCooperativeKernelMultiDevice(list, numDevices, flags);
-        multi_device_settle(list, numDevices);
-        return rc;
-    }
+    int paced = G.launch_hooks;
     struct fracgpu_pace_token tok[FRACGPU_MAX_DEVICES];
     CUcontext ctx[FRACGPU_MAX_DEVICES];
+    /* Each kernel's stack, in its stream's context, raised and counted before anything
+     * waits (stack_counted). */
     for (unsigned i = 0; i < numDevices; i++) {
         tok[i].di = -1;
-        ctx[i] = NULL;
         CUcontext popped;
         if (real_cuStreamGetCtx(list[i].hStream, &ctx[i]) != CUDA_SUCCESS ||
             real_cuCtxPushCurrent_v2(ctx[i]) != CUDA_SUCCESS) {
             ctx[i] = NULL;
             continue; /* the driver refuses this launch list too */
         }
+        CUresult stack_rc = stack_raise(kernel_local_size(list[i].function));
+        real_cuCtxPopCurrent_v2(&popped);
+        if (stack_rc != CUDA_SUCCESS)
+            return stack_rc;
+    }
+    for (unsigned i = 0; paced && i < numDevices; i++) {
+        CUcontext popped;
+        if (ctx[i] == NULL || real_cuCtxPushCurrent_v2(ctx[i]) != CUDA_SUCCESS)
+            continue;
         int di = fracgpu_current_dev_index();
-        int bounded = fracgpu_priority_before(di);
-        fracgpu_pace_before(di, bounded, list[i].hStream, 0, &tok[i]);
+        fracgpu_pace_before(di, fracgpu_priority_before(di), list[i].hStream, 0, &tok[i]);
         real_cuCtxPopCurrent_v2(&popped);
     }
     CUresult rc = real_cuLaunchCooperativeKernelMultiDevice(list, numDevices, flags);
+    /* What each kernel was charged, and the stack its context settled on. */
     for (unsigned i = 0; i < numDevices; i++) {
         CUcontext popped;
         if (ctx[i] == NULL || real_cuCtxPushCurrent_v2(ctx[i]) != CUDA_SUCCESS)
             continue;
-        fracgpu_pace_after(list[i].hStream, 0, &tok[i], rc);
+        if (paced)
+            fracgpu_pace_after(list[i].hStream, 0, &tok[i], rc);
+        stack_settle();
         real_cuCtxPopCurrent_v2(&popped);
     }
-    multi_device_settle(list, numDevices);
     return rc;
 }
