@@ -17,6 +17,7 @@ from kubernetes import config as kube_config
 from agent.boards import BoardLoop, BoardPublisher, allocation_sources
 from agent.containers import LiveContainer, live_containers, live_keys
 from agent.containerstart import ContainerStarter
+from agent.context_probe import measure_node
 from agent.deviceplugin.plugin import DevicePlugin
 from agent.deviceplugin.server import PluginManager
 from agent.deviceplugin.state import DeviceState
@@ -27,8 +28,9 @@ from agent.health import HealthMonitor
 from agent.hostfiles import AllocationFiles, prepare_node_dir
 from agent.housekeeping import Housekeeper
 from agent.inventory import InventoryLoop, InventoryPublisher
+from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
 from agent.logs import setup_logging
-from agent.metrics import AgentCollector, build_registry
+from agent.metrics import AgentCollector, ContextOverheadCollector, build_registry
 from agent.nodepods import KubernetesNodePods
 from agent.nodesettings import follow_memory_scaling
 from agent.nvml_backend import NvmlError, PynvmlBackend
@@ -39,6 +41,7 @@ from agent.settings import AgentExit, AgentSettings, SettingsError, parse_settin
 from agent.shim_install import ShimInstallError, install_shim
 from agent.slice_audit import SliceAudit, SliceAuditLoop, SliceAuditSettings
 from fracgpu.codec import encode_device
+from fracgpu.model import GPUDevice
 
 log = logging.getLogger("agent")
 
@@ -131,6 +134,7 @@ class Agent:
             },
         )
         shim = install_shim(s.shim_source, s.host_lib_dir)
+        context_overhead, overhead_source = _context_overhead(s, backend, gpus.devices)
         state = DeviceState(gpus.devices, s.memory_scaling)
         health = HealthMonitor(
             backend,
@@ -162,7 +166,7 @@ class Agent:
             lookup_attempts=s.prestart_lookup_attempts,
             lookup_interval_seconds=s.prestart_lookup_interval_seconds,
             delivery=delivery,
-            context_overhead_bytes=s.context_overhead_bytes,
+            context_overhead_bytes=context_overhead,
         )
         plugins = [
             DevicePlugin(
@@ -202,7 +206,13 @@ class Agent:
         )
         audit = _slice_audit(s, backend, containers)
         http_server, http_thread = start_http_server(
-            s.metrics_port, s.metrics_address, registry=build_registry(collector, audit)
+            s.metrics_port,
+            s.metrics_address,
+            registry=build_registry(
+                collector,
+                audit,
+                ContextOverheadCollector(context_overhead, overhead_source, s.node_name),
+            ),
         )
         log.info("metrics serving", extra={"port": http_server.server_port})
         http_server.readiness = manager.readiness  # /readyz: registered with kubelet yet?
@@ -213,8 +223,8 @@ class Agent:
             health,
             manager,
             *([inventory] if inventory else []),
+            SliceAuditLoop(audit, s.slice_audit_seconds),
         ]
-        background.append(SliceAuditLoop(audit, s.slice_audit_seconds))
         for part in background:
             part.start()
         housekeeper = Housekeeper(files, s.stale_grace_seconds)
@@ -238,6 +248,35 @@ class Agent:
             http_thread.join(timeout=5)
             backend.shutdown()
             log.info("stopped")
+
+
+def _context_overhead(
+    s: AgentSettings, backend: PynvmlBackend, devices: Sequence[GPUDevice]
+) -> tuple[int, str]:
+    """The bytes each CUDA context counts, as set or (``auto``) measured now, and which."""
+    if s.context_overhead_bytes is not None:
+        log.info("CUDA context overhead set", extra={"bytes": s.context_overhead_bytes})
+        return s.context_overhead_bytes, "configured"
+    measured = measure_node(
+        [(d.uuid, d.model) for d in devices if d.shareable],
+        backend,
+        proc_dir=s.slice_audit_proc_dir,
+        limit_bytes=MAX_CONTEXT_OVERHEAD_BYTES,
+    )
+    for uuid, reason in measured.failures.items():
+        log.warning("CUDA context not measured", extra={"gpu": uuid, "error": reason})
+    if measured.by_model:
+        log.info(
+            "CUDA context overhead measured",
+            extra={"bytes": measured.bytes, "byModel": dict(measured.by_model)},
+        )
+        return measured.bytes, "measured"
+    if devices:
+        log.error(
+            "CUDA contexts are not counted in the slices: no GPU could be measured (see the "
+            "warnings above); set --context-overhead-bytes to what one context takes"
+        )
+    return 0, "unmeasured"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

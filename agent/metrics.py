@@ -335,6 +335,26 @@ def _slices(limits: Limits | None) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+class ContextOverheadCollector(Collector):
+    """What each CUDA context counts against its slice, and how that figure came about."""
+
+    def __init__(self, overhead_bytes: int, source: str, node_name: str) -> None:
+        self._bytes = overhead_bytes
+        self._source = source  # configured, measured or unmeasured
+        self._node = node_name
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "fracgpu_context_overhead_bytes",
+            "GPU memory each CUDA context of a container counts against its slice; source: "
+            "configured (--context-overhead-bytes), measured at start-up, or unmeasured "
+            "(auto, and no GPU could be measured: contexts are not counted)",
+            labels=["node", "source"],
+        )
+        gauge.add_metric([self._node, self._source], self._bytes)
+        yield gauge
+
+
 def build_registry(collector: AgentCollector, *more: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)

@@ -14,9 +14,10 @@ from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
 from agent.slice_audit import DEFAULT_TOLERANCE_BYTES, MAX_TOLERANCE_BYTES, SliceAuditSettings
 from fracgpu import __version__
 from fracgpu.names import MAX_MEMORY_SCALING, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
-from fracgpu.shim_abi import DEFAULT_CONTEXT_OVERHEAD_BYTES
 
 ENV_PREFIX = "FRACGPU_AGENT_"
+# --context-overhead-bytes: measure what a context takes at start-up.
+_AUTO = "auto"
 
 # XIDs caused by the application, not the GPU (illegal address, ECC page retirement
 # notices handled by the driver, ...): the GPU stays healthy. Every other XID received
@@ -39,8 +40,9 @@ class AgentSettings:
     # Memory advertised = physical x this; the GPUNode's spec.memoryScaling overrides it.
     memory_scaling: float = 1.0
     # Device memory each CUDA context of a container counts against its slice (the
-    # driver's own use); 0: contexts are not counted (the slice audit still sees them).
-    context_overhead_bytes: int = DEFAULT_CONTEXT_OVERHEAD_BYTES
+    # driver's own use); None: measured at start-up (``auto``, agent/context_probe.py);
+    # 0: contexts are not counted (the slice audit still sees them).
+    context_overhead_bytes: int | None = None
     # host side: where the shim library and per-container files live
     host_lib_dir: Path = Path("/var/lib/fracgpu/lib")
     host_state_dir: Path = Path("/var/lib/fracgpu/containers")
@@ -251,11 +253,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--context-overhead-bytes",
-        type=int,
-        default=d.context_overhead_bytes,
+        default=_AUTO if d.context_overhead_bytes is None else str(d.context_overhead_bytes),
         help="GPU memory each CUDA context of a container counts against its slice (the "
         "driver's own memory for the context: every process's primary context and each one "
-        f"it creates), 0 to {MAX_CONTEXT_OVERHEAD_BYTES}; 0 counts none",
+        f"it creates): auto (measured at start-up on one GPU of each model; the default) or "
+        f"0 to {MAX_CONTEXT_OVERHEAD_BYTES} bytes; 0 counts none",
     )
     p.add_argument(
         "--slice-audit-tolerance-bytes",
@@ -298,6 +300,22 @@ def _env_defaults(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> li
     return args
 
 
+def _context_overhead(raw: str) -> int | None:
+    """``auto`` (None: measured at start-up) or a byte count within the shim's bound."""
+    if raw.strip().lower() == _AUTO:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_CONTEXT_OVERHEAD_BYTES:
+        raise SettingsError(
+            f"--context-overhead-bytes must be auto or 0 to {MAX_CONTEXT_OVERHEAD_BYTES} "
+            f"(bytes per CUDA context), not {raw}"
+        )
+    return value
+
+
 def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> AgentSettings:
     """Build the settings from command-line flags and the environment; reject bad values."""
     env = os.environ if env is None else env
@@ -337,11 +355,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
             "--slice-audit-kill needs the host's PID namespace: run the agent with hostPID "
             f"and --slice-audit-proc-dir=/proc (not {ns.slice_audit_proc_dir})"
         )
-    if not 0 <= ns.context_overhead_bytes <= MAX_CONTEXT_OVERHEAD_BYTES:
-        raise SettingsError(
-            f"--context-overhead-bytes must be 0 to {MAX_CONTEXT_OVERHEAD_BYTES} "
-            f"(bytes per CUDA context), not {ns.context_overhead_bytes}"
-        )
+    context_overhead_bytes = _context_overhead(str(ns.context_overhead_bytes))
     try:  # the audit's own settings say what is allowed
         SliceAuditSettings(tolerance_bytes=ns.slice_audit_tolerance_bytes)
     except ValueError as error:
@@ -412,5 +426,5 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         slice_audit_kill=slice_audit_kill,
         slice_audit_tolerance_bytes=ns.slice_audit_tolerance_bytes,
         slice_audit_proc_dir=ns.slice_audit_proc_dir,
-        context_overhead_bytes=ns.context_overhead_bytes,
+        context_overhead_bytes=context_overhead_bytes,
     )

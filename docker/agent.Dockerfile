@@ -25,8 +25,9 @@ FROM python:3.11-slim-bookworm
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-compile /wheels/*.whl && rm -rf /wheels
 COPY --from=shim /src/shim/build/libfracgpu.so /usr/local/fracgpu/lib/libfracgpu.so
-# NVML (libnvidia-ml.so.1) is not in the image: the NVIDIA container runtime mounts the
-# node driver's copy (NVIDIA_DRIVER_CAPABILITIES=utility, set by the chart).
+# The driver (libnvidia-ml.so.1, libcuda.so.1) is not in the image: the NVIDIA container
+# runtime mounts the node driver's copy (NVIDIA_DRIVER_CAPABILITIES=compute,utility, set
+# by the chart).
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 EXPOSE 9400
 ENTRYPOINT ["fracgpu-agent"]

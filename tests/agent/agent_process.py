@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ class AgentProcess:
             "--health-probe-seconds=0.1",
             "--xid-recovery-seconds=1",
             "--log-level=DEBUG",
+            # Not measured unless a test asks (auto): the double's contexts take nothing.
+            "--context-overhead-bytes=0",
             *extra,
         ]
         if not publish_inventory:
@@ -88,6 +91,10 @@ class AgentProcess:
     def metrics_port(self) -> int:
         return int(self.wait_log("metrics serving")["port"])
 
+    def scrape(self) -> dict[str, float]:
+        """The agent's /metrics now, one value per series (name with its labels)."""
+        return scrape(self.metrics_port())
+
     def stop(self, timeout: float = 20.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -101,6 +108,18 @@ class AgentProcess:
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         return code
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Prometheus text from 127.0.0.1:``port``, one value per series."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            samples[series] = float(value)
+    return samples
 
 
 def write_unused_kubeconfig(path: Path) -> Path:

@@ -19,7 +19,6 @@ import os
 import queue
 import subprocess
 import threading
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from agent.hostfiles import AllocationFiles, allocation_key
 from fracgpu import codec, names
 from fracgpu.model import Assignment
 from fracgpu.shim_abi import RegionDevice, decode_limits, decode_region
-from tests.agent.agent_process import AgentProcess
+from tests.agent.agent_process import AgentProcess, scrape
 from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import SHIM_BUILD, NvmlDouble, ensure_shim_built
 from tests.agent.test_node_e2e import agent_rbac  # noqa: F401 (fixture)
@@ -127,17 +126,6 @@ def file_state(path: Path) -> FileState:
 def region_device(path: Path) -> RegionDevice:
     (device,) = decode_region(path.read_bytes()).devices
     return device
-
-
-def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            samples[series] = float(value)
-    return samples
 
 
 def container_series(name: str, started: Started) -> str:

@@ -114,7 +114,13 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
     node = f"agent-node-{uuid.uuid4().hex[:6]}"
     double = NvmlDouble(short_dir)
     double.configure(
-        device_count=2, device__0__memory_bytes=24 * GIB, device__1__memory_bytes=24 * GIB
+        device_count=2,
+        device__0__memory_bytes=24 * GIB,
+        device__1__memory_bytes=24 * GIB,
+        # a CUDA context takes 256 MiB, which the agent measures at start-up (shared state:
+        # its probe's libcuda and its own NVML see the same simulated hardware)
+        state_file=str(short_dir / "gpu.state"),
+        context_bytes=256 << 20,
     )
     create_node(kube_client, node, extended=gpu_allocatable(2, 24576))
     kubelet = TestKubelet(short_dir / "dp", short_dir / "pr.sock")
@@ -126,8 +132,8 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         # the agent's own identity, limited to the chart's RBAC for it
         kubeconfig=control_plane.kubeconfig("agent"),
         publish_inventory=True,
-        # every CUDA context of its containers counts 256 MiB against the slice
-        extra=(f"--context-overhead-bytes={256 << 20}",),
+        # every CUDA context of its containers counts what one took at start-up
+        extra=("--context-overhead-bytes=auto",),
     )
     custom = kubernetes.client.CustomObjectsApi(kube_client)
     core = kubernetes.client.CoreV1Api(kube_client)
@@ -222,6 +228,8 @@ def test_agent_publishes_webhook_places_kubelet_starts_limits_match(
         assert not written.compute_limit_enabled and not written.whole
         assert written.memory_host_fallback  # 32 GiB on a 24 GiB GPU: the rest from the host
         assert written.context_overhead_bytes == 256 << 20
+        series = f'fracgpu_context_overhead_bytes{{node="{node}",source="measured"}}'
+        assert agent.scrape()[series] == 256 << 20
         assert (agent.node_dir.stat().st_mode & 0o7777) == 0o755  # the boards: the agent's only
 
         # A GPU that stops answering NVML is published unhealthy, and healthy once it answers.

@@ -44,8 +44,12 @@ def test_environment_sets_and_flags_win() -> None:
             ["--node-name=n", "--memory-resource=tencent.com/vcuda-core"],
             "must differ",
         ),
-        (["--node-name=n", "--context-overhead-bytes=-1"], "must be 0 to 4294967296"),
-        (["--node-name=n", "--context-overhead-bytes=4294967297"], "must be 0 to 4294967296"),
+        (["--node-name=n", "--context-overhead-bytes=-1"], "must be auto or 0 to 4294967296"),
+        (["--node-name=n", "--context-overhead-bytes=4294967297"], "must be auto or 0 to"),
+        (
+            ["--node-name=n", "--context-overhead-bytes=300Mi"],
+            "(bytes per CUDA context), not 300Mi",
+        ),
     ],
 )
 def test_bad_values_say_what_is_allowed(args: list[str], message: str) -> None:
@@ -82,7 +86,16 @@ def test_every_flag_is_documented() -> None:
     assert not missing, f"docs/agent.md does not list {missing}"
 
 
-def test_context_overhead_is_read_from_the_environment_and_defaults_to_none() -> None:
-    assert parse_settings(["--node-name=n"], env={}).context_overhead_bytes == 0
+def test_context_overhead_is_read_from_the_environment_and_is_measured_by_default() -> None:
+    # None: measured at start-up (agent/context_probe.py)
+    assert parse_settings(["--node-name=n"], env={}).context_overhead_bytes is None
     env = {"FRACGPU_AGENT_CONTEXT_OVERHEAD_BYTES": str(512 << 20)}
     assert parse_settings(["--node-name=n"], env=env).context_overhead_bytes == 512 << 20
+    assert (
+        parse_settings(
+            ["--node-name=n", "--context-overhead-bytes=0"], env=env
+        ).context_overhead_bytes
+        == 0
+    )
+    env = {"FRACGPU_AGENT_CONTEXT_OVERHEAD_BYTES": "Auto"}
+    assert parse_settings(["--node-name=n"], env=env).context_overhead_bytes is None

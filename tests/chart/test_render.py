@@ -324,8 +324,9 @@ def test_the_gpu_node_taint_reaches_the_webhook(rendered: dict[str, Rendered]) -
 
 
 def test_the_context_overhead_reaches_the_agent(rendered: dict[str, Rendered]) -> None:
-    """agent.contextOverheadBytes: 0 by default (contexts not counted), else the bytes."""
-    for profile, overhead in (("default", 0), ("context-overhead", 512 << 20)):
+    """agent.contextOverheadBytes: auto by default (None: the agent measures it), else the
+    bytes."""
+    for profile, overhead in (("default", None), ("context-overhead", 512 << 20)):
         env = _env(
             _container(rendered[profile].one("DaemonSet"), "agent"), {"spec.nodeName": "gpu-1"}
         )

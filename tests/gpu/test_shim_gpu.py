@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 from agent.boards import BoardLoop, BoardPublisher
+from agent.context_probe import measure_gpu
+from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
+from agent.nvml_backend import PynvmlBackend
 from fracgpu import shim_abi
 
 from .container import Container, GiB, Gpu, MiB, finished_json
@@ -330,6 +333,17 @@ def test_a_cuda_context_takes_device_memory_outside_any_allocation(box: Containe
     used = {int(p): int(m) for p, m in (line.split(",") for line in apps.splitlines() if line)}
     print(f"one primary context: {used.get(pid)} MiB (nvidia-smi, pid {pid})")
     assert used.get(pid, 0) > 0, apps
+
+
+def test_the_agent_measures_a_context_as_nvidia_smi_shows_it(gpu: Gpu) -> None:
+    """--context-overhead-bytes=auto on the real driver: NVML's count for the probe's PID."""
+    backend = PynvmlBackend()
+    try:
+        measured = measure_gpu(gpu.uuid, backend)
+    finally:
+        backend.shutdown()
+    print(f"the agent's measurement of one context: {measured / MiB:.0f} MiB")
+    assert 0 < measured <= MAX_CONTEXT_OVERHEAD_BYTES
 
 
 # The device runtime's launch pool, sized by cuCtxSetLimit(PENDING_LAUNCH_COUNT), is device

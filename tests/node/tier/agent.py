@@ -52,6 +52,8 @@ class Agent:
             "--kubelet-poll-seconds=0.5",
             "--inventory-resync-seconds=5",
             "--log-level=DEBUG",
+            # The double's contexts take nothing: a measurement (auto) would find no figure.
+            "--context-overhead-bytes=0",
         ]
         self.process = ManagedProcess(
             "fracgpu-agent",
