@@ -273,8 +273,11 @@ def _context_overhead(
         return measured.bytes, "measured"
     if devices:
         log.error(
-            "CUDA contexts are not counted in the slices: no GPU could be measured (see the "
-            "warnings above); set --context-overhead-bytes to what one context takes"
+            "CUDA contexts not counted",
+            extra={
+                "reason": "no GPU could be measured (see the warnings above): contexts take "
+                "memory outside the slices; set --context-overhead-bytes to what one takes"
+            },
         )
     return 0, "unmeasured"
 

@@ -9,9 +9,12 @@ count, which nothing in a container can change) says what that PID holds. One GP
 model is measured (another of the same model if one refuses, e.g. a GPU in exclusive
 compute mode that a workload holds); the node uses the largest figure.
 
-NVML reports host PIDs. The child's host PID is its own where the agent shares the host's
-PID namespace; otherwise it is found in the host's /proc (``proc_dir``, as the slice audit
-reads it) as the process whose innermost PID (``NSpid``) and start time match the child's.
+NVML reports host PIDs. The child's host PID is found in the host's /proc (``proc_dir``, as
+the slice audit reads it; the agent's own /proc with hostPID) as the one process whose
+innermost PID (``NSpid``) and start time match the child's. A workload could start a
+process with the same number in its own PID namespace in the same clock tick; then the
+match is not unique and that GPU is not measured, rather than measured from a process the
+workload controls.
 """
 
 import logging
@@ -103,13 +106,19 @@ def measure_gpu(
         if line != "ready":
             reason = line.removeprefix("error: ") if line else "it exited without a word"
             raise ProbeError(f"the context probe on {uuid} failed: {reason}")
-        host_pid = host_pid_of(proc_dir, child.pid)
-        if host_pid is None:
+        found = host_pids_of(proc_dir, child.pid)
+        if not found:
             raise ProbeError(
                 f"the context probe's PID {child.pid} is not in {proc_dir}: run the agent with "
                 "hostPID or give it the host's /proc (--slice-audit-proc-dir)"
             )
-        return _listed_bytes(processes, uuid, host_pid)
+        if len(found) > 1:
+            # A process elsewhere posing as the probe would set the figure: measure another.
+            raise ProbeError(
+                f"the context probe's PID {child.pid} matches host PIDs {sorted(found)}: "
+                "another process has its number and start time"
+            )
+        return _listed_bytes(processes, uuid, found[0])
     finally:
         _finish(child)
 
@@ -164,24 +173,23 @@ def _finish(child: subprocess.Popen[bytes]) -> None:
             child.stdout.close()
 
 
-def host_pid_of(proc_dir: Path, pid: int) -> int | None:
-    """The PID in ``proc_dir``'s namespace of this namespace's process ``pid``: the entry
-    whose innermost PID is ``pid`` and whose start time is that process's."""
+def host_pids_of(proc_dir: Path, pid: int) -> list[int]:
+    """The PIDs in ``proc_dir``'s namespace that may be this namespace's process ``pid``:
+    entries whose innermost PID is ``pid`` and whose start time is that process's. More
+    than one means another namespace has a process of that number started in the same
+    clock tick, and the caller must not guess."""
     started = _start_time(Path("/proc") / str(pid))
     if started is None:
-        return None
-    same = proc_dir / str(pid)
-    if _innermost_pid(same) == pid and _start_time(same) == started:
-        return pid
+        return []
     try:
         entries = [e.name for e in os.scandir(proc_dir) if e.name.isdigit()]
     except OSError:
-        return None
-    for name in entries:
-        entry = proc_dir / name
-        if _innermost_pid(entry) == pid and _start_time(entry) == started:
-            return int(name)
-    return None
+        return []
+    return [
+        int(name)
+        for name in entries
+        if _innermost_pid(proc_dir / name) == pid and _start_time(proc_dir / name) == started
+    ]
 
 
 def _read_small(path: Path) -> str | None:

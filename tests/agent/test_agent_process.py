@@ -106,6 +106,30 @@ def test_agent_exports_metrics(agent: AgentProcess, kubelet: TestKubelet) -> Non
     assert float(line.rsplit(" ", 1)[1]) == pytest.approx(0.12)
 
 
+def test_an_agent_that_cannot_measure_a_context_says_why_and_counts_none(
+    short_dir: Path, double: NvmlDouble, kubelet: TestKubelet
+) -> None:
+    # The double's contexts take no memory (no context_bytes): NVML has nothing to report.
+    process = AgentProcess(
+        node="node-a",
+        directory=short_dir,
+        double=double,
+        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
+        publish_inventory=False,
+        extra=("--context-overhead-bytes=auto",),
+    )
+    try:
+        warning = process.wait_log("CUDA context not measured")
+        assert warning["gpu"] in (UUID0, UUID1)
+        assert "NVML lists no memory for the context probe" in warning["error"]
+        error = process.wait_log("CUDA contexts not counted")
+        assert error["level"] == "error" and "--context-overhead-bytes" in error["reason"]
+        samples = process.scrape()
+        assert samples['fracgpu_context_overhead_bytes{node="node-a",source="unmeasured"}'] == 0
+    finally:
+        process.stop()
+
+
 def test_agent_stops_cleanly_and_removes_its_sockets(
     agent: AgentProcess, kubelet: TestKubelet
 ) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.context_probe import ProbeError, host_pid_of, measure_gpu, measure_node
+from agent.context_probe import ProbeError, host_pids_of, measure_gpu, measure_node
 from agent.nvml_backend import PynvmlBackend
 from tests.agent.nvml_double import NvmlDouble, double_in_this_process
 
@@ -116,14 +116,33 @@ def _fake_entry(proc: Path, pid: int, stat: str, nspid: str) -> None:
 def test_the_host_pid_is_the_entry_with_the_same_inner_pid_and_start_time(tmp_path: Path) -> None:
     pid = os.getpid()
     stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat.rsplit(")", 1)
-    other_start = fields[1].split()
-    other_start[19] = str(int(other_start[19]) + 1)
-    restarted = f"{fields[0]}) {' '.join(other_start)}\n"
+    name, rest = stat.rsplit(")", 1)
+    fields = rest.split()
+    fields[19] = str(int(fields[19]) + 1)
+    restarted = f"{name}) {' '.join(fields)}\n"
     _fake_entry(tmp_path, 9001, restarted, f"9001\t{pid}")  # same inner PID, later start
     _fake_entry(tmp_path, 9002, stat, f"9002\t{pid + 1}")  # same start, another process
     _fake_entry(tmp_path, 9003, stat, f"9003\t{pid}")  # this process, seen from the host
-    assert host_pid_of(tmp_path, pid) == 9003
-    assert host_pid_of(Path("/proc"), pid) == pid  # the same namespace
+    assert host_pids_of(tmp_path, pid) == [9003]
+    assert host_pids_of(Path("/proc"), pid) == [pid]  # the same namespace (hostPID)
     (tmp_path / "9003" / "status").write_text("Name:\tpython\n")  # no NSpid: not matched
-    assert host_pid_of(tmp_path, pid) is None
+    assert host_pids_of(tmp_path, pid) == []
+
+
+def test_a_workload_process_posing_as_the_probe_stops_the_measurement(
+    backend: PynvmlBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack: a process in another PID namespace with the probe's number, started in the
+    same clock tick, so that the figure would be read from a process the workload controls
+    (a tiny one counts contexts as nothing). Two candidates: the GPU is not measured."""
+    real = host_pids_of
+
+    def with_a_twin(proc_dir: Path, pid: int) -> list[int]:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        for host_pid in (7001, 7002):  # the probe and its twin, as a host /proc shows them
+            _fake_entry(proc_dir, host_pid, stat, f"{host_pid}\t{pid}")
+        return real(proc_dir, pid)
+
+    monkeypatch.setattr("agent.context_probe.host_pids_of", with_a_twin)
+    with pytest.raises(ProbeError, match=r"matches host PIDs \[7001, 7002\]"):
+        measure_gpu(GPU_A, backend, proc_dir=tmp_path)
