@@ -68,6 +68,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     "node-defaults": {"values": {"webhook": {"memoryScaling": 2.5, "disableCoreLimit": True}}},
     "other-release": {"name": "gpu", "namespace": "gpu-platform"},
     "queue": {"values": {"webhook": {"queue": {"enabled": True}}}},
+    "host-dirs": {
+        "values": {"agent": {"kubeletRootDir": "/var/lib/k0s/kubelet", "hostDir": "/opt/fracgpu"}}
+    },
 }
 
 
@@ -321,6 +324,35 @@ def test_the_gpu_node_taint_reaches_the_webhook(rendered: dict[str, Rendered]) -
         deployment = rendered[profile].one("Deployment", "fracgpu-webhook")
         env = _env(_container(deployment, "webhook"), {"metadata.name": "w"})
         assert webhook_settings.load(None, env).gpu_node_taint == key
+
+
+def test_the_webhook_protects_the_directories_the_agent_uses(
+    rendered: dict[str, Rendered],
+) -> None:
+    """agent.kubeletRootDir and agent.hostDir move the agent's sockets and files; the webhook
+    must refuse hostPath mounts of wherever they are (an unprotected copy would let a pod
+    rewrite a neighbour's limits file or talk to kubelet)."""
+    for profile, kubelet in (
+        ("default", "/var/lib/kubelet"),
+        ("host-dirs", "/var/lib/k0s/kubelet"),
+    ):
+        agent_env = _env(
+            _container(rendered[profile].one("DaemonSet"), "agent"), {"spec.nodeName": "n"}
+        )
+        agent = parse_settings([], agent_env)
+        deployment = rendered[profile].one("Deployment", "fracgpu-webhook")
+        env = _env(_container(deployment, "webhook"), {"metadata.name": "w"})
+        protected = webhook_settings.load(None, env).protected_host_paths
+        used = (
+            agent.device_plugin_dir,
+            agent.pod_resources_socket,
+            agent.host_lib_dir,
+            agent.host_state_dir,
+            agent.host_node_dir,
+        )
+        for path in used:
+            assert any(path.is_relative_to(p) for p in protected), (profile, path, protected)
+        assert agent.device_plugin_dir == Path(kubelet, "device-plugins")
 
 
 def test_the_context_overhead_reaches_the_agent(rendered: dict[str, Rendered]) -> None:
