@@ -11,6 +11,7 @@ Dialects (resource names configurable through ``ResourceNames``):
 Kubernetes does not overcommit extended resources, so a request must equal its limit.
 """
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -34,6 +35,26 @@ MAX_GPUS_PER_CONTAINER: Final = 64
 MAX_MEMORY_MIB: Final = 16 * 1024 * 1024
 
 SHARE_RULE: Final = "use 1-99 for a share of one GPU or a multiple of 100 for whole GPUs"
+
+
+# Resource names that look like a dialect's GPU resources, by domain: the name, without
+# '-', '_' and '.', starts with one of these (fracgpu.io: every name). A key of this shape
+# that is not configured is refused (``ResourceNames.near_miss``). Other plugins' names
+# do not match: NVIDIA's (nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb), Alibaba cGPU's
+# (aliyun.com/gpu-core.percentage).
+GPU_LOOKALIKES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "tencent.com": ("vcuda",),
+        "nvidia.com": ("gpumem", "gpucore"),
+        "aliyun.com": ("gpumem", "gpucount"),
+        "fracgpu.io": ("",),
+    }
+)
+
+
+# The longest resource name Kubernetes allows (a 253-character prefix, '/', 63 characters);
+# longer keys are compared and quoted only this far.
+_SHOWN_KEY_CHARS: Final = 317
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,26 @@ class ResourceNames:
     def all(self) -> frozenset[str]:
         """The names that ask for GPUs."""
         return self._all
+
+    def near_miss(self, key: str) -> str | None:
+        """The configured name ``key`` was probably meant to be, when ``key`` is not one but
+        looks like a GPU resource of some dialect (``GPU_LOOKALIKES``): a misspelling, or a
+        dialect's stock name in a cluster that renamed it. Such a pod would otherwise be
+        admitted as asking for no GPU and never scheduled. None for every other key."""
+        if "/" not in key or key in self._everything:
+            return None
+        domain, _, rest = key.partition("/")
+        prefixes = GPU_LOOKALIKES.get(domain.lower())
+        if prefixes is None:
+            return None
+        bare = rest.lower().replace("-", "").replace("_", "").replace(".", "")
+        if not bare.startswith(prefixes):
+            return None
+        # The key is the tenant's: compare (quadratic in length) only a bounded prefix.
+        close = difflib.get_close_matches(
+            key[:_SHOWN_KEY_CHARS], sorted(self._everything), n=1, cutoff=0.0
+        )
+        return close[0] if close else min(self._everything)
 
     def everything(self) -> frozenset[str]:
         """Every configured name: the GPU ones and the priority; fracgpu rewrites them all."""
@@ -181,6 +222,7 @@ def parse_container(
     name = _container_name(container)
     limits, requests = _resource_maps(name, container)
     rn = config.names
+    _refuse_near_misses(name, limits, requests, rn)
     counts = _checked_counts(name, limits, requests, rn.all())
     if not counts:
         return None
@@ -207,6 +249,28 @@ def parse_container(
     if request is None or priority is None:
         return request
     return replace(request, priority=priority)
+
+
+def _refuse_near_misses(
+    name: str, limits: Mapping[str, object], requests: Mapping[str, object], rn: ResourceNames
+) -> None:
+    for where, resources in (("limits", limits), ("requests", requests)):
+        for key in resources:
+            meant = rn.near_miss(key)
+            if meant is not None:
+                shown = _shown(key)
+                raise RequestError(
+                    name,
+                    f"{where}[{shown}]",
+                    _shown(str(resources[key])),
+                    f"{shown} is not a GPU resource of this cluster (did you mean {meant}?); "
+                    f"its GPU resources are {', '.join(sorted(rn.everything()))}",
+                )
+
+
+def _shown(text: str) -> str:
+    """A tenant's string as a message quotes it: at most ``_SHOWN_KEY_CHARS``."""
+    return text if len(text) <= _SHOWN_KEY_CHARS else text[:_SHOWN_KEY_CHARS] + "..."
 
 
 # HAMi's priority limit: 0 = high, 1 = low.

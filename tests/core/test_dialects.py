@@ -222,7 +222,9 @@ def test_gpushare_unit_can_be_mib() -> None:
 
 def test_resource_names_are_configurable() -> None:
     config = DialectConfig(names=ResourceNames(vcuda_core="example.com/core"))
-    assert parse_container(container({"tencent.com/vcuda-core": "30"}), config) is None
+    # The stock name is not this cluster's any more: refused, not taken for "no GPU".
+    with pytest.raises(RequestError, match=r"example\.com/core"):
+        parse_container(container({"tencent.com/vcuda-core": "30"}), config)
     request = parse_container(container({"example.com/core": "30"}), config)
     assert request is not None and request.cores == 30
 
@@ -336,3 +338,67 @@ def test_bad_pod_core_limits_are_refused(value: str, message: str) -> None:
     with pytest.raises(FracgpuError) as info:
         with_pod_core_limit((_tk("a", 20),), {"tencent.com/vcuda-core-limit": value}, CONFIG)
     assert message in str(info.value)
+
+
+# The HAMi profile's names (charts/fracgpu/values-hami.yaml): TKEStack units renamed.
+RENAMED = DialectConfig(
+    names=ResourceNames(
+        vcuda_core="fracgpu.io/vcuda-core",
+        vcuda_memory="fracgpu.io/vcuda-memory",
+        vcuda_core_limit="fracgpu.io/vcuda-core-limit",
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "meant"),
+    [
+        # misspellings that would be admitted as "no GPU" and then never be scheduled
+        (CONFIG, "tencent.com/vcuda-cores", "tencent.com/vcuda-core"),
+        (CONFIG, "tencent.com/vcuda-mem", "tencent.com/vcuda-memory"),
+        (CONFIG, "nvidia.com/gpu-mem", "nvidia.com/gpumem"),
+        (CONFIG, "nvidia.com/gpucore", "nvidia.com/gpucores"),
+        (CONFIG, "aliyun.com/gpu-memory", "aliyun.com/gpu-mem"),
+        (CONFIG, "fracgpu.io/vcuda-core", "tencent.com/vcuda-core"),
+        # a dialect's stock names where the cluster renamed them (the HAMi profile)
+        (RENAMED, "tencent.com/vcuda-core", "fracgpu.io/vcuda-core"),
+        (RENAMED, "tencent.com/vcuda-memory", "fracgpu.io/vcuda-memory"),
+    ],
+)
+def test_a_lookalike_of_a_gpu_resource_is_refused_with_the_name_meant(
+    config: DialectConfig, key: str, meant: str
+) -> None:
+    with pytest.raises(RequestError) as error:
+        parse_container(container({key: "1"}), config)
+    message = str(error.value)
+    assert f"limits[{key}]=1" in message and f"(did you mean {meant}?)" in message
+    assert config.names.vcuda_core in message  # the cluster's own names are listed
+    # The same key asked only under requests is refused the same way.
+    with pytest.raises(RequestError, match=rf"requests\[{key}\]"):
+        parse_container({"name": "c", "resources": {"requests": {key: "1"}}}, config)
+
+
+def test_a_huge_lookalike_key_is_quoted_and_compared_only_in_part() -> None:
+    """The attack: one key of a megabyte, compared character by character against every
+    name (quadratic) and echoed whole in the denial."""
+    key = "tencent.com/vcuda-" + "x" * (1 << 20)
+    with pytest.raises(RequestError) as error:
+        parse_container(container({key: "1"}), CONFIG)
+    assert len(str(error.value)) < 1500
+    assert "(did you mean tencent.com/vcuda-" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "nvidia.com/gpu.shared",  # NVIDIA's time-slicing plugin, renamed resource
+        "nvidia.com/mig-1g.10gb",
+        "aliyun.com/gpu-core.percentage",  # Alibaba cGPU
+        "example.com/vcuda-core",
+        "hugepages-2Mi",
+        "ephemeral-storage",
+    ],
+)
+def test_other_plugins_resources_are_left_alone(key: str) -> None:
+    assert parse_container(container({key: "1", "cpu": "1"}), CONFIG) is None
+    assert parse_container(container({key: "1"}), RENAMED) is None
