@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.containers import LiveContainer
 from agent.discovery import discover
-from agent.metrics import AgentCollector, build_registry
+from agent.metrics import AgentCollector, ContextOverheadCollector, build_registry
 from agent.nvml_backend import PynvmlBackend
 from fracgpu.shim_abi import DeviceLimits, Limits
 from tests.agent.nvml_double import (
@@ -113,7 +113,9 @@ def backend(double: NvmlDouble) -> Iterator[PynvmlBackend]:
     nvml.shutdown()
 
 
-def _scrape_agent(backend: PynvmlBackend, health: dict[str, bool]) -> str:
+def _scrape_agent(
+    backend: PynvmlBackend, health: dict[str, bool], context_source: str = "measured"
+) -> str:
     """GET /metrics from the agent's HTTP exporter, as Prometheus would."""
     found = discover(backend)
     limits = Limits((DeviceLimits(UUID0, 4 * GIB, 30),), namespace="team-a", pod="train")
@@ -125,7 +127,10 @@ def _scrape_agent(backend: PynvmlBackend, health: dict[str, bool]) -> str:
         lambda: containers,
         node_name="gpu-node-1",
     )
-    server, thread = start_http_server(0, "127.0.0.1", registry=build_registry(collector))
+    overhead = 0 if context_source == "unmeasured" else 300 << 20
+    contexts = ContextOverheadCollector(overhead, context_source, "gpu-node-1")
+    registry = build_registry(collector, contexts)
+    server, thread = start_http_server(0, "127.0.0.1", registry=registry)
     try:
         url = f"http://127.0.0.1:{server.server_port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -217,6 +222,7 @@ async def test_alerts_on_series_the_exporters_produce(
     webhook = parse(await _scrape_webhook(tmp_path / "tls"))
     agent = parse(_scrape_agent(backend, {UUID0: True, UUID1: True}))
     sick_agent = parse(_scrape_agent(backend, {UUID0: True, UUID1: False}))
+    blind_agent = parse(_scrape_agent(backend, {UUID0: True, UUID1: True}, "unmeasured"))
     # The series the rules key on are really there (else the scenarios prove nothing).
     names = {s.name for s in webhook + agent}
     assert {"fracgpu_webhook_placing", "fracgpu_agent_scrape_errors"} <= names
@@ -271,6 +277,24 @@ async def test_alerts_on_series_the_exporters_produce(
             "input_series": cluster(agent_down=60),
             "alert_rule_test": _none_fire(
                 "90m", but={"FracgpuAgentDown": [{"exp_labels": agent_labels}]}
+            ),
+        },
+        {  # the agent measured no CUDA context at start-up: contexts escape the slices
+            "interval": "1m",
+            "input_series": cluster(agent_series=blind_agent),
+            "alert_rule_test": _none_fire(
+                "30m",
+                but={
+                    "FracgpuContextsNotCounted": [
+                        {
+                            "exp_labels": {
+                                **agent_labels,
+                                "node": "gpu-node-1",
+                                "source": "unmeasured",
+                            }
+                        }
+                    ]
+                },
             ),
         },
         {  # the agent reports a GPU unhealthy: the alert names the GPU and its node

@@ -107,6 +107,14 @@ def test_alerts_cover_the_required_conditions() -> None:
         assert alert and expr.strip(), alert
 
 
+def test_every_alert_is_in_the_operators_table() -> None:
+    """docs/operations.md says what each alert means and where to look."""
+    table = (REPO / "docs" / "operations.md").read_text()
+    alerts = [alert for alert, _ in _rule_expressions() if alert]
+    assert len(alerts) >= 10
+    assert [a for a in alerts if f"`{a}`" not in table] == []
+
+
 def test_rules_are_well_formed() -> None:
     document = yaml.safe_load(RULES.read_text())
     for group in document["groups"]:
