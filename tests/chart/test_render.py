@@ -5,6 +5,7 @@ by each component's own settings loader, and the shared files are used as they a
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -324,6 +325,30 @@ def test_the_gpu_node_taint_reaches_the_webhook(rendered: dict[str, Rendered]) -
         deployment = rendered[profile].one("Deployment", "fracgpu-webhook")
         env = _env(_container(deployment, "webhook"), {"metadata.name": "w"})
         assert webhook_settings.load(None, env).gpu_node_taint == key
+
+
+# Webhook settings the default chart sets otherwise than the code's defaults, and why.
+DEPLOYMENT_SETTINGS = {
+    "tls_cert_file": "the certificate Secret's mount",
+    "tls_key_file": "the certificate Secret's mount",
+    "in_cluster": "the pod's service account",
+    "advertise_url": "the pod's IP, for the leader's peers",
+    "extender_port": "0: the scheduler extender serves only with webhook.queue.enabled",
+}
+
+
+def test_the_default_chart_keeps_the_webhooks_defaults(rendered: dict[str, Rendered]) -> None:
+    """A value the chart sets to something else than the webhook's own default would be a
+    second default, and docs/configuration.md describes the webhook's."""
+    deployment = rendered["default"].one("Deployment", "fracgpu-webhook")
+    chart = webhook_settings.load(
+        None, _env(_container(deployment, "webhook"), {"metadata.name": "w"})
+    )
+    code = webhook_settings.load(None, {"FRACGPU_IDENTITY": "w"})
+    differ = {
+        f.name for f in dataclasses.fields(chart) if getattr(chart, f.name) != getattr(code, f.name)
+    }
+    assert differ == set(DEPLOYMENT_SETTINGS)
 
 
 def test_the_webhook_protects_the_directories_the_agent_uses(
