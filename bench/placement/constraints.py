@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.placement.cli import DEFAULT_NODES, DEFAULT_PODS, default_path, parse_policies
 from bench.placement.replay import arrival_order, capacity_milli
+from bench.placement.report import text_table
 from bench.placement.trace import (
     MILLI_PER_GPU,
     TraceError,
@@ -213,13 +214,7 @@ def table(results: Sequence[ShapeResult]) -> str:
         )
         for r in results
     ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(header, rows)
 
 
 def churn_summary(results: Sequence[ShapeResult]) -> str:

@@ -121,6 +121,11 @@ def table(summaries: Sequence[PolicySummary]) -> str:
         )
         for s in summaries
     ]
+    return text_table(header, rows)
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart, a dashed rule under the header."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *rows]

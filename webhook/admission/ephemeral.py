@@ -32,20 +32,17 @@ def is_ephemeral_update(request: AdmissionRequest) -> bool:
 def mutate(request: AdmissionRequest) -> responses.Verdict:
     """``void`` on every ephemeral container the update adds; the patch is a diff."""
     assert request.obj is not None
-    added = _added(request.obj, request.old_obj)
-    findings = _tampering(added)
-    if findings:
-        return responses.denied(validate.tamper_message(findings, "this debug container"))
+    added, refused = _added_untampered(request)
+    if refused is not None:
+        return refused
     return responses.patched(_void_patch(request.obj, added))
 
 
 def validate_update(request: AdmissionRequest) -> responses.Verdict:
     """An added ephemeral container carries fracgpu's ``void`` and no other reserved variable."""
-    assert request.obj is not None
-    added = _added(request.obj, request.old_obj)
-    findings = _tampering(added)
-    if findings:
-        return responses.denied(validate.tamper_message(findings, "this debug container"))
+    added, refused = _added_untampered(request)
+    if refused is not None:
+        return refused
     unmutated = [c["name"] for c in added if _reserved(c).get(names.ENV_VISIBLE_DEVICES) is None]
     if unmutated:
         return responses.denied(
@@ -54,6 +51,19 @@ def validate_update(request: AdmissionRequest) -> responses.Verdict:
             "MutatingWebhookConfiguration names pods/ephemeralcontainers, then try again"
         )
     return responses.allowed()
+
+
+def _added_untampered(
+    request: AdmissionRequest,
+) -> tuple[list[dict[str, Any]], responses.Verdict | None]:
+    """The ephemeral containers the update adds, and the denial when one sets a reserved
+    variable (both webhooks refuse the same way)."""
+    assert request.obj is not None
+    added = _added(request.obj, request.old_obj)
+    findings = _tampering(added)
+    if findings:
+        return added, responses.denied(validate.tamper_message(findings, "this debug container"))
+    return added, None
 
 
 def _void_patch(obj: Mapping[str, Any], added: list[dict[str, Any]]) -> list[dict[str, Any]]:
