@@ -59,11 +59,10 @@ from webhook.cluster.selfcheck import LedgerSelfCheck
 from webhook.cluster.viewsync import ViewSync
 from webhook.cluster.watchcache import WatchCache, WatchSettings
 from webhook.cluster.writebehind import WriteBehind
-from webhook.rules import quota as quotalib
-from webhook.rules.capacity import capacity_problem
 from webhook.rules.tolerations import Taint
 from webhook.settings import Settings
 from webhook.state.backend import Claim, DriftCounts, ForwardToLeader, RejectKind, ReserveRejected
+from webhook.state.reservecheck import reserve_problem
 
 log = logging.getLogger(__name__)
 
@@ -256,27 +255,13 @@ class KubeState:
         queued = not held.node  # a queued pod's quota charge: no GPU held yet
         if not queued and self.gpunodes.get(held.node) is None:
             raise ReserveRejected(RejectKind.CAPACITY, f"node {held.node} has no GPUNode")
-        problem = (
-            ""
-            if queued
-            else capacity_problem(
-                self.sync.view(),
-                held.node,
-                held.allocations,
-                cpu_milli=claim.cpu_milli,
-                memory_mib=claim.memory_mib,
-                split_count=self.settings.split_count,
-            )
-        )
-        if problem:
-            raise ReserveRejected(RejectKind.CAPACITY, problem)
         quotas = await self.quotas(held.namespace)
-        # A queued pod being placed: its queued charge is given back as the real one is taken.
-        credit = (*claim.replaces, *claim.behind)
-        without = [quotalib.charge(q, credit, {}, -1) for q in quotas]
-        over = quotalib.check(without, held.allocations, claim.models)
-        if over is not None:
-            raise ReserveRejected(RejectKind.QUOTA, over.message)
+        # No await from here until the claim is held: nothing else can take its room.
+        rejected = reserve_problem(
+            self.sync.view(), claim, quotas, claim.models, split_count=self.settings.split_count
+        )
+        if rejected is not None:
+            raise rejected
         if not queued:
             # Checked after the last await, so no other bind runs in between: a queued entry
             # copied onto a second pod carries the same ID, and one ID places one pod.

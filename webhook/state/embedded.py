@@ -18,10 +18,10 @@ from fracgpu import names
 from fracgpu.model import GPUAllocation, Quota, Reservation, ResourceAmounts
 from fracgpu.placement import ClusterView
 from webhook.rules import quota as quotalib
-from webhook.rules.capacity import capacity_problem
 from webhook.rules.tolerations import Taint
 from webhook.state.backend import Claim, RejectKind, ReserveRejected
 from webhook.state.clusterfile import ClusterFile, load_cluster_file
+from webhook.state.reservecheck import reserve_problem
 
 
 class EmbeddedState:
@@ -131,25 +131,12 @@ class EmbeddedState:
             held = claim.reservation
             if held.id in self._reservations:
                 raise ReserveRejected(RejectKind.CAPACITY, f"reservation {held.id} exists already")
-            # A claim on no node is a queued pod's quota charge: it holds no GPU.
-            problem = held.node and capacity_problem(
-                self._view,
-                held.node,
-                held.allocations,
-                cpu_milli=claim.cpu_milli,
-                memory_mib=claim.memory_mib,
-                split_count=self._split_count,
+            namespace_quotas = [q for q in self._quotas if q.namespace == held.namespace]
+            rejected = reserve_problem(
+                self._view, claim, namespace_quotas, self._models, split_count=self._split_count
             )
-            if problem:
-                raise ReserveRejected(RejectKind.CAPACITY, problem)
-            namespace_quotas = [
-                quotalib.charge(q, (*claim.replaces, *claim.behind), {}, -1)
-                for q in self._quotas
-                if q.namespace == held.namespace
-            ]
-            over = quotalib.check(namespace_quotas, held.allocations, self._models)
-            if over is not None:
-                raise ReserveRejected(RejectKind.QUOTA, over.message)
+            if rejected is not None:
+                raise rejected
             if held.node:
                 self._take(held.node, held.allocations, claim.cpu_milli, claim.memory_mib)
             self._charge(held.namespace, held.allocations, sign=1)
