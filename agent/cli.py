@@ -37,7 +37,13 @@ from agent.nvml_backend import NvmlError, PynvmlBackend
 from agent.podlookup import KubernetesPodLookup
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.queuedelivery import QueueDelivery
-from agent.settings import AgentExit, AgentSettings, SettingsError, parse_settings
+from agent.settings import (
+    AgentExit,
+    AgentSettings,
+    SettingsError,
+    parse_discover,
+    parse_settings,
+)
 from agent.shim_install import ShimInstallError, install_shim
 from agent.slice_audit import SliceAudit, SliceAuditLoop, SliceAuditSettings
 from fracgpu.codec import encode_device
@@ -285,6 +291,13 @@ def _context_overhead(
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["discover"]:
+        try:
+            parse_discover(args[1:])
+        except AgentExit as done:
+            return done.code
+        except SettingsError as error:
+            print(f"fracgpu-agent discover: {error}", file=sys.stderr)
+            return 2
         setup_logging("WARNING")
         try:
             return discover_command()

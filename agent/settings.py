@@ -282,25 +282,78 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _env_defaults(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> list[str]:
-    """Turn FRACGPU_AGENT_* variables into flags placed before the real ones (flags win)."""
-    args: list[str] = []
-    for action in parser._actions:
-        if not action.option_strings or action.dest in ("help", "version"):
-            continue
-        flag = action.option_strings[0]
-        name = ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
-        if name not in env:
-            continue
-        if isinstance(action, argparse._StoreFalseAction):
-            if env[name].lower() in ("1", "true", "yes"):
-                args.append(flag)
-            continue
-        args.append(f"{flag}={env[name]}")
-    return args
+def parse_discover(argv: Sequence[str]) -> None:
+    """What follows ``fracgpu-agent discover``: nothing, --help or --version (both answered
+    here, raising ``AgentExit``); anything else is a ``SettingsError``."""
+    parser = argparse.ArgumentParser(
+        prog="fracgpu-agent discover",
+        description="Print what NVML reports (driver versions, every GPU and its usage) as "
+        "JSON and exit; needs no cluster, only the NVIDIA driver.",
+    )
+    parser.add_argument("--version", action="version", version=f"fracgpu-agent {__version__}")
+    try:
+        _, extra = parser.parse_known_args(argv)
+    except SystemExit as exit_:
+        if not exit_.code:
+            raise AgentExit(0) from None  # --help or --version: printed, nothing to run
+        raise SettingsError("invalid command line (see the message above)") from exit_
+    if extra:
+        raise SettingsError(
+            f"unexpected argument {extra[0]!r}: discover takes none, only --help or --version"
+        )
 
 
-def _context_overhead(raw: str) -> int | None:
+def _variable(flag: str) -> str:
+    """The environment variable behind ``flag``: --metrics-port -> FRACGPU_AGENT_METRICS_PORT."""
+    return ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
+
+
+# What a variable's value must be, by the flag's type (argparse itself names only the flag).
+_TYPE_WORDS: dict[object, str] = {int: "a whole number", float: "a number"}
+
+
+def _from_variable(action: argparse.Action, name: str, raw: str) -> object:
+    """A FRACGPU_AGENT_* value converted as its flag's would be; errors name the variable."""
+    if isinstance(action, argparse._StoreFalseAction):  # a flag without a value
+        given = _BOOLEANS.get(raw.lower())
+        if given is None:
+            raise SettingsError(f"{name}={raw!r} is not allowed: use true or false")
+        return action.const if given else action.default
+    if not callable(action.type):  # no type: the text itself
+        return raw
+    try:
+        return action.type(raw)
+    except ValueError:
+        words = _TYPE_WORDS.get(action.type, f"a value {action.option_strings[0]} accepts")
+        raise SettingsError(f"{name}={raw!r} is not allowed: use {words}") from None
+
+
+def _read(
+    parser: argparse.ArgumentParser, argv: Sequence[str], env: Mapping[str, str]
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """Flags first, then FRACGPU_AGENT_* for the settings no flag gave, then the defaults;
+    with, per setting, where its value came from (flag or variable) for error messages."""
+    settable = [
+        a for a in parser._actions if a.option_strings and a.dest not in ("help", "version")
+    ]
+    # argparse leaves an attribute already set alone: what is still unset no flag gave.
+    unset = object()
+    ns = parser.parse_args(argv, argparse.Namespace(**{a.dest: unset for a in settable}))
+    sources: dict[str, str] = {}
+    for action in settable:
+        sources[action.dest] = action.option_strings[0]
+        if getattr(ns, action.dest) is not unset:
+            continue
+        name = _variable(action.option_strings[0])
+        if name in env:
+            sources[action.dest] = name
+            setattr(ns, action.dest, _from_variable(action, name, env[name]))
+        else:
+            setattr(ns, action.dest, action.default)
+    return ns, sources
+
+
+def _context_overhead(source: str, raw: str) -> int | None:
     """``auto`` (None: measured at start-up) or a byte count within the shim's bound."""
     if raw.strip().lower() == _AUTO:
         return None
@@ -310,44 +363,48 @@ def _context_overhead(raw: str) -> int | None:
         value = -1
     if not 0 <= value <= MAX_CONTEXT_OVERHEAD_BYTES:
         raise SettingsError(
-            f"--context-overhead-bytes must be auto or 0 to {MAX_CONTEXT_OVERHEAD_BYTES} "
+            f"{source} must be auto or 0 to {MAX_CONTEXT_OVERHEAD_BYTES} "
             f"(bytes per CUDA context), not {raw}"
         )
     return value
 
 
 def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> AgentSettings:
-    """Build the settings from command-line flags and the environment; reject bad values."""
+    """Build the settings from command-line flags and the environment; reject bad values,
+    naming the flag or the variable the value came from."""
     env = os.environ if env is None else env
     parser = _parser()
     try:
-        ns = parser.parse_args([*_env_defaults(parser, env), *argv])
+        ns, sources = _read(parser, argv, env)
     except SystemExit as exit_:
         if not exit_.code:
             raise AgentExit(0) from None  # --help or --version: printed, nothing to run
         raise SettingsError("invalid command line (see the message above)") from exit_
+
+    def given(dest: str) -> str:
+        """``--flag=value`` or ``FRACGPU_AGENT_FLAG=value``, as the operator wrote it."""
+        return f"{sources[dest]}={getattr(ns, dest)}"
+
     node_name = ns.node_name or env.get("NODE_NAME", "")
     if not node_name:
         raise SettingsError("the node name is required: pass --node-name or set NODE_NAME")
     level = str(ns.log_level).upper()
     if level not in _LOG_LEVELS:
-        raise SettingsError(f"--log-level={ns.log_level} is not allowed: use {_LOG_LEVELS}")
+        raise SettingsError(
+            f"{given('log_level')} is not allowed: use one of {', '.join(_LOG_LEVELS)}"
+        )
     try:
         ignored = tuple(int(x) for x in str(ns.ignored_xids).split(",") if x.strip())
     except ValueError:
         raise SettingsError(
-            f"--ignored-xids={ns.ignored_xids} is not allowed: use comma-separated integers"
+            f"{given('ignored_xids')} is not allowed: use comma-separated integers"
         ) from None
     gpu_manager_metrics = _BOOLEANS.get(str(ns.gpu_manager_metrics).lower())
     if gpu_manager_metrics is None:
-        raise SettingsError(
-            f"--gpu-manager-metrics={ns.gpu_manager_metrics} is not allowed: use true or false"
-        )
+        raise SettingsError(f"{given('gpu_manager_metrics')} is not allowed: use true or false")
     slice_audit_kill = _BOOLEANS.get(str(ns.slice_audit_kill).lower())
     if slice_audit_kill is None:
-        raise SettingsError(
-            f"--slice-audit-kill={ns.slice_audit_kill} is not allowed: use true or false"
-        )
+        raise SettingsError(f"{given('slice_audit_kill')} is not allowed: use true or false")
     if slice_audit_kill and ns.slice_audit_proc_dir != Path("/proc"):
         # NVML's PIDs are the host's: signalling them from another PID namespace would hit
         # whatever process has that number there.
@@ -355,44 +412,48 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
             "--slice-audit-kill needs the host's PID namespace: run the agent with hostPID "
             f"and --slice-audit-proc-dir=/proc (not {ns.slice_audit_proc_dir})"
         )
-    context_overhead_bytes = _context_overhead(str(ns.context_overhead_bytes))
+    context_overhead_bytes = _context_overhead(
+        sources["context_overhead_bytes"], str(ns.context_overhead_bytes)
+    )
     try:  # the audit's own settings say what is allowed
         SliceAuditSettings(tolerance_bytes=ns.slice_audit_tolerance_bytes)
     except ValueError as error:
-        raise SettingsError(f"--slice-audit-tolerance-bytes: {error}") from None
-    for flag in (
+        raise SettingsError(f"{sources['slice_audit_tolerance_bytes']}: {error}") from None
+    for dest in (
         "kubelet_poll_seconds",
         "health_probe_seconds",
         "inventory_resync_seconds",
         "housekeeping_seconds",
         "slice_audit_seconds",
     ):
-        if getattr(ns, flag) <= 0:
-            raise SettingsError(f"--{flag.replace('_', '-')} must be greater than 0")
+        if getattr(ns, dest) <= 0:
+            raise SettingsError(f"{sources[dest]} must be greater than 0, not {getattr(ns, dest)}")
     if ns.prestart_lookup_attempts < 1:
-        raise SettingsError("--prestart-lookup-attempts must be 1 or more")
-    for flag in ("xid_recovery_seconds", "stale_grace_seconds", "prestart_lookup_interval_seconds"):
-        if getattr(ns, flag) < 0:
-            raise SettingsError(f"--{flag.replace('_', '-')} must be 0 or more")
+        raise SettingsError(
+            f"{sources['prestart_lookup_attempts']} must be 1 or more, "
+            f"not {ns.prestart_lookup_attempts}"
+        )
+    for dest in ("xid_recovery_seconds", "stale_grace_seconds", "prestart_lookup_interval_seconds"):
+        if getattr(ns, dest) < 0:
+            raise SettingsError(f"{sources[dest]} must be 0 or more, not {getattr(ns, dest)}")
     if not 0.005 <= ns.board_publish_seconds <= 1.0:
         # A shim trusts a board for 2 s; high priority holds a GPU 50 ms past a launch.
-        raise SettingsError(
-            f"--board-publish-seconds={ns.board_publish_seconds} is not allowed: use 0.005 to 1"
-        )
+        raise SettingsError(f"{given('board_publish_seconds')} is not allowed: use 0.005 to 1")
     if not 0 <= ns.metrics_port <= 65535:
-        raise SettingsError(f"--metrics-port={ns.metrics_port} is not allowed: use 0-65535")
-    for flag in ("compute_resource", "memory_resource"):
-        value = getattr(ns, flag)
-        if "/" not in value:
+        raise SettingsError(f"{given('metrics_port')} is not allowed: use 0-65535")
+    for dest in ("compute_resource", "memory_resource"):
+        if "/" not in getattr(ns, dest):
             raise SettingsError(
-                f"--{flag.replace('_', '-')}={value} is not allowed: "
+                f"{given(dest)} is not allowed: "
                 "use a domain-qualified resource name such as tencent.com/vcuda-core"
             )
     if ns.compute_resource == ns.memory_resource:
-        raise SettingsError("--compute-resource and --memory-resource must differ")
+        raise SettingsError(
+            f"{sources['compute_resource']} and {sources['memory_resource']} must differ"
+        )
     if not 1.0 <= ns.memory_scaling <= MAX_MEMORY_SCALING:
         raise SettingsError(
-            f"--memory-scaling={ns.memory_scaling} is not allowed: use a factor from 1 to "
+            f"{given('memory_scaling')} is not allowed: use a factor from 1 to "
             f"{MAX_MEMORY_SCALING:g} (1 = no oversubscription)"
         )
     return AgentSettings(

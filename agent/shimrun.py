@@ -22,7 +22,6 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import NoReturn
 
@@ -38,6 +37,7 @@ from fracgpu.quantity import parse_quantity
 from fracgpu.shim_abi import MAX_DEVICES, DeviceLimits, Limits
 
 PROG = "fracgpu-shim"
+VERSION = f"{PROG} {__version__}"
 EXIT_USAGE = 2
 EXIT_SETUP = 1
 MiB = 1 << 20
@@ -94,18 +94,20 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a program inside a GPU slice (memory and compute) without Kubernetes.",
         epilog="The program and its arguments follow `--`.",
     )
+    parser.add_argument("--version", action="version", version=VERSION)
     parser.add_argument("--memory", required=True, help=f"memory slice per GPU: {_SIZE_HELP}")
     parser.add_argument("--cores", default="100", help="compute slice per GPU, percent 1..100")
     parser.add_argument(
         "--gpus",
-        default="",
+        default=None,
         help="GPUs, comma-separated indexes (nvidia-smi's) or UUIDs; default GPU 0",
     )
     parser.add_argument(
         "--fake-gpus",
         default="0",
-        help=f"simulate N GPUs (1..{MAX_DEVICES}) with the driver "
-        "double of shim/testdoubles instead of the system's driver",
+        metavar="N",
+        help=f"simulate N GPUs (0..{MAX_DEVICES}) with the driver double of shim/testdoubles "
+        "instead of the system's driver; 0, the default, uses the system's driver",
     )
     parser.add_argument(
         "--fake-gpu-memory",
@@ -131,6 +133,14 @@ def _size(flag: str, raw: str) -> int:
     return int(value)
 
 
+def readable_size(n: int) -> str:
+    """Bytes for people: 1073741824 -> "1 GiB", 1000000000 -> "953.7 MiB"."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n} bytes"
+
+
 def _int_in(flag: str, raw: str, low: int, high: int) -> int:
     if not raw.isascii() or not raw.isdigit() or not low <= int(raw) <= high:
         raise RunError(f"{flag} {raw!r} is not allowed: use a whole number {low}..{high}")
@@ -140,7 +150,7 @@ def _int_in(flag: str, raw: str, low: int, high: int) -> int:
 def parse_args(argv: Sequence[str]) -> RunSettings:
     """``run [options] -- program args...``, every value checked."""
     if list(argv[:1]) == ["--version"]:
-        print(f"{PROG} {__version__}")
+        print(VERSION)
         raise SystemExit(0)
     if list(argv[:1]) in (["-h"], ["--help"]):
         _parser().print_help()
@@ -148,9 +158,9 @@ def parse_args(argv: Sequence[str]) -> RunSettings:
     if not argv or argv[0] != "run":
         raise RunError("the only command is `run`: fracgpu-shim run --memory 1Gi -- PROGRAM ...")
     rest = list(argv[1:])
-    if any(a in ("-h", "--help") for a in rest[: rest.index("--") if "--" in rest else None]):
-        _parser().print_help()
-        raise SystemExit(0)
+    options = rest[: rest.index("--") if "--" in rest else None]
+    if any(a in ("-h", "--help", "--version") for a in options):
+        _parser().parse_args(options)  # prints the help or the version and exits
     if "--" not in rest:
         raise RunError("put the program after `--`: fracgpu-shim run --memory 1Gi -- PROGRAM ...")
     split = rest.index("--")
@@ -161,7 +171,12 @@ def parse_args(argv: Sequence[str]) -> RunSettings:
     fake_gpus = _int_in("--fake-gpus", args.fake_gpus, 0, MAX_DEVICES)
     if args.fake_gpu_memory is not None and fake_gpus == 0:
         raise RunError("--fake-gpu-memory needs --fake-gpus N")
-    gpus = tuple(args.gpus.split(",")) if args.gpus else ()
+    gpus = () if args.gpus is None else tuple(args.gpus.split(","))
+    if args.gpus is not None and not args.gpus.strip():
+        raise RunError(
+            f"--gpus {args.gpus!r} names no GPU: use comma-separated indexes (nvidia-smi's) "
+            "or UUIDs, or leave --gpus out for GPU 0"
+        )
     for gpu in gpus:
         if not (gpu.isascii() and gpu.isdigit()) and not _looks_like_uuid(gpu):
             raise RunError(
@@ -237,8 +252,9 @@ def choose(gpus: Sequence[Gpu], wanted: Sequence[str], memory_bytes: int) -> lis
             )
         if memory_bytes > gpu.memory_bytes:
             raise RunError(
-                f"--memory {memory_bytes} bytes is more than GPU {gpu.index} has "
-                f"({gpu.memory_bytes} bytes = {Fraction(gpu.memory_bytes, MiB)} Mi)"
+                f"--memory {memory_bytes} bytes ({readable_size(memory_bytes)}) is more than "
+                f"GPU {gpu.index} has ({gpu.memory_bytes} bytes = "
+                f"{readable_size(gpu.memory_bytes)}): ask for at most that, or choose another GPU"
             )
     return chosen
 

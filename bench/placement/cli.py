@@ -26,6 +26,8 @@ DEFAULT_POLICIES = (
 _DATA = Path("shared") / "data" / "openb"
 DEFAULT_NODES = _DATA / "openb_node_list_gpu_node.csv"
 DEFAULT_PODS = _DATA / "openb_pod_list_default.csv"
+DEFAULT_SEEDS = "42-51"
+DEFAULT_TUNE = 1.3
 
 
 def _repo_root() -> Path:
@@ -58,13 +60,19 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def policy_names(policies: Sequence[Policy]) -> str:
+    """The names as --policy takes them ("fragmentation,fgd,..."), for help and errors."""
+    return ",".join(p.value for p in policies)
+
+
 def parse_policies(text: str) -> list[Policy]:
     names = [p.strip() for p in text.split(",") if p.strip()]
-    allowed = ", ".join(p.value for p in Policy)
     try:
         return [Policy(n) for n in names] or list(DEFAULT_POLICIES)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"policy {text!r}: choose from {allowed}") from None
+        raise argparse.ArgumentTypeError(
+            f"policy {text!r}: choose from {policy_names(list(Policy))}"
+        ) from None
 
 
 def parse_tune(text: str) -> float:
@@ -83,21 +91,48 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay an openb-format trace (shared/data/openb/README.md method) through "
         "fracgpu's production placement and report GPU allocation and decision latency.",
     )
-    parser.add_argument("--nodes", type=Path, default=None, help="node list CSV (openb format)")
-    parser.add_argument("--pods", type=Path, default=None, help="pod list CSV (openb format)")
+    # Shown resolved: where the default trace is depends on where the checkout is.
+    parser.add_argument(
+        "--nodes",
+        type=Path,
+        default=default_path(DEFAULT_NODES),
+        help="node list CSV in the openb format (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pods",
+        type=Path,
+        default=default_path(DEFAULT_PODS),
+        help="pod list CSV in the openb format (default: %(default)s)",
+    )
     parser.add_argument(
         "--policy",
         type=parse_policies,
         default=list(DEFAULT_POLICIES),
-        help="comma-separated policies (default: %(default)s)",
+        help=f"comma-separated policies, from {policy_names(list(Policy))} "
+        f"(default: {policy_names(DEFAULT_POLICIES)})",
     )
-    parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"))
-    parser.add_argument("--tune", type=parse_tune, default=1.3)
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=DEFAULT_SEEDS,
+        help="seeds of the replays, one replay per policy and seed (the table averages over "
+        "them): a range like 42-51, a list like 42,45 or one seed; a seed shuffles the pod "
+        "list and draws the clones appended to it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tune",
+        type=parse_tune,
+        default=DEFAULT_TUNE,
+        help="how far the pods arriving may overfill the cluster: after the shuffled pod list, "
+        "clones of random pods arrive until one more would take the total GPU request past "
+        "TUNE x the cluster's GPU capacity; a number in (0, 10] (default: %(default)s)",
+    )
     parser.add_argument(
         "--jobs",
         type=int,
         default=1,
-        help="replays run in parallel (latency is only comparable with --jobs 1)",
+        help="replays run in parallel (latency is only comparable with --jobs 1; "
+        "default: %(default)s)",
     )
     parser.add_argument(
         "--no-pod-memory",
@@ -139,8 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1:
         print("fracgpu-bench placement: --jobs must be 1 or more", file=sys.stderr)
         return 2
-    nodes_path = args.nodes or default_path(DEFAULT_NODES)
-    pods_path = args.pods or default_path(DEFAULT_PODS)
+    nodes_path, pods_path = args.nodes, args.pods
     try:
         nodes = read_nodes(nodes_path)
         pods = read_pods(pods_path)

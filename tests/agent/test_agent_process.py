@@ -172,6 +172,40 @@ def test_discover_command_prints_what_nvml_reports(double: NvmlDouble) -> None:
     assert report["driverVersion"] and report["cudaDriverVersion"]
 
 
+def _discover(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", "discover", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_discover_answers_help_and_version_without_asking_nvml() -> None:
+    # No NVML here: running discovery would fail with exit code 1.
+    for flag in ("--help", "-h"):
+        result = _discover(flag)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("usage: fracgpu-agent discover")
+        assert "as JSON" in result.stdout
+    result = _discover("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"fracgpu-agent {__version__}")
+
+
+@pytest.mark.parametrize("extra", [["--node-name", "x"], ["devices"]])
+def test_discover_rejects_other_arguments(extra: list[str]) -> None:
+    result = _discover(*extra)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"fracgpu-agent discover: unexpected argument {extra[0]!r}: "
+        "discover takes none, only --help or --version"
+    )
+    assert result.stdout == ""
+
+
 def test_agent_with_a_malformed_kubeconfig_says_where(short_dir: Path, double: NvmlDouble) -> None:
     broken = short_dir / "kubeconfig"
     broken.write_text("clusters: [\n")

@@ -58,6 +58,56 @@ def test_bad_values_say_what_is_allowed(args: list[str], message: str) -> None:
     assert message in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"FRACGPU_AGENT_METRICS_PORT": "abc"},
+            "FRACGPU_AGENT_METRICS_PORT='abc' is not allowed: use a whole number",
+        ),
+        (
+            {"FRACGPU_AGENT_HEALTH_PROBE_SECONDS": "soon"},
+            "FRACGPU_AGENT_HEALTH_PROBE_SECONDS='soon' is not allowed: use a number",
+        ),
+        (
+            {"FRACGPU_AGENT_METRICS_PORT": "70000"},
+            "FRACGPU_AGENT_METRICS_PORT=70000 is not allowed: use 0-65535",
+        ),
+        (
+            {"FRACGPU_AGENT_HOUSEKEEPING_SECONDS": "0"},
+            "FRACGPU_AGENT_HOUSEKEEPING_SECONDS must be greater than 0, not 0.0",
+        ),
+        (
+            {"FRACGPU_AGENT_NO_PUBLISH_INVENTORY": "maybe"},
+            "FRACGPU_AGENT_NO_PUBLISH_INVENTORY='maybe' is not allowed: use true or false",
+        ),
+        (
+            {"FRACGPU_AGENT_CONTEXT_OVERHEAD_BYTES": "lots"},
+            "FRACGPU_AGENT_CONTEXT_OVERHEAD_BYTES must be auto or 0 to",
+        ),
+    ],
+)
+def test_bad_environment_values_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        parse_settings(["--node-name=n"], env=env)
+    assert message in str(raised.value)
+
+
+def test_a_flag_overrides_a_bad_environment_value() -> None:
+    env = {"FRACGPU_AGENT_METRICS_PORT": "abc", "FRACGPU_AGENT_NO_PUBLISH_INVENTORY": "false"}
+    s = parse_settings(["--node-name=n", "--metrics-port=9500"], env=env)
+    assert s.metrics_port == 9500
+    assert s.publish_inventory
+
+
+def test_log_level_error_lists_the_levels_readably() -> None:
+    with pytest.raises(SettingsError) as raised:
+        parse_settings(["--node-name=n", "--log-level=verbose"], env={})
+    assert str(raised.value) == (
+        "--log-level=verbose is not allowed: use one of DEBUG, INFO, WARNING, ERROR"
+    )
+
+
 @pytest.mark.parametrize("value", ["0.5", "17"])
 def test_memory_scaling_out_of_range_is_refused(value: str) -> None:
     with pytest.raises(SettingsError) as info:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main as bench_main
+from bench.placement.cli import DEFAULT_NODES, DEFAULT_PODS, build_parser, default_path
 from bench.placement.replay import arrival_order, bin_x, replay
 from bench.placement.synth import synthesize
 from bench.placement.trace import (
@@ -180,6 +181,26 @@ def test_cli_rejects_bad_arguments(
         code = int(e.code or 0)
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_help_names_the_policies_and_shows_every_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench_main(["placement", "--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    assert "<Policy" not in out
+    assert f"from {','.join(p.value for p in Policy)}" in out
+    assert "(default: fragmentation,fgd,best-fit,binpack,spread)" in out
+    assert f"(default: {default_path(DEFAULT_NODES)})" in out
+    assert f"(default: {default_path(DEFAULT_PODS)})" in out
+    assert "(default: 42-51)" in out and "(default: 1.3)" in out
+    assert "TUNE x the cluster's GPU capacity" in out
+    undocumented = [
+        a.option_strings[0] for a in build_parser()._actions if not (a.help or "").strip()
+    ]
+    assert undocumented == []
 
 
 def test_cli_reports_unreadable_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

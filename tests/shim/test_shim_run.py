@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fracgpu import shim_abi
+from agent.shimrun import readable_size
+from fracgpu import __version__, shim_abi
 from tests.shim.sandbox import BUILD, REPO, GiB, MiB, step
 
 COMMAND = [sys.executable, "-m", "agent.shimrun", "run"]
@@ -208,6 +209,8 @@ def test_without_a_driver_it_says_so(shim_build: Path) -> None:
         (["--memory", "1Gi", "--gpus", "first"], "'first' is neither a GPU index nor a UUID"),
         (["--memory", "1Gi", "--gpus", "GPU-1\nmode=whole"], "is neither a GPU index nor a UUID"),
         (["--memory", "1Gi", "--gpus", "0,0"], "--gpus '0,0' names a GPU twice"),
+        (["--memory", "1Gi", "--gpus", ""], "--gpus '' names no GPU: use comma-separated"),
+        (["--memory", "1Gi", "--gpus", " "], "--gpus ' ' names no GPU"),
         (["--memory", "1Gi", "--fake-gpu-memory", "1Gi"], "--fake-gpu-memory needs --fake-gpus N"),
         (
             ["--memory", "1Gi", "--fake-gpus", "1", "--fake-gpu-memory", "lots"],
@@ -223,6 +226,47 @@ def test_bad_flags_get_one_line_errors(flags: list[str], says: str) -> None:
     assert len(out.stderr.splitlines()) == 1, out.stderr
     assert out.stderr.startswith("fracgpu-shim: error: ")
     assert says in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [["run", "--version"], ["run", "--memory", "1Gi", "--version"], ["--version"]]
+)
+def test_version_is_printed_before_any_program(args: list[str]) -> None:
+    out = subprocess.run(
+        [*COMMAND[:-1], *args],
+        env=base_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout == f"fracgpu-shim {__version__}\n"
+
+
+def test_help_gives_the_range_the_flags_accept() -> None:
+    out = shim_run("--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    # --fake-gpus 0 (the default) is the system's driver; _int_in accepts 0..16.
+    assert "--fake-gpus N simulate N GPUs (0..16)" in text
+    assert "0, the default, uses the system's driver" in text
+    assert "--version" in text
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (512, "512 bytes"),
+        (1536, "1.5 KiB"),
+        (10**9, "953.7 MiB"),
+        (GiB, "1 GiB"),
+        (3 << 40, "3 TiB"),
+    ],
+)
+def test_sizes_are_shown_readably(size: int, text: str) -> None:
+    assert readable_size(size) == text
 
 
 @pytest.mark.parametrize(
@@ -256,6 +300,11 @@ def test_a_missing_program_or_command_gets_a_one_line_error(args: list[str], say
             "names one GPU twice",
         ),
         (["--fake-gpus", "1", "--fake-gpu-memory", "512Mi"], "more than GPU 0 has (536870912"),
+        (
+            ["--fake-gpus", "1", "--fake-gpu-memory", "1G"],
+            "--memory 1073741824 bytes (1 GiB) is more than GPU 0 has "
+            "(1000000000 bytes = 953.7 MiB)",
+        ),
         (
             ["--fake-gpus", "1", "--shim-build", "/nonexistent"],
             "the shim library /nonexistent/libfracgpu-test.so is missing",
