@@ -67,8 +67,8 @@ def _encode_container(container: ContainerAssignment) -> dict[str, Any]:
     return entry
 
 
-def decode_assignment(text: str) -> Assignment:
-    what = "assignment annotation"
+def decode_assignment(text: str, what: str = "assignment annotation") -> Assignment:
+    """The assignment in ``text``; its errors start with ``what`` (where the text was)."""
     if len(text.encode()) > MAX_ANNOTATION_BYTES:
         raise CodecError(what, f"is larger than {MAX_ANNOTATION_BYTES} bytes")
     try:

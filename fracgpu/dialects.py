@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
-from typing import Final
+from typing import Final, NoReturn
 
 from fracgpu import names
 from fracgpu.errors import FracgpuError, QuantityError, RequestError
@@ -28,13 +28,12 @@ from fracgpu.model import (
     MemoryRequest,
     Priority,
 )
-from fracgpu.quantity import format_count, parse_count
+from fracgpu.quantity import format_count, parse_count, shown
 
 # Sanity caps: larger values are typos or attacks, never real hardware.
 MAX_GPUS_PER_CONTAINER: Final = 64
 MAX_MEMORY_MIB: Final = 16 * 1024 * 1024
-
-SHARE_RULE: Final = "use 1-99 for a share of one GPU or a multiple of 100 for whole GPUs"
+_MAX_BLOCKS: Final = MAX_MEMORY_MIB // names.MEMORY_BLOCK_MIB
 
 
 # Resource names that look like a dialect's GPU resources, by domain: the name, without
@@ -142,6 +141,22 @@ class ResourceNames:
         return self._everything
 
 
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The whole numbers one GPU resource takes, and the message that states them."""
+
+    low: int
+    high: int
+    allowed: str  # "use ...": every refusal of the resource says this
+
+
+def _core_limit_rule(low: int) -> str:
+    return (
+        f"use a whole number {low}-{names.CORES_PER_GPU}: at least the guaranteed share, at "
+        "most one GPU"
+    )
+
+
 @dataclass(frozen=True)
 class DialectConfig:
     """Defaults for what a dialect leaves out; configuration, never literals in code."""
@@ -161,6 +176,44 @@ class DialectConfig:
         if self.gpushare_memory_unit_mib not in (1, 1024):
             raise ValueError("gpushare_memory_unit_mib: use 1024 (GiB) or 1 (MiB)")
 
+    @cached_property
+    def ranges(self) -> Mapping[str, Range]:
+        """Each GPU resource's range, by name: one statement of it, given both to a value that
+        is no whole number and to one out of range."""
+        rn, cores, gpus = self.names, names.CORES_PER_GPU, MAX_GPUS_PER_CONTAINER
+        unit = "GiB" if self.gpushare_memory_unit_mib == 1024 else "MiB"
+        most = MAX_MEMORY_MIB // self.gpushare_memory_unit_mib
+        whole = "use a whole number"
+        return MappingProxyType(
+            {
+                rn.vcuda_core: Range(
+                    1,
+                    cores * gpus,
+                    f"{whole} 1-{cores - 1} for a share of one GPU, or a multiple of {cores} "
+                    f"up to {cores * gpus} for whole GPUs",
+                ),
+                rn.vcuda_memory: Range(
+                    1,
+                    _MAX_BLOCKS,
+                    f"{whole} 1-{_MAX_BLOCKS}: blocks of {names.MEMORY_BLOCK_MIB} MiB",
+                ),
+                rn.vcuda_core_limit: Range(1, cores, _core_limit_rule(1)),
+                rn.hami_gpu: Range(0, gpus, f"{whole} 0-{gpus}: GPUs (0 asks for none)"),
+                rn.hami_gpumem: Range(
+                    1, MAX_MEMORY_MIB, f"{whole} 1-{MAX_MEMORY_MIB}: MiB per GPU"
+                ),
+                rn.hami_gpumem_percentage: Range(
+                    1, 100, f"{whole} 1-100: percent of each GPU's memory"
+                ),
+                rn.hami_gpucores: Range(
+                    0, cores, f"{whole} 0-{cores}: percent of each GPU's compute"
+                ),
+                rn.gpushare_mem: Range(1, most, f"{whole} 1-{most}: {unit} per GPU"),
+                rn.gpushare_count: Range(1, gpus, f"{whole} 1-{gpus}: GPUs"),
+                rn.hami_priority: Range(0, 1, "use 0 (high priority) or 1 (low priority)"),
+            }
+        )
+
 
 def gpu_resource_values(
     container: Mapping[str, object], config: DialectConfig
@@ -169,7 +222,8 @@ def gpu_resource_values(
     name = _container_name(container)
     limits, requests = _resource_maps(name, container)
     keys = config.names.all()
-    return {key: limits[key] for key in _checked_counts(name, limits, requests, keys)}
+    counts = _checked_counts(name, limits, requests, keys, config.ranges)
+    return {key: limits[key] for key in counts}
 
 
 def _resource_maps(
@@ -187,9 +241,12 @@ def _checked_counts(
     limits: Mapping[str, object],
     requests: Mapping[str, object],
     keys: frozenset[str],
+    ranges: Mapping[str, Range],
 ) -> dict[str, int]:
     """The limits of ``keys`` as counts, in name order, after checking each request equals
-    its limit (a request without a limit is refused)."""
+    its limit (a request without a limit is refused). ``ranges`` only words the refusal of a
+    value that is no count: the dialects check ranges, as a pod fracgpu rewrote holds totals
+    past them (2 x 70 cores = 140)."""
     counts: dict[str, int] = {}
     present = [k for k in limits if k in keys]
     if requests:
@@ -199,17 +256,17 @@ def _checked_counts(
             raise RequestError(
                 name,
                 f"requests[{key}]",
-                requests[key],
+                shown(requests[key]),
                 "set it under limits: GPU resources are extended resources, and Kubernetes "
                 "requires their requests to equal their limits",
             )
-        counts[key] = limit = _count(name, key, limits[key])
-        if key in requests and _count(name, key, requests[key]) != limit:
+        counts[key] = limit = _count(name, key, limits[key], ranges)
+        if key in requests and _count(name, key, requests[key], ranges, "requests") != limit:
             raise RequestError(
                 name,
                 f"requests[{key}]",
-                requests[key],
-                f"make the request equal the limit {limits[key]} "
+                shown(requests[key]),
+                f"make the request equal the limit {shown(limits[key])} "
                 "(extended resources cannot be overcommitted)",
             )
     return counts
@@ -223,7 +280,7 @@ def parse_container(
     limits, requests = _resource_maps(name, container)
     rn = config.names
     _refuse_near_misses(name, limits, requests, rn)
-    counts = _checked_counts(name, limits, requests, rn.all())
+    counts = _checked_counts(name, limits, requests, rn.all(), config.ranges)
     if not counts:
         return None
     used: set[Dialect] = set()
@@ -240,12 +297,12 @@ def parse_container(
     (dialect,) = used
     request: ContainerRequest | None
     if dialect is Dialect.TKESTACK:
-        request = _parse_tkestack(name, counts, config)
+        request = _parse_tkestack(name, counts, limits, config)
     elif dialect is Dialect.HAMI:
-        request = _parse_hami(name, counts, config)  # None: nvidia.com/gpu 0 asks for none
+        request = _parse_hami(name, counts, limits, config)  # None: nvidia.com/gpu 0 asks none
     else:
-        request = _parse_gpushare(name, counts, config)
-    priority = _container_priority(name, limits, requests, rn.hami_priority)
+        request = _parse_gpushare(name, counts, limits, config)
+    priority = _container_priority(name, limits, requests, config)
     if request is None or priority is None:
         return request
     return replace(request, priority=priority)
@@ -258,19 +315,20 @@ def _refuse_near_misses(
         for key in resources:
             meant = rn.near_miss(key)
             if meant is not None:
-                shown = _shown(key)
+                as_named = _shown_key(key)
                 raise RequestError(
                     name,
-                    f"{where}[{shown}]",
-                    _shown(str(resources[key])),
-                    f"{shown} is not a GPU resource of this cluster (did you mean {meant}?); "
+                    f"{where}[{as_named}]",
+                    shown(resources[key]),
+                    f"{as_named} is not a GPU resource of this cluster (did you mean {meant}?); "
                     f"its GPU resources are {', '.join(sorted(rn.everything()))}",
                 )
 
 
-def _shown(text: str) -> str:
-    """A tenant's string as a message quotes it: at most ``_SHOWN_KEY_CHARS``."""
-    return text if len(text) <= _SHOWN_KEY_CHARS else text[:_SHOWN_KEY_CHARS] + "..."
+def _shown_key(key: str) -> str:
+    """A tenant's resource name as a message quotes it: at most ``_SHOWN_KEY_CHARS``, the
+    longest name Kubernetes allows (values are cut shorter, by ``quantity.shown``)."""
+    return key if len(key) <= _SHOWN_KEY_CHARS else key[:_SHOWN_KEY_CHARS] + "..."
 
 
 # HAMi's priority limit: 0 = high, 1 = low.
@@ -278,13 +336,13 @@ _HAMI_PRIORITIES: Final = {0: Priority.HIGH, 1: Priority.LOW}
 
 
 def _container_priority(
-    name: str, limits: Mapping[str, object], requests: Mapping[str, object], key: str
+    name: str, limits: Mapping[str, object], requests: Mapping[str, object], config: DialectConfig
 ) -> Priority | None:
+    key = config.names.hami_priority
     if key not in limits and key not in requests:
         return None  # the usual case
-    value = _checked_counts(name, limits, requests, frozenset({key}))[key]
-    if value not in _HAMI_PRIORITIES:
-        raise RequestError(name, key, limits[key], "use 0 (high priority) or 1 (low priority)")
+    value = _checked_counts(name, limits, requests, frozenset({key}), config.ranges)[key]
+    _check_range(name, key, value, limits, config)
     return _HAMI_PRIORITIES[value]
 
 
@@ -299,77 +357,78 @@ def with_pod_core_limit(
         return requests
     if not raw.isdigit() or not 1 <= int(raw) <= names.CORES_PER_GPU:
         raise FracgpuError(
-            f"annotation {key}={raw!r} is not allowed: use a whole number 1-100, the compute "
-            "share each shared GPU container may use while its GPU is otherwise idle"
+            f"annotation {key}={shown(raw)!r} is not allowed: use a whole number 1-100, the "
+            "compute share each shared GPU container may use while its GPU is otherwise idle"
         )
     bound = int(raw)
     return tuple(
-        _with_core_limit(r.container, f"annotation {key}", bound, r)
+        _with_core_limit(r.container, f"annotation {key}", bound, raw, r)
         if r.dialect is Dialect.TKESTACK and r.core_limit is None and not r.exclusive
         else r
         for r in requests
     )
 
 
-def _parse_tkestack(name: str, counts: dict[str, int], config: DialectConfig) -> ContainerRequest:
+def _parse_tkestack(
+    name: str, counts: dict[str, int], limits: Mapping[str, object], config: DialectConfig
+) -> ContainerRequest:
     rn = config.names
     core = counts.get(rn.vcuda_core)
     blocks = counts.get(rn.vcuda_memory)
     core_limit = counts.get(rn.vcuda_core_limit)
     if core is None and blocks is None:
-        raise RequestError(name, rn.vcuda_core_limit, core_limit, f"set {rn.vcuda_core} as well")
-    if blocks is not None and not 1 <= blocks <= MAX_MEMORY_MIB // names.MEMORY_BLOCK_MIB:
         raise RequestError(
             name,
-            rn.vcuda_memory,
-            blocks,
-            f"use 1-{MAX_MEMORY_MIB // names.MEMORY_BLOCK_MIB} blocks of 256 MiB",
+            rn.vcuda_core_limit,
+            shown(limits[rn.vcuda_core_limit]),
+            f"set {rn.vcuda_core} as well",
         )
+    if blocks is not None:
+        _check_range(name, rn.vcuda_memory, blocks, limits, config)
     memory = MemoryRequest(mib=blocks * names.MEMORY_BLOCK_MIB) if blocks else config.default_memory
+    limit_shown = None if core_limit is None else shown(limits[rn.vcuda_core_limit])
     if core is None:
         return _with_core_limit(
             name,
             rn.vcuda_core_limit,
             core_limit,
+            limit_shown,
             ContainerRequest(name, config.default_gpu_count, config.default_cores, memory),
         )
-    if core < 1 or (core > names.CORES_PER_GPU and core % names.CORES_PER_GPU):
-        raise RequestError(name, rn.vcuda_core, core, SHARE_RULE)
+    _check_range(name, rn.vcuda_core, core, limits, config)
+    if core > names.CORES_PER_GPU and core % names.CORES_PER_GPU:
+        _refuse(name, rn.vcuda_core, limits, config)
     if core >= names.CORES_PER_GPU:
-        gpus = core // names.CORES_PER_GPU
-        if gpus > MAX_GPUS_PER_CONTAINER:
-            raise RequestError(
-                name, rn.vcuda_core, core, f"use at most {MAX_GPUS_PER_CONTAINER} GPUs"
-            )
         if core_limit is not None:
             raise RequestError(
-                name, rn.vcuda_core_limit, core_limit, "remove it: whole GPUs have no upper bound"
+                name, rn.vcuda_core_limit, limit_shown, "remove it: whole GPUs have no upper bound"
             )
-        return ContainerRequest(name, gpus, names.CORES_PER_GPU, WHOLE_CARD)
+        return ContainerRequest(name, core // names.CORES_PER_GPU, names.CORES_PER_GPU, WHOLE_CARD)
     return _with_core_limit(
-        name, rn.vcuda_core_limit, core_limit, ContainerRequest(name, 1, core, memory)
+        name, rn.vcuda_core_limit, core_limit, limit_shown, ContainerRequest(name, 1, core, memory)
     )
 
 
 def _with_core_limit(
-    name: str, field_name: str, core_limit: int | None, request: ContainerRequest
+    name: str,
+    field_name: str,
+    core_limit: int | None,
+    written: str | None,
+    request: ContainerRequest,
 ) -> ContainerRequest:
+    """``request`` with an upper compute bound of ``core_limit`` (``written`` by the pod so)."""
     if core_limit is None:
         return request
-    if not max(request.cores, 1) <= core_limit <= names.CORES_PER_GPU:
-        raise RequestError(
-            name,
-            field_name,
-            core_limit,
-            f"use {max(request.cores, 1)}-100: at least the guaranteed share, at most one GPU",
-        )
+    low = max(request.cores, 1)
+    if not low <= core_limit <= names.CORES_PER_GPU:
+        raise RequestError(name, field_name, written, _core_limit_rule(low))
     return ContainerRequest(
         request.container, request.gpus, request.cores, request.memory, request.dialect, core_limit
     )
 
 
 def _parse_hami(
-    name: str, counts: dict[str, int], config: DialectConfig
+    name: str, counts: dict[str, int], limits: Mapping[str, object], config: DialectConfig
 ) -> ContainerRequest | None:
     rn = config.names
     gpus = counts.get(rn.hami_gpu)
@@ -384,48 +443,65 @@ def _parse_hami(
         ]
         if not extras:
             return None  # HAMi's way of saying "no GPU"
-        raise RequestError(name, rn.hami_gpu, 0, f"use 1 or more GPUs when {extras[0]} is set")
-    if gpus > MAX_GPUS_PER_CONTAINER:
-        raise RequestError(name, rn.hami_gpu, gpus, f"use 1-{MAX_GPUS_PER_CONTAINER} GPUs")
+        raise RequestError(
+            name,
+            rn.hami_gpu,
+            shown(limits[rn.hami_gpu]),
+            f"use a whole number 1-{MAX_GPUS_PER_CONTAINER} when {extras[0]} is set",
+        )
+    else:
+        _check_range(name, rn.hami_gpu, gpus, limits, config)
     if mem is not None and percent is not None:
         raise RequestError(
             name,
             rn.hami_gpumem_percentage,
-            percent,
+            shown(limits[rn.hami_gpumem_percentage]),
             f"set either {rn.hami_gpumem} (MiB) or {rn.hami_gpumem_percentage}, not both",
         )
     memory = config.default_memory
     if mem is not None:
-        if not 1 <= mem <= MAX_MEMORY_MIB:
-            raise RequestError(name, rn.hami_gpumem, mem, f"use 1-{MAX_MEMORY_MIB} MiB per GPU")
+        _check_range(name, rn.hami_gpumem, mem, limits, config)
         memory = MemoryRequest(mib=_round_up_to_blocks(mem))
     if percent is not None:
-        if not 1 <= percent <= 100:
-            raise RequestError(name, rn.hami_gpumem_percentage, percent, "use 1-100 percent")
+        _check_range(name, rn.hami_gpumem_percentage, percent, limits, config)
         memory = MemoryRequest(percent=percent)
     if cores is None:
         cores = config.default_cores
-    elif cores > names.CORES_PER_GPU:
-        raise RequestError(name, rn.hami_gpucores, cores, "use 0-100 percent of each GPU")
+    else:
+        _check_range(name, rn.hami_gpucores, cores, limits, config)
     if cores >= names.CORES_PER_GPU:
         memory = WHOLE_CARD
     return ContainerRequest(name, gpus, cores, memory, Dialect.HAMI)
 
 
-def _parse_gpushare(name: str, counts: dict[str, int], config: DialectConfig) -> ContainerRequest:
+def _parse_gpushare(
+    name: str, counts: dict[str, int], limits: Mapping[str, object], config: DialectConfig
+) -> ContainerRequest:
     rn = config.names
     amount = counts.get(rn.gpushare_mem)
-    gpus = counts.get(rn.gpushare_count, config.default_gpu_count)
-    if not 1 <= gpus <= MAX_GPUS_PER_CONTAINER:
-        raise RequestError(name, rn.gpushare_count, gpus, f"use 1-{MAX_GPUS_PER_CONTAINER} GPUs")
+    gpus = counts.get(rn.gpushare_count)
+    if gpus is None:
+        gpus = config.default_gpu_count
+    else:
+        _check_range(name, rn.gpushare_count, gpus, limits, config)
     memory = config.default_memory
     if amount is not None:
-        unit = "GiB" if config.gpushare_memory_unit_mib == 1024 else "MiB"
-        limit = MAX_MEMORY_MIB // config.gpushare_memory_unit_mib
-        if not 1 <= amount <= limit:
-            raise RequestError(name, rn.gpushare_mem, amount, f"use 1-{limit} {unit} per GPU")
+        _check_range(name, rn.gpushare_mem, amount, limits, config)
         memory = MemoryRequest(mib=_round_up_to_blocks(amount * config.gpushare_memory_unit_mib))
     return ContainerRequest(name, gpus, config.default_cores, memory, Dialect.GPUSHARE)
+
+
+def _check_range(
+    name: str, key: str, value: int, limits: Mapping[str, object], config: DialectConfig
+) -> None:
+    bounds = config.ranges[key]
+    if not bounds.low <= value <= bounds.high:
+        _refuse(name, key, limits, config)
+
+
+def _refuse(name: str, key: str, limits: Mapping[str, object], config: DialectConfig) -> NoReturn:
+    """Refuse the limit of ``key``, echoed as the pod wrote it, with the resource's range."""
+    raise RequestError(name, key, shown(limits[key]), config.ranges[key].allowed)
 
 
 def canonical_counts(assigned: ContainerAssignment) -> tuple[int, int]:
@@ -451,11 +527,17 @@ def _round_up_to_blocks(mib: int) -> int:
     return -(-mib // block) * block
 
 
-def _count(container: str, key: str, raw: object) -> int:
+def _count(
+    container: str, key: str, raw: object, ranges: Mapping[str, Range], where: str = ""
+) -> int:
     try:
         return parse_count(raw)
     except QuantityError as error:
-        raise RequestError(container, key, raw, str(error)) from None
+        # Negative, fractional or no quantity at all: one message with the resource's range.
+        bounds = ranges.get(key)
+        allowed = str(error) if bounds is None else bounds.allowed
+        field = f"{where}[{key}]" if where else key
+        raise RequestError(container, field, shown(raw), allowed) from None
 
 
 def _container_name(container: Mapping[str, object]) -> str:

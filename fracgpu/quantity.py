@@ -3,8 +3,10 @@
 ``<sign>?<digits>(.<digits>)?<suffix>`` where the suffix is a binary SI unit (Ki..Ei), a
 decimal SI unit (n, u, m, "", k, M, G, T, P, E) or a decimal exponent (``e3``, ``E-2``).
 Values are kept as ``Fraction`` so ``"500m"`` is exactly one half; nothing is rounded here.
+A YAML or JSON number is read as its decimal text, as the API server reads one (``2.0`` is 2).
 """
 
+import math
 import re
 from fractions import Fraction
 from typing import Final
@@ -41,19 +43,47 @@ _ALLOWED: Final = (
 
 
 def parse_quantity(raw: object) -> Fraction:
-    """Parse a quantity exactly; accepts the API's string form and plain integers."""
+    """Parse a quantity exactly; accepts the API's string form and YAML/JSON numbers."""
     if isinstance(raw, str) and _is_plain_count(raw):
         return Fraction(_plain_count(raw))
-    if isinstance(raw, bool) or not isinstance(raw, str | int):
-        raise QuantityError(f"{raw!r} is not a quantity: {_ALLOWED}")
-    value = Fraction(raw) if isinstance(raw, int) else _parse_text(raw)
+    if isinstance(raw, str):
+        value = _parse_text(raw)
+    elif isinstance(raw, int) and not isinstance(raw, bool):
+        value = Fraction(raw)
+    elif isinstance(raw, float) and math.isfinite(raw):
+        # repr is the shortest text that reads back as this float: what the YAML said, and
+        # what kubectl sends for it (0.1 is one tenth, not the binary float next to it).
+        value = Fraction(repr(raw))
+    else:
+        raise QuantityError(f"{_quoted(raw)} is not a quantity: {_ALLOWED}")
     if abs(value) > MAX_MAGNITUDE:
         raise _too_large(raw)
     return value
 
 
+def shown(raw: object) -> str:
+    """A value as the person wrote it (YAML/JSON spelling), at most ``MAX_QUANTITY_LENGTH``
+    characters: messages echo what a tenant sent, never all of it."""
+    if isinstance(raw, str):
+        text = raw
+    elif raw is None or isinstance(raw, bool):
+        return "null" if raw is None else str(raw).lower()
+    elif isinstance(raw, int):
+        # Python refuses str() of an int past 4,300 digits; the text is cut at 64 anyway.
+        text = str(raw) if raw.bit_length() < 4096 else f"(a {raw.bit_length()}-bit number)"
+    elif isinstance(raw, float):
+        text = repr(raw)
+    else:
+        return "(a mapping)" if isinstance(raw, dict) else f"(a {type(raw).__name__})"
+    return text if len(text) <= MAX_QUANTITY_LENGTH else text[:MAX_QUANTITY_LENGTH] + "..."
+
+
+def _quoted(raw: object) -> str:
+    return repr(shown(raw)) if isinstance(raw, str) else shown(raw)
+
+
 def _too_large(raw: object) -> QuantityError:
-    return QuantityError(f"{raw!r} is too large: the largest quantity is {MAX_MAGNITUDE}")
+    return QuantityError(f"{_quoted(raw)} is too large: the largest quantity is {MAX_MAGNITUDE}")
 
 
 def _parse_text(text: str) -> Fraction:
@@ -94,9 +124,11 @@ def parse_count(raw: object) -> int:
         return _plain_count(raw)
     value = parse_quantity(raw)
     if value < 0:
-        raise QuantityError(f"{raw!r} is negative: use a whole number of 0 or more")
+        raise QuantityError(f"{_quoted(raw)} is negative: use a whole number of 0 or more")
     if value.denominator != 1:
-        raise QuantityError(f"{raw!r} is not a whole number: use a whole number such as 1 or 30")
+        raise QuantityError(
+            f"{_quoted(raw)} is not a whole number: use a whole number such as 1 or 30"
+        )
     return int(value)
 
 

@@ -14,6 +14,10 @@ from fracgpu.errors import FracgpuError
 
 # A hand-written manifest or cluster file is far smaller; a larger one is a mistake.
 MAX_DOCUMENT_BYTES: Final = 32 * 2**20
+# What kubectl requires of a pod manifest; without it a cluster file would pass for a pod.
+POD_TYPE: Final = {"apiVersion": "v1", "kind": "Pod"}
+# apiVersion and kind are quoted this far in a message (a real one is far shorter).
+_SHOWN_CHARS: Final = 64
 
 
 class DocumentError(FracgpuError):
@@ -33,6 +37,28 @@ def load(path: Path) -> Any:
     except OSError as error:
         raise DocumentError(f"{path}: cannot read it ({error.strerror or error})") from None
     return parse(text, str(path), as_json=path.suffix.lower() == ".json")
+
+
+def load_pod(path: Path) -> dict[str, Any]:
+    """The pod manifest in ``path``: one mapping with apiVersion v1 and kind Pod."""
+    pod = load(path)
+    wanted = "write one mapping with apiVersion: v1 and kind: Pod"
+    if not isinstance(pod, dict):
+        raise DocumentError(f"{path}: not a Pod manifest (a {type(pod).__name__}): {wanted}")
+    found = {key: pod.get(key) for key in POD_TYPE}
+    if found != POD_TYPE:
+        got = ", ".join(
+            f"no {key}" if value is None else f"{key} {_shown(value)}"
+            for key, value in found.items()
+        )
+        raise DocumentError(f"{path}: not a Pod manifest ({got}): {wanted}")
+    return pod
+
+
+def _shown(value: object) -> str:
+    if not isinstance(value, str):
+        return f"of type {type(value).__name__}"
+    return repr(value[:_SHOWN_CHARS]) + ("..." if len(value) > _SHOWN_CHARS else "")
 
 
 def parse(text: str, source: str, *, as_json: bool = False) -> Any:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from fracgpu import names
 from fracgpu.dialects import MAX_GPUS_PER_CONTAINER, DialectConfig, ResourceNames
@@ -43,6 +43,9 @@ DEFAULT_PROTECTED_HOST_PATHS: Final = (
     "/var/lib/kubelet/pod-resources",
     "/var/lib/fracgpu",
 )
+
+
+_E = TypeVar("_E", bound=StrEnum)
 
 
 class PlacementMode(StrEnum):
@@ -136,11 +139,19 @@ def _host_paths(text: str) -> tuple[str, ...]:
     return tuple(posixpath.normpath("/" + p.lstrip("/")) for p in paths)
 
 
-def _placement_mode(text: str) -> PlacementMode:
-    try:
-        return PlacementMode(text)
-    except ValueError:
-        raise ValueError(f"use one of {', '.join(m.value for m in PlacementMode)}") from None
+def _one_of(kind: type[StrEnum]) -> str:
+    """The values a setting of this enum takes, for its help and its error alike."""
+    return ", ".join(member.value for member in kind)
+
+
+def _enum_of(kind: type[_E]) -> Callable[[str], _E]:
+    def parse(text: str) -> _E:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"use one of {_one_of(kind)}") from None
+
+    return parse
 
 
 def _scheduler_name(text: str) -> str:
@@ -151,13 +162,6 @@ def _scheduler_name(text: str) -> str:
 
 def _optional_path(text: str) -> Path | None:
     return Path(text) if text else None
-
-
-def _policy(text: str) -> Policy:
-    try:
-        return Policy(text)
-    except ValueError:
-        raise ValueError(f"use one of {', '.join(p.value for p in Policy)}") from None
 
 
 def _accounts(text: str) -> frozenset[str]:
@@ -299,9 +303,9 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "policy",
         "fragmentation",
-        "default placement policy: fragmentation (learns the workload, keeps room for it), "
-        "binpack, spread or best-fit",
-        _policy,
+        f"default placement policy, one of {_one_of(Policy)} (fragmentation learns the "
+        "workload and keeps room for it)",
+        _enum_of(Policy),
     ),
     Option(
         "service_accounts",
@@ -494,7 +498,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         PlacementMode.IMMEDIATE.value,
         "immediate: a GPU pod that does not fit now is refused at admission; queue: it is "
         "created and waits Pending for the fracgpu scheduler, which places it when room frees",
-        _placement_mode,
+        _enum_of(PlacementMode),
     ),
     Option(
         "gpu_node_taint",

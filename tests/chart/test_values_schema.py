@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
+from fracgpu.placement import Policy
 from tests.chart.chartfiles import CHART_DIR
 
 Values = dict[str, Any]
@@ -89,6 +90,14 @@ def test_profiles_keep_resource_names_distinct() -> None:
 def test_memory_scaling_accepts_the_webhooks_range() -> None:
     for factor in (1, 1.5, 16):
         assert _errors(_with("webhook.memoryScaling", factor)) == [], factor
+
+
+def test_placement_policy_takes_every_policy_the_webhook_has() -> None:
+    # The schema once refused fgd, which FRACGPU_POLICY and the annotation accept.
+    placement = _schema()["properties"]["webhook"]["properties"]["placementPolicy"]
+    assert placement["enum"] == [policy.value for policy in Policy]
+    for policy in Policy:
+        assert _errors(_with("webhook.placementPolicy", policy.value)) == [], policy
 
 
 def test_hami_profile_differs_where_it_says() -> None:

@@ -1,3 +1,4 @@
+import re
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -54,7 +55,9 @@ def test_parses_exactly(text: object, expected: Fraction) -> None:
         ("99999999999999999999", "is too large"),
         ("9Ei", "is too large"),
         ("1" * 65, "is too long"),
-        (1.5, "is not a quantity"),
+        (float("nan"), "nan is not a quantity"),
+        (float("inf"), "inf is not a quantity"),
+        (1e300, "is too large"),
         (True, "is not a quantity"),
         (None, "is not a quantity"),
         ([1], "is not a quantity"),
@@ -73,6 +76,31 @@ def test_rejects_with_a_message(raw: object, fragment: str) -> None:
 def test_count_rejects_negative_and_fractional(raw: str, fragment: str) -> None:
     with pytest.raises(QuantityError, match=fragment):
         parse_count(raw)
+
+
+def test_yaml_numbers_read_as_their_decimal_text() -> None:
+    # As the API server reads what kubectl sends for an unquoted YAML number.
+    assert parse_quantity(2.0) == 2
+    assert parse_quantity(0.1) == Fraction(1, 10)
+    assert parse_count(30.0) == 30
+    with pytest.raises(QuantityError, match=r"^2\.5 is not a whole number"):
+        parse_count(2.5)
+
+
+def test_messages_echo_a_bounded_part_of_the_value() -> None:
+    for raw, echo in (
+        ([1] * 10_000, "(a list)"),
+        ({"a": 1}, "(a mapping)"),
+        (None, "null"),
+        (True, "true"),
+        (10**10_000, "(a 33220-bit number)"),
+    ):
+        with pytest.raises(
+            QuantityError, match=rf"^{re.escape(echo)} is (not a quantity|too large)"
+        ):
+            parse_quantity(raw)
+    assert quantity.shown("x" * 1000) == "x" * 64 + "..."
+    assert quantity.shown(10**70) == "1" + "0" * 63 + "..."
 
 
 def test_count_accepts_exact_whole_numbers_in_any_notation() -> None:

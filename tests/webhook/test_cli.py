@@ -100,6 +100,8 @@ def test_demo_takes_other_pods(tmp_path: Path) -> None:
     (tmp_path / "one.yaml").write_text(
         yaml.safe_dump(
             {
+                "apiVersion": "v1",
+                "kind": "Pod",
                 "metadata": {"name": "solo", "namespace": "team-a"},
                 "spec": {
                     "containers": [
@@ -152,9 +154,43 @@ def test_admit_prints_a_denial_and_exits_1() -> None:
     )
 
 
+def test_admit_and_demo_refuse_a_file_that_is_not_a_pod(tmp_path: Path) -> None:
+    # A cluster file, {} or a Deployment was once admitted as a pod and echoed back (rc 0).
+    cluster = str(EXAMPLES / "cluster.yaml")
+    (tmp_path / "empty.json").write_text("{}\n")
+    (tmp_path / "deploy.yaml").write_text("apiVersion: apps/v1\nkind: Deployment\n")
+    (tmp_path / "list.yaml").write_text("- kind: Pod\n")
+    (tmp_path / "no-version.yaml").write_text("kind: Pod\nmetadata: {name: x}\n")
+    (tmp_path / "long.yaml").write_text(f"apiVersion: v1\nkind: {'P' * 5000}\n")
+    wanted = "write one mapping with apiVersion: v1 and kind: Pod"
+    cases = {
+        cluster: "not a Pod manifest (no apiVersion, no kind)",
+        str(tmp_path / "empty.json"): "not a Pod manifest (no apiVersion, no kind)",
+        str(tmp_path / "deploy.yaml"): "(apiVersion 'apps/v1', kind 'Deployment')",
+        str(tmp_path / "list.yaml"): "not a Pod manifest (a list)",
+        str(tmp_path / "no-version.yaml"): "not a Pod manifest (no apiVersion, kind 'Pod')",
+        str(tmp_path / "long.yaml"): f"kind '{'P' * 64}'...)",
+    }
+    for path, expected in cases.items():
+        result = fracgpu("admit", path, "--cluster", cluster)
+        assert (result.returncode, result.stdout) == (2, ""), (path, result.stderr)
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and len(lines[0]) < 300, result.stderr
+        assert lines[0].startswith(f"fracgpu: {path}: ") and lines[0].endswith(wanted), lines
+        assert expected in lines[0], lines
+    pods = tmp_path / "pods"
+    pods.mkdir()
+    (pods / "a.yaml").write_text("{}\n")
+    result = fracgpu("demo", "--pods", str(pods))
+    assert result.returncode == 2
+    assert f"{pods / 'a.yaml'}: not a Pod manifest (no apiVersion, no kind)" in result.stderr
+
+
 def test_admit_without_a_cluster_says_what_to_pass(tmp_path: Path) -> None:
     pod = tmp_path / "pod.yaml"
-    pod.write_text("metadata: {name: x}\nspec: {containers: [{name: c}]}\n")
+    pod.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c}]}\n"
+    )
     result = fracgpu("admit", str(pod))
     assert result.returncode == 2
     assert "no cluster state: pass --cluster-file (or --cluster for admit)" in result.stderr
@@ -165,13 +201,33 @@ def test_a_broken_cluster_file_is_a_clear_error(tmp_path: Path) -> None:
     cluster.write_text("nodes:\n  - name: n\n    cpu: 1\n    memory: 1Gi\n    gpus: [{uuid: u}]\n")
     result = fracgpu("admit", str(EXAMPLES / "pods" / "10-no-gpu.yaml"), "--cluster", str(cluster))
     assert result.returncode == 2
-    assert "nodes[0].gpus[0]: is missing index, memoryMiB, model" in result.stderr
+    assert result.stderr == (
+        f"fracgpu: {cluster}: nodes[0].gpus[0]: is missing index, memoryMiB, model\n"
+    )  # the path once: it was printed twice
 
 
 def test_serve_without_tls_files_refuses_to_start() -> None:
     result = fracgpu("serve", "--cluster-file", str(EXAMPLES / "cluster.yaml"))
     assert result.returncode == 2
     assert "serving needs --tls-cert-file and --tls-key-file" in result.stderr
+
+
+def test_serve_with_a_key_that_does_not_load_says_which_files(tmp_path: Path) -> None:
+    _, ca, cert, _ = write_tls(tmp_path)
+    result = fracgpu(
+        "serve",
+        "--cluster-file",
+        str(EXAMPLES / "cluster.yaml"),
+        "--tls-cert-file",
+        str(cert),
+        "--tls-key-file",
+        str(ca),
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"fracgpu: TLS key file {ca} does not load: it holds no PEM private key (-----BEGIN "
+        f"PRIVATE KEY-----) for the certificate in {cert}"
+    )
 
 
 async def test_serve_answers_over_https_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -246,6 +302,7 @@ def test_a_denial_by_a_node_taint_names_the_taint(tmp_path: Path) -> None:
     pod.write_text(
         yaml.safe_dump(
             {
+                "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {
                     "name": "wants-l4",

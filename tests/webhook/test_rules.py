@@ -38,7 +38,7 @@ DIALECT = [
         gpu_pod({CORE: "150"}),
         False,
         'container "main": tencent.com/vcuda-core=150 is not allowed: '
-        "use 1-99 for a share of one GPU or a multiple of 100",
+        "use a whole number 1-99 for a share of one GPU, or a multiple of 100",
         code=422,
     ),
     Case("core-0", gpu_pod({CORE: "0"}), False, "tencent.com/vcuda-core=0 is not allowed"),
@@ -46,7 +46,7 @@ DIALECT = [
         "memory-0",
         gpu_pod({CORE: "10", MEM: "0"}),
         False,
-        "tencent.com/vcuda-memory=0 is not allowed: use 1-",
+        "tencent.com/vcuda-memory=0 is not allowed: use a whole number 1-",
     ),
     Case(
         "limit-only",
@@ -58,7 +58,7 @@ DIALECT = [
         "limit-below-share",
         gpu_pod({CORE: "40", "tencent.com/vcuda-core-limit": "30"}),
         False,
-        "use 40-100: at least the guaranteed share",
+        "use a whole number 40-100: at least the guaranteed share",
     ),
     Case(
         "limit-on-whole",
@@ -66,8 +66,8 @@ DIALECT = [
         False,
         "remove it: whole GPUs have no upper bound",
     ),
-    Case("fraction", gpu_pod({CORE: "1.5"}), False, "'1.5' is not a whole number"),
-    Case("garbage", gpu_pod({CORE: "lots"}), False, "'lots' is not a quantity"),
+    Case("fraction", gpu_pod({CORE: "1.5"}), False, "vcuda-core=1.5 is not allowed: use a whole"),
+    Case("garbage", gpu_pod({CORE: "lots"}), False, "vcuda-core=lots is not allowed: use a whole"),
     Case(
         "request-not-limit",
         with_requests({CORE: "10"}, {CORE: "20"}),
@@ -102,22 +102,27 @@ DIALECT = [
         "hami-cores-101",
         gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"}),
         False,
-        "use 0-100 percent of each GPU",
+        "use a whole number 0-100: percent of each GPU's compute",
     ),
     Case(
         "hami-zero-gpus",
         gpu_pod({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "100"}),
         False,
-        "use 1 or more GPUs when nvidia.com/gpumem is set",
+        "use a whole number 1-64 when nvidia.com/gpumem is set",
     ),
-    Case("hami-65-gpus", gpu_pod({"nvidia.com/gpu": "65"}), False, "use 1-64 GPUs"),
+    Case("hami-65-gpus", gpu_pod({"nvidia.com/gpu": "65"}), False, "use a whole number 0-64"),
     Case(
         "hami-percent-0",
         gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "0"}),
         False,
-        "use 1-100 percent",
+        "use a whole number 1-100: percent",
     ),
-    Case("gpushare-0", gpu_pod({"aliyun.com/gpu-mem": "0"}), False, "use 1-16384 GiB per GPU"),
+    Case(
+        "gpushare-0",
+        gpu_pod({"aliyun.com/gpu-mem": "0"}),
+        False,
+        "use a whole number 1-16384: GiB per GPU",
+    ),
     Case("cpu-garbage", gpu_pod({CORE: "10", "cpu": "fast"}), False, "'fast' is not a quantity"),
 ]
 

@@ -103,6 +103,20 @@ def test_every_option_is_documented() -> None:
         assert f"`{option.env}`" in text, option.env
 
 
+def test_help_docs_and_errors_offer_every_placement_policy(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fgd was accepted but left out of --help and the chart: every place lists the enum.
+    monkeypatch.setenv("COLUMNS", "2000")  # no wrapping inside "best-fit"
+    offered = ", ".join(policy.value for policy in Policy)
+    for command in ("admit", "serve"):
+        assert f"one of {offered} " in " ".join(help_of(command, capsys).split()), command
+    with pytest.raises(settings.SettingsError, match=f"use one of {offered}$"):
+        parse([], {"FRACGPU_POLICY": "random"})
+    row = next(line for line in DOCS.read_text().splitlines() if line.startswith("| `--policy`"))
+    assert f"one of {', '.join(f'`{policy.value}`' for policy in Policy)}:" in row
+
+
 def test_a_malformed_number_is_named_in_words_not_python() -> None:
     for argv, env, message in (
         (["--port", "abc"], {}, "--port='abc' is not allowed: not a whole number"),

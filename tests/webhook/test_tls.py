@@ -9,8 +9,16 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import (
+    BestAvailableEncryption,
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+)
 
-from tests.webhook.support import cluster_state, gpu_pod
+from tests.webhook.support import cluster_state, gpu_pod, write_tls
 from webhook import settings
 from webhook.cli import selfsigned
 from webhook.cli.client import WebhookClient, build_review, trusting
@@ -170,5 +178,37 @@ def test_the_server_context_requires_tls_1_2(tmp_path: Path) -> None:
 
 
 def test_missing_files_are_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(TLSConfigError, match=r"cannot load TLS certificate .*tls\.crt"):
+    with pytest.raises(TLSConfigError, match=r"TLS certificate file .*tls\.crt cannot be read"):
         server_context(TLSFiles(tmp_path / "tls.crt", tmp_path / "tls.key"))
+
+
+def test_a_key_that_does_not_load_or_match_names_the_files_and_why(tmp_path: Path) -> None:
+    # OpenSSL alone said "[SSL] PEM lib (_ssl.c:3926)" for a certificate given as the key.
+    _, ca, cert, key = write_tls(tmp_path / "a")
+    _, _, _, other_key = write_tls(tmp_path / "b")
+    rsa_key = tmp_path / "rsa.key"
+    rsa_key.write_bytes(
+        rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+            Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
+        )
+    )
+    locked = tmp_path / "locked.key"
+    locked.write_bytes(
+        serialization.load_pem_private_key(key.read_bytes(), None).private_bytes(
+            Encoding.PEM, PrivateFormat.PKCS8, BestAvailableEncryption(b"secret")
+        )
+    )
+    does_not_load = "does not load: it holds no PEM private key"
+    cases = [
+        (cert, ca, f"TLS key file {ca} {does_not_load} (-----BEGIN PRIVATE KEY-----) for the "),
+        (cert, tmp_path / "nothing", f"TLS key file {tmp_path / 'nothing'} cannot be read: No "),
+        (cert, other_key, f"TLS key file {other_key} does not match the certificate in {cert}"),
+        (cert, rsa_key, f"TLS key file {rsa_key} does not match the certificate in {cert}"),
+        (cert, locked, f"TLS key file {locked} does not load: it is encrypted"),
+        (key, key, f"TLS certificate file {key} does not load: it holds no PEM certificate"),
+    ]
+    for cert_file, key_file, message in cases:
+        with pytest.raises(TLSConfigError) as info:
+            server_context(TLSFiles(cert_file, key_file))
+        assert str(info.value).startswith(message), str(info.value)
+        assert "PEM lib" not in str(info.value)

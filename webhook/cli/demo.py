@@ -60,7 +60,8 @@ async def run(
     if not pod_files:
         out.write(f"no pod manifests (*.yaml) in {pods_dir}\n")
         return 1
-    pods = [(path.name, _load_pod(path)) for path in pod_files]  # every mistake before serving
+    # Every mistake is found before serving.
+    pods = [(path.name, documents.load_pod(path)) for path in pod_files]
     with tempfile.TemporaryDirectory(prefix="fracgpu-demo-") as tmp:
         authority = selfsigned.new_authority()
         ca, cert, key = selfsigned.write_files(
@@ -101,13 +102,6 @@ async def run(
             await running.stop()
     _print(outcomes, out)
     return 0
-
-
-def _load_pod(path: Path) -> dict[str, Any]:
-    pod = documents.load(path)
-    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
-        raise documents.DocumentError(f"{path}: not a single Pod manifest")
-    return pod
 
 
 async def _admit(

@@ -136,10 +136,7 @@ def _state(config: settings.Settings) -> EmbeddedState:
 
 async def _admit(pod_file: Path, username: str, dry_run: bool, config: settings.Settings) -> int:
     """Run the pod through mutate then validate in-process; print it, or the denial (exit 1)."""
-    pod = documents.load(pod_file)
-    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
-        print(f"fracgpu: {pod_file} is not a single Pod manifest", file=sys.stderr)
-        return 2
+    pod = documents.load_pod(pod_file)
     admission = Admission(config, _state(config), Metrics())
     for endpoint in ("mutate", "validate"):
         review = build_review(pod, username=username, dry_run=dry_run)

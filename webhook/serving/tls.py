@@ -37,13 +37,53 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     return context
 
 
+class _EncryptedKeyError(Exception):
+    """The key file asks for a passphrase (raised instead of prompting on the terminal)."""
+
+
+def _no_passphrase() -> bytes:
+    raise _EncryptedKeyError
+
+
 def _load(context: ssl.SSLContext, files: TLSFiles) -> None:
     try:
-        context.load_cert_chain(certfile=files.cert, keyfile=files.key)
-    except (OSError, ssl.SSLError) as error:
+        context.load_cert_chain(certfile=files.cert, keyfile=files.key, password=_no_passphrase)
+    except _EncryptedKeyError:
         raise TLSConfigError(
-            f"cannot load TLS certificate {files.cert} with key {files.key}: {error}"
+            f"TLS key file {files.key} does not load: it is encrypted (there is no passphrase "
+            f"to give); give the private key of the certificate in {files.cert} unencrypted, "
+            "as a kubernetes.io/tls Secret holds it"
         ) from None
+    except (OSError, ssl.SSLError) as error:
+        raise TLSConfigError(_why_not(files, error)) from None
+
+
+def _why_not(files: TLSFiles, error: OSError) -> str:
+    """Which file is wrong and how: OpenSSL alone says "[SSL] PEM lib" for most of it."""
+    for what, path in (("certificate", files.cert), ("key", files.key)):
+        try:
+            path.open("rb").close()
+        except OSError as unreadable:
+            return f"TLS {what} file {path} cannot be read: {unreadable.strerror or unreadable}"
+    # NO_CERTIFICATE_ASSIGNED: a key of another type (EC for an RSA certificate).
+    if getattr(error, "reason", None) in ("KEY_VALUES_MISMATCH", "NO_CERTIFICATE_ASSIGNED"):
+        return (
+            f"TLS key file {files.key} does not match the certificate in {files.cert}: give "
+            "the private key the certificate was issued for"
+        )
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=files.cert)
+    except (OSError, ssl.SSLError):
+        return (
+            f"TLS certificate file {files.cert} does not load: it holds no PEM certificate "
+            "(-----BEGIN CERTIFICATE-----)"
+        )
+    if isinstance(error, ssl.SSLError) and error.library in ("SSL", "PEM"):
+        return (
+            f"TLS key file {files.key} does not load: it holds no PEM private key (-----BEGIN "
+            f"PRIVATE KEY-----) for the certificate in {files.cert}"
+        )
+    return f"TLS certificate {files.cert} with key {files.key} cannot be used: {error}"
 
 
 def stamp(path: Path) -> FileStamp:

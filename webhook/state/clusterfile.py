@@ -11,19 +11,21 @@ examples/cluster.yaml)::
     namespaces:   [{name, labels}]      # label fracgpu.io/ignore: "true" opts out
     quotas:       [GPUQuota objects: {metadata: {namespace, name}, spec: {hard, models, pools}}]
 
-Every entry is checked; an error names the entry and what is allowed.
+Every entry is checked; an error names the file once, then the entry and field
+(``nodes[0].cpu``), and what is allowed.
 """
 
 import json
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
 
 from fracgpu import codec
-from fracgpu.errors import CodecError, FracgpuError
+from fracgpu.errors import CodecError, FracgpuError, QuantityError
 from fracgpu.model import GPUAllocation, NodeInventory, Quota
-from fracgpu.quantity import parse_quantity
+from fracgpu.quantity import parse_quantity, shown
 from webhook import documents
 from webhook.rules.tolerations import Taint
 
@@ -82,47 +84,53 @@ def parse_cluster(text: str, source: str = "cluster file") -> ClusterFile:
 
 
 def _cluster(raw: Any, source: str) -> ClusterFile:
+    # Below, every message starts with its entry and field (nodes[0].cpu); the file is
+    # named here, once.
+    try:
+        return _read(raw)
+    except FracgpuError as error:
+        raise ClusterFileError(f"{source}: {error}") from None
+
+
+def _read(raw: Any) -> ClusterFile:
     if not isinstance(raw, dict):
-        raise ClusterFileError(f"{source}: the top level must be a mapping with nodes, pods...")
+        raise ClusterFileError("the top level must be a mapping with nodes, pods...")
     unknown = raw.keys() - {"apiVersion", "kind", "nodes", "pods", "namespaces", "quotas"}
     if unknown:
         raise ClusterFileError(
-            f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}: "
+            f"unknown key(s) {', '.join(sorted(map(str, unknown)))}: "
             "use nodes, pods, namespaces, quotas"
         )
-    try:
-        raw_nodes = _list(raw, "nodes", source)
-        nodes = tuple(_node(f"{source} nodes[{i}]", n) for i, n in enumerate(raw_nodes))
-        node_labels = {
-            node.name: {HOSTNAME_LABEL: node.name, **_labels(f"{source} nodes[{i}]", n, _NODE_KEYS)}
-            for i, (node, n) in enumerate(zip(nodes, raw_nodes, strict=True))
-        }
-        by_name = {n.name: n for n in nodes}
-        if len(by_name) != len(nodes):
-            raise ClusterFileError(f"{source}: a node name appears twice")
-        uuids = [d.uuid for n in nodes for d in n.devices]
-        if len(set(uuids)) != len(uuids):
-            raise ClusterFileError(f"{source}: a GPU UUID appears twice")
-        node_taints = {
-            node.name: _taints(f"{source} nodes[{i}].taints", n.get("taints"))
-            for i, (node, n) in enumerate(zip(nodes, raw_nodes, strict=True))
-        }
-        pods = tuple(
-            _pod(f"{source} pods[{i}]", p, by_name)
-            for i, p in enumerate(_list(raw, "pods", source))
-        )
-        namespaces = {
-            _str(f"{source} namespaces[{i}]", ns, "name"): _labels(
-                f"{source} namespaces[{i}]", ns, {"name", "labels"}
-            )
-            for i, ns in enumerate(_list(raw, "namespaces", source))
-        }
-        quotas = tuple(codec.decode_quota(q) for q in _list(raw, "quotas", source))
-    except FracgpuError as error:
-        if isinstance(error, ClusterFileError):
-            raise
-        raise ClusterFileError(f"{source}: {error}") from None
+    raw_nodes = _list(raw, "nodes")
+    nodes = tuple(_node(f"nodes[{i}]", n) for i, n in enumerate(raw_nodes))
+    node_labels = {
+        node.name: {HOSTNAME_LABEL: node.name, **_labels(f"nodes[{i}]", n, _NODE_KEYS)}
+        for i, (node, n) in enumerate(zip(nodes, raw_nodes, strict=True))
+    }
+    by_name = {n.name: n for n in nodes}
+    if len(by_name) != len(nodes):
+        raise ClusterFileError("nodes: a node name appears twice")
+    uuids = [d.uuid for n in nodes for d in n.devices]
+    if len(set(uuids)) != len(uuids):
+        raise ClusterFileError("nodes: a GPU UUID appears twice")
+    node_taints = {
+        node.name: _taints(f"nodes[{i}].taints", n.get("taints"))
+        for i, (node, n) in enumerate(zip(nodes, raw_nodes, strict=True))
+    }
+    pods = tuple(_pod(f"pods[{i}]", p, by_name) for i, p in enumerate(_list(raw, "pods")))
+    namespaces = {
+        _str(f"namespaces[{i}]", ns, "name"): _labels(f"namespaces[{i}]", ns, {"name", "labels"})
+        for i, ns in enumerate(_list(raw, "namespaces"))
+    }
+    quotas = tuple(_quota(f"quotas[{i}]", q) for i, q in enumerate(_list(raw, "quotas")))
     return ClusterFile(nodes, node_labels, node_taints, pods, namespaces, quotas)
+
+
+def _quota(what: str, raw: object) -> Quota:
+    try:
+        return codec.decode_quota(raw)
+    except CodecError as error:
+        raise ClusterFileError(f"{what}: {error}") from None
 
 
 def _node(what: str, raw: object) -> NodeInventory:
@@ -168,7 +176,7 @@ def _pod(what: str, raw: object, nodes: Mapping[str, NodeInventory]) -> Assigned
         "reservationId": f"embedded-{_str(what, obj, 'name')}",
         "containers": obj["containers"],
     }
-    assignment = codec.decode_assignment(json.dumps(payload))
+    assignment = codec.decode_assignment(json.dumps(payload), what)
     on_node = {d.uuid for d in nodes[node].devices}
     for alloc in assignment.allocations():
         if alloc.uuid not in on_node:
@@ -222,10 +230,10 @@ def _mapping(what: str, raw: object, required: set[str], optional: set[str]) -> 
     return raw
 
 
-def _list(raw: Mapping[str, Any], key: str, source: str) -> list[Any]:
+def _list(raw: Mapping[str, Any], key: str) -> list[Any]:
     value = raw.get(key) or []
     if not isinstance(value, list):
-        raise ClusterFileError(f"{source}: {key} must be a list")
+        raise ClusterFileError(f"{key}: must be a list")
     return value
 
 
@@ -237,14 +245,18 @@ def _str(what: str, obj: Mapping[str, Any], key: str) -> str:
 
 
 def _cpu(what: str, raw: object) -> int:
-    value = parse_quantity(raw)
-    if value < 0:
-        raise ClusterFileError(f"{what}.cpu: must not be negative")
-    return int(-(-value * 1000 // 1))
+    return int(-(-_amount(f"{what}.cpu", raw) * 1000 // 1))
 
 
 def _memory(what: str, raw: object) -> int:
-    value = parse_quantity(raw)
+    return int(-(-_amount(f"{what}.memory", raw) // 2**20))
+
+
+def _amount(what: str, raw: object) -> Fraction:
+    try:
+        value = parse_quantity(raw)
+    except QuantityError as error:
+        raise ClusterFileError(f"{what}: {error}") from None
     if value < 0:
-        raise ClusterFileError(f"{what}.memory: must not be negative")
-    return int(-(-value // 2**20))
+        raise ClusterFileError(f"{what}: {shown(raw)} is negative: use a quantity of 0 or more")
+    return value
