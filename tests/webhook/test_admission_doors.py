@@ -9,6 +9,7 @@ import pytest
 
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, Webhook, cluster_state, gpu_pod, plain_pod
+from webhook.admission.shimguard import host_path_findings
 from webhook.cli.client import build_review
 
 CORE, MEM = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
@@ -369,3 +370,12 @@ async def test_privileged_debug_container_in_the_1_20_object_shape_needs_a_grant
     )
     review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
     assert (await hook.client.review("/validate", review)).allowed
+
+
+def test_a_huge_host_path_is_quoted_only_in_part() -> None:
+    """The path is the tenant's: a megabyte under /var/lib/fracgpu is named, not echoed."""
+    path = "/var/lib/fracgpu/" + "a" * (1 << 20)
+    pod = {"spec": {"containers": [], "volumes": [{"name": "v", "hostPath": {"path": path}}]}}
+    (finding,) = host_path_findings(pod, ["/var/lib/fracgpu"])
+    assert finding.startswith(".spec.volumes[0].hostPath.path=/var/lib/fracgpu/aaa")
+    assert finding.endswith("(reaches /var/lib/fracgpu)") and len(finding) < 300

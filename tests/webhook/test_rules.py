@@ -7,9 +7,12 @@ from typing import Any
 import pytest
 
 from fracgpu import names
+from fracgpu.dialects import DialectConfig
+from fracgpu.placement import Policy
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, WEBHOOK_SA, Webhook, cluster_state, gpu_pod, plain_pod
 from webhook.cli.client import build_review
+from webhook.rules.demand import DemandError, read_ask
 
 CORE, MEM = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
 SHARE = {CORE: "10", MEM: "4"}
@@ -619,3 +622,15 @@ async def test_validate_denies_a_container_injected_after_placement(webhook: Web
     assert not reply.allowed
     assert "add /spec/containers/1/env" in reply.message
     assert "reinvocationPolicy: IfNeeded" in reply.message
+
+
+def test_a_huge_policy_annotation_is_quoted_only_in_part() -> None:
+    """The annotation is the tenant's: a megabyte of it is not echoed into the denial."""
+    pod = {
+        "metadata": {"name": "p", "annotations": {"fracgpu.io/policy": "x" * (1 << 20)}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {}}}]},
+    }
+    with pytest.raises(DemandError) as error:
+        read_ask(pod, DialectConfig(), Policy.FRAGMENTATION)
+    assert "annotation fracgpu.io/policy='xxxx" in str(error.value)
+    assert len(str(error.value)) < 300

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from fracgpu import names
+from fracgpu.quantity import shown
 from webhook.rules import pod as podlib
 
 # What the device plugin mounts into a GPU container, and the directories that are fracgpu's.
@@ -92,7 +93,7 @@ def _shim_mounts(container: Mapping[str, Any], where: str) -> list[str]:
                 or posixpath.basename(path) in _SHIM_FILE_NAMES
                 or any(_within(path, owned) for owned in _CONTAINER_OWNED)
             ):
-                found.append(f"{where}.{member}[{i}].{key}={raw}")
+                found.append(f"{where}.{member}[{i}].{key}={shown(raw)}")
     return found
 
 
@@ -113,7 +114,7 @@ def host_path_findings(pod: Mapping[str, Any], roots: Iterable[str]) -> list[str
         path = normalise(raw)
         hit = next((r for r in roots if _within(path, r) or _within(r, path)), None)
         if hit is not None:
-            found.append(f".spec.volumes[{i}].hostPath.path={raw} (reaches {hit})")
+            found.append(f".spec.volumes[{i}].hostPath.path={shown(raw)} (reaches {hit})")
     return found
 
 

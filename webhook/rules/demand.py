@@ -21,7 +21,7 @@ from fracgpu.dialects import (
 from fracgpu.errors import FracgpuError, QuantityError
 from fracgpu.model import ContainerRequest
 from fracgpu.placement import Constraints, PodDemand, Policy
-from fracgpu.quantity import parse_quantity
+from fracgpu.quantity import parse_quantity, shown
 from webhook.rules import pod as podlib
 
 # Annotation -> the Constraints field it feeds; fracgpu's own and HAMi's names combine.
@@ -144,7 +144,7 @@ def _policy(annotations: Mapping[str, str], default: Policy) -> Policy:
             continue
         if raw not in allowed:
             raise DemandError(
-                f"annotation {key}={raw!r} is not allowed: use one of {', '.join(allowed)}"
+                f"annotation {key}={shown(raw)!r} is not allowed: use one of {', '.join(allowed)}"
             )
         return Policy(raw)
     return default
