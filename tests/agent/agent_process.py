@@ -8,11 +8,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from tests.agent.nvml_double import REPO, SHIM_LIBRARY, NvmlDouble
+from tests.promtext import scrape
 
 
 class AgentProcess:
@@ -108,18 +108,6 @@ class AgentProcess:
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         return code
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Prometheus text from 127.0.0.1:``port``, one value per series."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            samples[series] = float(value)
-    return samples
 
 
 def write_unused_kubeconfig(path: Path) -> Path:

@@ -15,6 +15,7 @@ from agent.deviceplugin.state import DeviceState
 from agent.deviceplugin.units import ResourceKind
 from agent.hostfiles import AllocationFiles, prepare_node_dir
 from agent.nodepods import NodePod
+from agent.nvml_backend import PynvmlBackend
 from agent.podlookup import PodInfo, PodLookupError
 from agent.podresources import PodResourcesClient
 from agent.queuedelivery import QueueDelivery
@@ -23,8 +24,19 @@ from fracgpu.codec import encode_assignment
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, GPUDevice
 from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 from tests.agent.kubelet import TestKubelet
+from tests.agent.nvml_double import NvmlDouble
 
 NODE = "gpu-node-1"
+
+
+@pytest.fixture
+def backend(double: NvmlDouble) -> Iterator[PynvmlBackend]:
+    """The agent's real NVML client on the double the test module configures (``double``)."""
+    nvml = PynvmlBackend()
+    yield nvml
+    nvml.shutdown()
+
+
 GPU_A = GPUDevice("GPU-aaaaaaaa-0000-0000-0000-000000000001", 0, "NVIDIA A10", 24576)
 GPU_B = GPUDevice(
     "GPU-bbbbbbbb-0000-0000-0000-000000000002",

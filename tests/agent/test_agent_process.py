@@ -46,15 +46,24 @@ def kubelet(short_dir: Path) -> Iterator[TestKubelet]:
     k.close()
 
 
-@pytest.fixture
-def agent(short_dir: Path, double: NvmlDouble, kubelet: TestKubelet) -> Iterator[AgentProcess]:
-    process = AgentProcess(
+def _node_a(
+    short_dir: Path, double: NvmlDouble, *extra: str, kubeconfig: Path | None = None
+) -> AgentProcess:
+    """The agent of node-a on the double, without the API (an unused kubeconfig unless
+    another is given)."""
+    return AgentProcess(
         node="node-a",
         directory=short_dir,
         double=double,
-        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
+        kubeconfig=kubeconfig or write_unused_kubeconfig(short_dir / "kubeconfig"),
         publish_inventory=False,
+        extra=extra,
     )
+
+
+@pytest.fixture
+def agent(short_dir: Path, double: NvmlDouble, kubelet: TestKubelet) -> Iterator[AgentProcess]:
+    process = _node_a(short_dir, double)
     yield process
     process.stop()
 
@@ -110,14 +119,7 @@ def test_an_agent_that_cannot_measure_a_context_says_why_and_counts_none(
     short_dir: Path, double: NvmlDouble, kubelet: TestKubelet
 ) -> None:
     # The double's contexts take no memory (no context_bytes): NVML has nothing to report.
-    process = AgentProcess(
-        node="node-a",
-        directory=short_dir,
-        double=double,
-        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
-        publish_inventory=False,
-        extra=("--context-overhead-bytes=auto",),
-    )
+    process = _node_a(short_dir, double, "--context-overhead-bytes=auto")
     try:
         warning = process.wait_log("CUDA context not measured")
         assert warning["gpu"] in (UUID0, UUID1)
@@ -142,14 +144,7 @@ def test_agent_stops_cleanly_and_removes_its_sockets(
 
 
 def test_agent_refuses_bad_settings(short_dir: Path, double: NvmlDouble) -> None:
-    process = AgentProcess(
-        node="node-a",
-        directory=short_dir,
-        double=double,
-        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
-        publish_inventory=False,
-        extra=("--metrics-port=70000",),
-    )
+    process = _node_a(short_dir, double, "--metrics-port=70000")
     assert process.proc.wait(30) == 2
     process.stop()
     assert "--metrics-port=70000 is not allowed" in "".join(process.raw)
@@ -209,13 +204,7 @@ def test_discover_rejects_other_arguments(extra: list[str]) -> None:
 def test_agent_with_a_malformed_kubeconfig_says_where(short_dir: Path, double: NvmlDouble) -> None:
     broken = short_dir / "kubeconfig"
     broken.write_text("clusters: [\n")
-    process = AgentProcess(
-        node="node-a",
-        directory=short_dir,
-        double=double,
-        kubeconfig=broken,
-        publish_inventory=False,
-    )
+    process = _node_a(short_dir, double, kubeconfig=broken)
     assert process.proc.wait(60) == 1
     process.stop()
     entry = next(e for e in process.logs if e.get("msg") == "agent cannot start")
@@ -224,13 +213,7 @@ def test_agent_with_a_malformed_kubeconfig_says_where(short_dir: Path, double: N
 
 
 def test_agent_without_credentials_says_so(short_dir: Path, double: NvmlDouble) -> None:
-    process = AgentProcess(
-        node="node-a",
-        directory=short_dir,
-        double=double,
-        kubeconfig=short_dir / "missing-kubeconfig",
-        publish_inventory=False,
-    )
+    process = _node_a(short_dir, double, kubeconfig=short_dir / "missing-kubeconfig")
     assert process.proc.wait(60) == 1
     process.stop()
     entry = next(e for e in process.logs if e.get("msg") == "agent cannot start")
@@ -273,13 +256,7 @@ def _probe(port: int, path: str) -> tuple[int, str]:
 def test_agent_without_kubelet_says_so_and_is_not_ready_until_kubelet_appears(
     short_dir: Path, double: NvmlDouble
 ) -> None:
-    process = AgentProcess(
-        node="node-a",
-        directory=short_dir,
-        double=double,
-        kubeconfig=write_unused_kubeconfig(short_dir / "kubeconfig"),
-        publish_inventory=False,
-    )
+    process = _node_a(short_dir, double)
     kubelet = TestKubelet(short_dir / "dp", short_dir / "pr.sock")
     try:
         port = process.metrics_port()

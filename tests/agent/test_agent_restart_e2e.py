@@ -33,7 +33,7 @@ from agent.hostfiles import AllocationFiles, allocation_key
 from fracgpu import codec, names
 from fracgpu.model import Assignment
 from fracgpu.shim_abi import RegionDevice, decode_limits, decode_region
-from tests.agent.agent_process import AgentProcess, scrape
+from tests.agent.agent_process import AgentProcess
 from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import SHIM_BUILD, NvmlDouble, ensure_shim_built
 from tests.agent.test_node_e2e import agent_rbac  # noqa: F401 (fixture)
@@ -41,6 +41,7 @@ from tests.agent.waiting import wait_for
 from tests.e2e.harness import ControlPlane, create_node, gpu_allocatable
 from tests.e2e.harness.kube import body as kube_body
 from tests.e2e.webhook_harness import running_webhooks
+from tests.promtext import scrape
 
 pytestmark = pytest.mark.e2e
 

@@ -32,6 +32,7 @@ from tests.agent.nvml_double import (
     NvmlDouble,
     double_in_this_process,
 )
+from tests.promtext import samples
 
 GIB = 1 << 30
 WORKLOAD = SHIM_BUILD / "tests" / "mem_ops"
@@ -52,20 +53,8 @@ def double(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlDouble:
     )
 
 
-@pytest.fixture
-def backend(double: NvmlDouble) -> Iterator[PynvmlBackend]:
-    nvml = PynvmlBackend()
-    yield nvml
-    nvml.shutdown()
-
-
 def _samples(collector: AgentCollector) -> dict[str, float]:
-    out = {}
-    for line in generate_latest(build_registry(collector)).decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    return samples(generate_latest(build_registry(collector)).decode())
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,13 +41,6 @@ def double(short_dir: Path, state_file: Path, monkeypatch: pytest.MonkeyPatch) -
         device__1__uuid=GPU_B,
         context_bytes=CONTEXT,
     )
-
-
-@pytest.fixture
-def backend(double: NvmlDouble) -> Iterator[PynvmlBackend]:
-    nvml = PynvmlBackend()
-    yield nvml
-    nvml.shutdown()
 
 
 def test_a_context_is_measured_from_the_drivers_count_and_given_back(

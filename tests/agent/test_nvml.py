@@ -1,7 +1,6 @@
 """Discovery, health and GPU metrics through the real pynvml and the NVML test double."""
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from tests.agent.nvml_double import (
     NvmlDouble,
     double_in_this_process,
 )
+from tests.promtext import samples
 
 UUID0 = "GPU-11111111-2222-4333-8444-555555555500"
 UUID1 = "GPU-11111111-2222-4333-8444-555555555501"
@@ -41,13 +41,6 @@ def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NvmlDouble:
         device__1__memory_bytes=40 * GIB,
         device__1__mig_mode=1,
     )
-
-
-@pytest.fixture
-def backend(double: NvmlDouble) -> Iterator[PynvmlBackend]:
-    nvml = PynvmlBackend()
-    yield nvml
-    nvml.shutdown()
 
 
 def test_discovery_reports_every_gpu(backend: PynvmlBackend) -> None:
@@ -155,13 +148,7 @@ def test_gpu_recovers_after_the_xid_quiet_period(
 
 
 def _scrape(collector: AgentCollector) -> dict[str, float]:
-    text = generate_latest(build_registry(collector)).decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
+    return samples(generate_latest(build_registry(collector)).decode())
 
 
 def test_gpu_metrics_come_from_nvml_and_the_live_containers(

@@ -33,6 +33,7 @@ from tests.agent.nvml_double import (
     NvmlDouble,
     double_in_this_process,
 )
+from tests.promtext import samples
 
 GIB = 1 << 30
 GPU = "GPU-fa4e0000-0000-4000-8000-0000000000a0"
@@ -57,13 +58,6 @@ def double(short_dir: Path, state_file: Path, monkeypatch: pytest.MonkeyPatch) -
         device__0__uuid=GPU,
         device__0__memory_bytes=24 * GIB,
     )
-
-
-@pytest.fixture
-def backend(double: NvmlDouble) -> Iterator[PynvmlBackend]:
-    nvml = PynvmlBackend()
-    yield nvml
-    nvml.shutdown()
 
 
 def _container(slice_bytes: int = GIB) -> LiveContainer:
@@ -116,12 +110,7 @@ def _stop(*procs: subprocess.Popen[str]) -> None:
 def _samples(audit: SliceAudit) -> dict[str, float]:
     registry = CollectorRegistry()
     registry.register(audit)
-    out = {}
-    for line in generate_latest(registry).decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    return samples(generate_latest(registry).decode())
 
 
 def test_memory_taken_around_the_shim_is_detected_and_counted(

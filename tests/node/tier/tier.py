@@ -22,7 +22,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +44,7 @@ from tests.e2e.webhook_harness import (
     selects_queue_mode,
     wait_placing,
 )
+from tests.promtext import scrape
 
 from . import controllers
 from .agent import SHIM_BUILD, Agent
@@ -357,15 +357,7 @@ class NodeTier:
         ports = [e["port"] for e in self.agent.logs() if e.get("msg") == "metrics serving"]
         if not ports:
             raise AssertionError("the agent logged no metrics port")
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                sample, _, value = line.rpartition(" ")
-                samples[sample] = float(value)
-        return samples
+        return scrape(ports[-1])
 
     def exec_in(self, container_id: str, *argv: str) -> str:
         """Run a command in a running container (through containerd, as `crictl exec` would)."""
