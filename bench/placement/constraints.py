@@ -24,7 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.placement.cli import DEFAULT_NODES, DEFAULT_PODS, default_path, parse_policies
+from bench.placement.cli import (
+    DEFAULT_NODES,
+    DEFAULT_PODS,
+    default_path,
+    parse_policies,
+    policy_names,
+)
 from bench.placement.replay import arrival_order, capacity_milli
 from bench.placement.report import text_table
 from bench.placement.trace import (
@@ -233,14 +239,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fracgpu-bench placement-constraints", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--nodes", type=Path, default=None, help="node list CSV (openb format)")
-    parser.add_argument("--pods", type=Path, default=None, help="pods that fill the cluster")
-    parser.add_argument("--policy", type=parse_policies, default=[Policy.FRAGMENTATION])
-    parser.add_argument("--fill", type=float, default=0.6, help="GPU share asked before timing")
-    parser.add_argument("--decisions", type=int, default=300, help="timed decisions per shape")
-    parser.add_argument("--window", type=int, default=200, help="placed pods held at once")
-    parser.add_argument("--churn", type=int, default=500, help="decisions between node churns")
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--nodes",
+        type=Path,
+        default=default_path(DEFAULT_NODES),
+        help="node list CSV in the openb format (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pods",
+        type=Path,
+        default=default_path(DEFAULT_PODS),
+        help="pods that fill the cluster before timing (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--policy",
+        type=parse_policies,
+        default=[Policy.FRAGMENTATION],
+        help=f"comma-separated policies, from {policy_names(list(Policy))} "
+        f"(default: {Policy.FRAGMENTATION.value})",
+    )
+    parser.add_argument(
+        "--fill",
+        type=float,
+        default=0.6,
+        help="share of the cluster's GPUs asked before timing, 0 to 1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--decisions",
+        type=int,
+        default=300,
+        help="timed decisions per pod shape (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=200,
+        help="placed pods held at once; older ones leave (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--churn",
+        type=int,
+        default=500,
+        help="decisions between node churns, 0 for none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=42,
+        help="seed of the fill order and of the node sets the constrained shapes ask for "
+        "(default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.fill <= 1 or args.decisions < 1 or args.window < 0 or args.churn < 0:
         print(
@@ -250,8 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        nodes = read_nodes(args.nodes or default_path(DEFAULT_NODES))
-        pods_path = args.pods or default_path(DEFAULT_PODS)
+        nodes = read_nodes(args.nodes)
+        pods_path = args.pods
         demands = shapes(nodes, args.seed)
         worst = 0.0
         for policy in args.policy:

@@ -203,6 +203,22 @@ def test_cli_help_names_the_policies_and_shows_every_default(
     assert undocumented == []
 
 
+def test_constraints_help_documents_every_flag_with_its_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench_main(["placement-constraints", "--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    assert "<Policy" not in out
+    assert f"from {','.join(p.value for p in Policy)} (default: fragmentation)" in out
+    assert f"(default: {default_path(DEFAULT_NODES)})" in out
+    flags = ("--nodes", "--pods", "--policy", "--fill", "--decisions", "--window", "--churn")
+    for flag in (*flags, "--seed"):
+        assert flag in out
+    assert out.count("(default:") >= 8
+
+
 def test_cli_reports_unreadable_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = bench_main(["placement", "--nodes", str(tmp_path / "none.csv"), "--seeds", "1"])
     assert code == 2
