@@ -7,15 +7,11 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from fracgpu.names import (
-    ANNOTATION_ASSIGNMENT,
-    ANNOTATION_PRIORITY,
-    ANNOTATION_QUEUED,
-    HAMI_ANNOTATION_PRIORITY,
-)
+from fracgpu.names import ANNOTATION_ASSIGNMENT, ANNOTATION_QUEUED, PRIORITY_ANNOTATIONS
 
-# The pod annotations the node side reads besides the assignment.
-_READ_ANNOTATIONS = (ANNOTATION_PRIORITY, HAMI_ANNOTATION_PRIORITY)
+# The pod annotations the node side reads besides the assignment (fracgpu.names: one list,
+# which the chart's update matchCondition must cover).
+_READ_ANNOTATIONS = PRIORITY_ANNOTATIONS
 
 # Part of kubelet's 30 s PreStartContainer budget.
 _TIMEOUT_SECONDS = 5

@@ -58,6 +58,13 @@ RESOURCE_HAMI_PRIORITY: Final = HAMI_ANNOTATION_PRIORITY
 USER_ANNOTATIONS: Final = frozenset(
     {ANNOTATION_POLICY, ANNOTATION_USE_MODELS, ANNOTATION_AVOID_MODELS, ANNOTATION_PRIORITY}
 )
+# The pod annotations the agent reads when a container (re)starts, so an update changing
+# one on a running pod takes effect at its next restart: the webhook's UPDATE check must see
+# such updates. The compute priority (fracgpu's word first, then HAMi's number) is read
+# besides the assignment and the queued entry. The chart's update matchCondition names
+# every key outside fracgpu.io/ (tests/chart/test_files.py holds it to this list).
+PRIORITY_ANNOTATIONS: Final = (ANNOTATION_PRIORITY, HAMI_ANNOTATION_PRIORITY)
+AGENT_READ_ANNOTATIONS: Final = (ANNOTATION_ASSIGNMENT, ANNOTATION_QUEUED, *PRIORITY_ANNOTATIONS)
 
 # Namespace label that opts a namespace out of fracgpu entirely.
 NAMESPACE_LABEL_OPT_OUT: Final = f"{GROUP}/ignore"

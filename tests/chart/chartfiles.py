@@ -96,6 +96,9 @@ class Scope:
     namespace_selector: Json = field(default_factory=dict)
     object_selector: Json = field(default_factory=dict)
     match_conditions: bool = False
+    # values.webhook.gpuNodeTaint set: the update hook's condition also sends updates that
+    # add tolerations.
+    gpu_node_taint: bool = False
 
     def policies(self) -> tuple[str, str]:
         defaults = default_values()["webhooks"]
@@ -192,6 +195,9 @@ def _apply_scope(hook: Json, scope: Scope, document: Json) -> None:
     if scope.match_conditions:
         key = "updateMatchConditions" if hook["name"] == UPDATE_HOOK else "matchConditions"
         hook["matchConditions"] = copy.deepcopy(document[key])
+        if hook["name"] == UPDATE_HOOK and scope.gpu_node_taint:
+            first = hook["matchConditions"][0]
+            first["expression"] += " || " + document["updateTolerationsCondition"]
 
 
 def rbac_document(component: str, names: Names = Names()) -> Json:

@@ -4,11 +4,17 @@ design requires; the loader fills them in like the templates do."""
 from __future__ import annotations
 
 import base64
+import re
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
 
+from agent.podlookup import KubernetesPodLookup
 from fracgpu import __version__
+from fracgpu.names import AGENT_READ_ANNOTATIONS, ANNOTATION_PREFIX
 from tests.chart import chartfiles
 from tests.chart.chartfiles import Names, webhook_configurations, webhooks_document
 
@@ -159,15 +165,82 @@ def test_match_conditions_name_every_resource() -> None:
     assert "matchConditions" not in plain["webhooks"][0]
 
 
-def test_the_update_hook_is_sent_only_changes_of_fracgpu_metadata() -> None:
+def test_the_update_hook_is_sent_only_changes_of_what_fracgpu_checks() -> None:
     _, validating = webhook_configurations("https://x", b"P", match_conditions=True)
     create, update = validating["webhooks"]
     assert create["matchConditions"][0]["name"] == "gpu-pods-and-fracgpu-metadata"
     (condition,) = update["matchConditions"]
-    assert condition["name"] == "changes-fracgpu-metadata"
+    assert condition["name"] == "changes-what-fracgpu-checks"
     for side in ("object", "oldObject"):
         for kind in ("annotations", "labels"):
             assert f"{side}.metadata.{kind}.exists(k" in condition["expression"]
+    assert "tolerations" not in condition["expression"]
+    _, tainted = webhook_configurations(
+        "https://x", b"P", scope=chartfiles.Scope(match_conditions=True, gpu_node_taint=True)
+    )
+    (condition,) = tainted["webhooks"][1]["matchConditions"]
+    expression = condition["expression"]
+    assert "size(object.spec.tolerations) != size(oldObject.spec.tolerations)" in expression
+
+
+# The CEL list literals of annotation keys the update condition sends changes of.
+_KEY_LISTS = re.compile(r"k in (\[[^\]]*\])")
+
+
+def test_the_update_condition_names_every_annotation_the_agent_reads() -> None:
+    """An annotation the agent reads when a container restarts (HAMi's nvidia.com/priority)
+    edited on a running pod: unless the update reaches the webhook, the next restart applies
+    it (high priority) without the namespace's grant. fracgpu.io/ keys are sent by prefix;
+    every other key the agent reads must be listed, in both annotation clauses."""
+    (condition,) = webhooks_document()["updateMatchConditions"]
+    outside = sorted(k for k in AGENT_READ_ANNOTATIONS if not k.startswith(ANNOTATION_PREFIX))
+    assert outside == ["nvidia.com/priority"]
+    lists = [yaml.safe_load(literal) for literal in _KEY_LISTS.findall(condition["expression"])]
+    assert lists == [outside, outside]
+    added, removed = condition["expression"].split("\n|| ")[:2]
+    assert "object.metadata.annotations.exists(k" in added
+    assert "oldObject.metadata.annotations.exists(k" in removed
+
+
+class _ReadKeys(dict[str, str]):
+    """Annotations that note every key read; reading them all at once is refused."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
+        raise AssertionError("the agent must read named annotations only")
+
+    def keys(self) -> Any:
+        raise AssertionError("the agent must read named annotations only")
+
+    def items(self) -> Any:
+        raise AssertionError("the agent must read named annotations only")
+
+
+def test_the_agent_reads_only_the_annotations_named_in_fracgpu_names() -> None:
+    """What the update condition above is held to is what the agent reads."""
+    annotations = _ReadKeys({key: "x" for key in (*AGENT_READ_ANNOTATIONS, "other/key")})
+    pod = SimpleNamespace(
+        metadata=SimpleNamespace(annotations=annotations, uid="u"),
+        spec=SimpleNamespace(node_name="n"),
+    )
+    api = SimpleNamespace(read_namespaced_pod=lambda *_, **__: pod)
+    KubernetesPodLookup(api).get("ns", "p")
+    assert annotations.read == set(AGENT_READ_ANNOTATIONS)
 
 
 def test_no_placeholder_is_left() -> None:

@@ -50,6 +50,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "values": {"webhooks": {"matchConditions": {"enabled": True}}},
         "kube_version": "v1.29.0",
     },
+    "match-conditions-taint": {
+        "values": {
+            "webhooks": {"matchConditions": {"enabled": True}},
+            "webhook": {"gpuNodeTaint": "fracgpu.io/gpu-node"},
+        },
+        "kube_version": "v1.29.0",
+    },
     "privileged-agent": {"values": {"agent": {"privileged": True}}},
     "gpu-node-taint": {"values": {"webhook": {"gpuNodeTaint": "fracgpu.io/gpu-node"}}},
     "webhook-scope": {
@@ -138,6 +145,7 @@ SCOPES = {
         },
     ),
     "match-conditions": chartfiles.Scope(match_conditions=True),
+    "match-conditions-taint": chartfiles.Scope(match_conditions=True, gpu_node_taint=True),
 }
 
 
@@ -195,6 +203,26 @@ def test_match_conditions_are_rendered(rendered: dict[str, Rendered]) -> None:
         assert "'nvidia.com/gpu'" in condition["expression"]
     (condition,) = update["matchConditions"]
     assert "oldObject.metadata.annotations" in condition["expression"]
+    # HAMi's priority annotation, which the agent reads when a container restarts
+    assert "k in ['nvidia.com/priority']" in condition["expression"]
+    assert "tolerations" not in condition["expression"]  # no gpu-node-taint: not needed
+
+
+def test_with_gpu_node_taint_updates_adding_tolerations_are_sent(
+    rendered: dict[str, Rendered],
+) -> None:
+    """A pod without GPUs may come to tolerate the GPU nodes' taint by an update: the update
+    hook must be sent such updates for the webhook to refuse them."""
+    hooks = rendered["match-conditions-taint"].one("ValidatingWebhookConfiguration")["webhooks"]
+    (condition,) = hooks[1]["matchConditions"]
+    plain = rendered["match-conditions"].one("ValidatingWebhookConfiguration")["webhooks"][1]
+    (without,) = plain["matchConditions"]
+    assert condition["name"] == without["name"]
+    assert condition["expression"] == (
+        without["expression"]
+        + " || (has(object.spec.tolerations) && (!has(oldObject.spec.tolerations) ||\n"
+        "  size(object.spec.tolerations) != size(oldObject.spec.tolerations)))"
+    )
 
 
 @pytest.mark.parametrize("component", chartfiles.COMPONENTS)

@@ -409,9 +409,11 @@ async def test_corrupted_reviews_never_get_a_500(
 
 
 # -- malformed pods: a clear denial, never an internal error ------------------------------------
+# A fresh copy each draw: sampled_from hands out the same list and dict objects, so a pod
+# given one twice would hold a cycle (and a later example would see an earlier one's edits).
 WRONG = st.sampled_from(
     [None, True, 0, -1, 2.5, "", "x", [], {}, [1], ["a"], {"a": 1}, [{}], [None]]
-)
+).map(copy.deepcopy)
 OPERATORS = st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"])
 REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 CONTAINER_FIELDS = ["containers", "initContainers", "ephemeralContainers"]

@@ -209,6 +209,73 @@ async def test_a_pod_without_gpus_may_not_tolerate_the_gpu_node_taint(
     assert (await off.admit(trusted)).allowed
 
 
+async def test_a_pod_without_gpus_may_not_name_a_gpu_node(start: StartWebhook) -> None:
+    """spec.nodeName skips the scheduler, and kubelet's own admission checks only NoExecute
+    taints: without this rule a CPU pod pinned to a GPU node runs there, taint or not."""
+    hook = await start(cluster_state(gpu_only_cluster()), gpu_node_taint=GPU_NODE_TAINT)
+    pod = plain_pod()
+    pod["spec"]["nodeName"] = "node-a"
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "30", "memory": "120Gi"}}
+    refused = await hook.admit(pod)
+    assert not refused.allowed
+    assert "sets spec.nodeName to GPU node 'node-a'" in refused.message
+    assert "gpu-node-taint" in refused.message
+    # the validating webhook refuses it too (a pod that reached it without mutation)
+    validated = await hook.client.review("/validate", build_review(pod))
+    assert not validated.allowed
+    assert "spec.nodeName" in validated.message
+    # a node fracgpu does not manage as a GPU node, and node-a's own kubelet (mirror pods)
+    elsewhere = copy.deepcopy(pod)
+    elsewhere["spec"]["nodeName"] = "cpu-node-1"
+    assert (await hook.admit(elsewhere)).allowed
+    assert (await hook.admit(pod, username="system:node:node-a")).allowed
+    assert not (await hook.admit(pod, username="system:node:node-t")).allowed
+    # a GPU pod naming its node is placed as before, and the rule is off without the setting
+    off = await start(cluster_state(gpu_only_cluster()))
+    assert (await off.admit(pod)).allowed
+
+
+async def test_tolerating_the_gpu_node_taint_by_update_is_refused(start: StartWebhook) -> None:
+    """Kubernetes lets an update add tolerations (e.g. to a pod held by a scheduling gate):
+    the taint rule holds on UPDATE for pods without GPUs."""
+    hook = await start(cluster_state(gpu_only_cluster()), gpu_node_taint=GPU_NODE_TAINT)
+    gated = plain_pod()
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/wait"}]
+    created = await hook.admit(gated)
+    assert created.allowed, created.message
+    stored = created.pod
+    for tolerations in ([dict(TOLERATION)], [{"operator": "Exists"}]):
+        updated = copy.deepcopy(stored)
+        updated["spec"]["tolerations"] = tolerations
+        del updated["spec"]["schedulingGates"]
+        reply = await hook.client.review("/validate", build_review(updated, "UPDATE", old=stored))
+        assert not reply.allowed, tolerations
+        assert f"tolerates the taint '{GPU_NODE_TAINT}'" in reply.message
+    # other tolerations and other updates stay allowed
+    other = copy.deepcopy(stored)
+    other["spec"]["tolerations"] = [{"key": "team", "operator": "Exists"}]
+    labelled = copy.deepcopy(stored)
+    labelled["metadata"]["labels"] = {"app": "web"}
+    for updated in (other, labelled):
+        reply = await hook.client.review("/validate", build_review(updated, "UPDATE", old=stored))
+        assert reply.allowed, reply.message
+    # a pod that tolerated the taint before the setting was made keeps being updatable
+    legacy = copy.deepcopy(stored)
+    legacy["spec"]["tolerations"] = [dict(TOLERATION)]
+    more = copy.deepcopy(legacy)
+    more["spec"]["tolerations"].append({"key": "team", "operator": "Exists"})
+    reply = await hook.client.review("/validate", build_review(more, "UPDATE", old=legacy))
+    assert reply.allowed, reply.message
+    # fracgpu's own accounts, and webhooks without the setting, are not held to it
+    updated = copy.deepcopy(stored)
+    updated["spec"]["tolerations"] = [dict(TOLERATION)]
+    trusted = build_review(updated, "UPDATE", old=stored, username=WEBHOOK_SA)
+    assert (await hook.client.review("/validate", trusted)).allowed
+    off = await start(cluster_state(gpu_only_cluster()))
+    plain = build_review(updated, "UPDATE", old=stored)
+    assert (await off.client.review("/validate", plain)).allowed
+
+
 @pytest.mark.parametrize("key", ["/gpu", "gpu/", "Fracgpu.IO/gpu", "a b", "x/" + "y" * 64])
 def test_a_bad_gpu_node_taint_is_refused_at_start(key: str) -> None:
     with pytest.raises(

@@ -173,7 +173,7 @@ class Admission:
                     return responses.denied(taken)
             ask = read_ask(pod, self._settings.dialects, self._settings.policy)
             if ask.demand is None:
-                return self._mutate_without_gpu(pod, trusted)
+                return await self._mutate_without_gpu(pod, trusted, request.username)
             too_many = gpu_containers_problem(len(ask.requests), self._settings.pod_limits)
             if too_many and not trusted:
                 return responses.denied(too_many)
@@ -192,12 +192,14 @@ class Admission:
         except FracgpuError as error:
             return responses.invalid(str(error))
 
-    def _mutate_without_gpu(self, pod: Mapping[str, Any], trusted: bool) -> responses.Verdict:
+    async def _mutate_without_gpu(
+        self, pod: Mapping[str, Any], trusted: bool, username: str
+    ) -> responses.Verdict:
         if not trusted:
             findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
             if findings:
                 return responses.denied(validate.tamper_message(findings, "this pod"))
-            door = self._door_without_gpu(pod)
+            door = await self._door_without_gpu(pod, username)
             if door is not None:
                 return responses.denied(door)
         return responses.patched(patch_for(pod, None, self._settings.dialects))
@@ -534,7 +536,7 @@ class Admission:
                 findings = validate.tamper_findings(pod, placed_by_fracgpu=False, void_allowed=True)
                 if findings:
                     return responses.denied(validate.tamper_message(findings, "this pod"))
-                door = self._door_without_gpu(pod)
+                door = await self._door_without_gpu(pod, request.username)
                 return responses.allowed() if door is None else responses.denied(door)
             assignment = await self._verified_assignment(
                 pod, namespace, gpu_containers, False, request.dry_run
@@ -656,6 +658,9 @@ class Admission:
             return responses.denied(taken)
         if findings:
             return responses.denied(validate.tamper_message(findings, "this update"))
+        door = self._tolerations_added_door(old, new)
+        if door is not None:
+            return responses.denied(door)
         before, after = podlib.annotations(old), podlib.annotations(new)
         if grants.priority_changed(before, after):
             # The agent reads the pod's priority when a container (re)starts.
@@ -715,9 +720,54 @@ class Admission:
         denial = grants.privileged_denial(namespace, await self._state.quotas(namespace), findings)
         return responses.allowed() if denial is None else responses.denied(denial)
 
-    def _door_without_gpu(self, pod: Mapping[str, Any]) -> str | None:
+    async def _door_without_gpu(self, pod: Mapping[str, Any], username: str) -> str | None:
         """What refuses an untrusted pod without GPUs, at mutation and at validation alike."""
-        return self._host_path_door(pod) or self._gpu_node_taint_door(pod)
+        return (
+            self._host_path_door(pod)
+            or self._gpu_node_taint_door(pod)
+            or await self._gpu_node_name_door(pod, username)
+        )
+
+    async def _gpu_node_name_door(self, pod: Mapping[str, Any], username: str) -> str | None:
+        """A pod without GPUs may not name a GPU node in ``spec.nodeName`` (gpu-node-taint):
+        such a pod skips the scheduler, and kubelet checks only NoExecute taints, so the
+        NoSchedule taint would not keep it off. A GPU node is one in the placement view, or
+        one the back end knows to carry the taint (a cordoned GPU node is not in the view).
+        Only pods that set ``nodeName`` cost a look-up; the view is the one placement reads."""
+        key = self._settings.gpu_node_taint
+        if not key:
+            return None
+        node = podlib.spec(pod).get("nodeName")
+        if not isinstance(node, str) or not node or username == f"system:node:{node}":
+            # unset, or the node's own kubelet (the mirror pod of one of its static pods)
+            return None
+        known = (await self._state.view()).inventory(node) is not None
+        if not known and self._taints is not None:
+            taints = (await self._taints.node_taints()).get(node, ())
+            known = any(t.key == key for t in taints)
+        if not known:
+            return None
+        return (
+            f"this pod asks for no GPU but sets spec.nodeName to GPU node {node!r}: a pod bound "
+            f"by nodeName skips the scheduler and the taint {key!r} that keeps GPU nodes for GPU "
+            "pods (fracgpu setting gpu-node-taint), so fracgpu refuses it. Remove spec.nodeName "
+            "and let the scheduler place the pod on a node without GPUs"
+        )
+
+    def _tolerations_added_door(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+        """Tolerations may be added to an existing pod (Kubernetes allows it, e.g. to a pod
+        held by a scheduling gate): the gpu-node-taint rule holds on UPDATE too, for a pod
+        without GPUs whose update makes it tolerate the taint. A pod that tolerated it
+        already (admitted before the setting) is left as it was."""
+        key = self._settings.gpu_node_taint
+        if not key:
+            return None
+        before = podlib.spec(old).get("tolerations")
+        if podlib.spec(new).get("tolerations") == before:
+            return None  # most updates: nothing to read
+        if gpu_container_names(new, self._settings.dialects) or tolerates_key(old, key):
+            return None
+        return self._gpu_node_taint_door(new)
 
     def _gpu_node_taint_door(self, pod: Mapping[str, Any]) -> str | None:
         """A pod without GPUs may not tolerate the GPU nodes' taint (gpu-node-taint): it
