@@ -18,7 +18,13 @@ from fracgpu.placement.nofit import explain
 from fracgpu.placement.recheck import capacity_problem
 from fracgpu.placement.scoring import choose
 from fracgpu.placement.state import ClusterState
-from fracgpu.placement.workload import Shape, WorkloadModel, arrival_weight, shape_of
+from fracgpu.placement.workload import (
+    DEFAULT_MAX_TRACKED,
+    Shape,
+    WorkloadModel,
+    arrival_weight,
+    shape_of,
+)
 
 DEFAULT_SPLIT_COUNT = 10
 # What one pod or reservation holds on a node: GPU allocations, CPU milli, memory MiB.
@@ -64,7 +70,8 @@ class ClusterView:
         self._frag = FragmentationIndex()
         self._by_class = ClassChooser()
         # The FGD policy (kept to compare against): its own workload and index, set up only
-        # when it is used; ``observe`` only counts task types for it.
+        # when it is used; ``observe`` only counts task types for it (at most
+        # DEFAULT_MAX_TRACKED of them, like the fragmentation policy's shapes).
         self._fgd_workload = WorkloadModel(
             half_life=FGD_HALF_LIFE, max_shapes=FGD_MAX_SHAPES, keep_wide=False
         )
@@ -246,8 +253,13 @@ class ClusterView:
         which shifts every score alike but changes which ones round to the same integer).
         From then on ``observe`` no longer changes it. The other policies are not affected."""
         demands = list(demands)
+        # The caller's list bounds the task types, so all of them are kept (the FGD paper's
+        # target workload); the observed copy keeps the default bound.
         workload = WorkloadModel(
-            half_life=FGD_HALF_LIFE, max_shapes=max(1, len(demands)), keep_wide=False
+            half_life=FGD_HALF_LIFE,
+            max_shapes=max(1, len(demands)),
+            keep_wide=False,
+            max_tracked=max(DEFAULT_MAX_TRACKED, len(demands)),
         )
         for demand in demands:
             workload.observe(fgd_task_type(demand, shape_of(demand)))

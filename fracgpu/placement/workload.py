@@ -5,7 +5,9 @@ Instead of a fixed table, every arriving pod adds to an exponentially decayed hi
 shapes, so the model follows the workload as it drifts.
 """
 
+import heapq
 import math
+from operator import itemgetter
 from typing import NamedTuple
 
 from fracgpu.model import MemoryRequest
@@ -14,6 +16,11 @@ from fracgpu.placement.api import PodDemand
 DEFAULT_HALF_LIFE = 2000  # arrivals after which an observation counts half
 DEFAULT_COVERAGE = 0.95  # the typical shapes cover this share of the (decayed) arrivals
 DEFAULT_MAX_SHAPES = 32
+# The most distinct shapes a model remembers: tenants choose shapes (GPU memory, CPU, model
+# names), so memory must not grow with what they send. Real workloads have far fewer (the
+# openb trace: 90 shapes, 91 FGD task types). Past twice this many, the lowest-weight shapes
+# are forgotten down to it, so the pruning's cost is spread over as many new shapes.
+DEFAULT_MAX_TRACKED = 1024
 # CPU and memory of a shape are rounded down to 2 ** (k / 2): similar pods pool their
 # frequency (so less common big shapes still make the typical set) and fewer shapes are scored.
 BUCKETS_PER_DOUBLING = 2
@@ -104,6 +111,7 @@ class WorkloadModel:
         max_shapes: int = DEFAULT_MAX_SHAPES,
         *,
         keep_wide: bool = True,
+        max_tracked: int = DEFAULT_MAX_TRACKED,
     ) -> None:
         if half_life < 1:
             raise ValueError(f"half_life={half_life}: use 1 or more arrivals")
@@ -111,10 +119,14 @@ class WorkloadModel:
             raise ValueError(f"coverage={coverage}: use a fraction in (0, 1]")
         if max_shapes < 1:
             raise ValueError(f"max_shapes={max_shapes}: use 1 or more")
+        if max_tracked < 1:
+            raise ValueError(f"max_tracked={max_tracked}: use 1 or more")
         self._growth = 2.0 ** (1.0 / half_life)
         self._coverage = coverage
         self._max_shapes = max_shapes
         self._keep_wide = keep_wide
+        self._max_tracked = max_tracked
+        self._prune_above = 2 * max_tracked
         self._weights: dict[Shape, float] = {}
         # Per shape, the most CPU and host memory any of its pods asked (shapes round down).
         self._largest: dict[Shape, tuple[int, int]] = {}
@@ -136,12 +148,22 @@ class WorkloadModel:
         self.observations += 1
         if self._increment > _RESCALE_AT:
             self._rescale()
+        # A new shape (``_largest`` holds the same shapes as ``_weights``): maybe too many.
+        if largest is None and len(self._weights) > self._prune_above:
+            self._prune()
 
     def _rescale(self) -> None:
         scale = 1.0 / self._increment
         self._increment = 1.0
         # Shapes whose weight fell below one part in a billion are forgotten.
         self._weights = {s: w * scale for s, w in self._weights.items() if w * scale > 1e-9}
+        self._largest = {s: v for s, v in self._largest.items() if s in self._weights}
+
+    def _prune(self) -> None:
+        """Keep the ``max_tracked`` heaviest shapes, forgetting the rest (weights are on one
+        scale, so the heaviest are the most frequent after decay)."""
+        kept = heapq.nlargest(self._max_tracked, self._weights.items(), key=itemgetter(1))
+        self._weights = dict(kept)
         self._largest = {s: v for s, v in self._largest.items() if s in self._weights}
 
     def typical(self) -> list[tuple[Shape, float]]:

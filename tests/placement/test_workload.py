@@ -3,9 +3,16 @@
 import pytest
 
 from fracgpu.model import WHOLE_CARD, MemoryRequest
-from fracgpu.placement import Constraints, PodDemand
-from fracgpu.placement.workload import Shape, WorkloadModel, arrival_weight, bucket, shape_of
-from tests.placement.helpers import container, share
+from fracgpu.placement import ClusterView, Constraints, PodDemand
+from fracgpu.placement.workload import (
+    DEFAULT_MAX_TRACKED,
+    Shape,
+    WorkloadModel,
+    arrival_weight,
+    bucket,
+    shape_of,
+)
+from tests.placement.helpers import container, node, share
 
 
 def test_shape_of_takes_the_biggest_container_and_constraints() -> None:
@@ -121,3 +128,57 @@ def test_multi_gpu_shapes_stay_typical_past_the_coverage_cut() -> None:
     for _ in range(3):
         fgd_like.observe(whole_node)
     assert [s.gpus for s, _ in fgd_like.typical()] == [1]
+
+
+def _flood(count: int) -> list[PodDemand]:
+    """``count`` pods of distinct shapes (the review's attack: a new GPU memory and a new
+    avoided model each)."""
+    return [
+        share(10, 1024 + i, constraints=Constraints(exclude_models=(f"m{i}",)))
+        for i in range(count)
+    ]
+
+
+def test_the_model_tracks_a_bounded_number_of_shapes() -> None:
+    """Every arriving pod is observed, refused ones too: distinct shapes must not grow the
+    model without bound. Past twice the bound, the lightest shapes are forgotten down to it;
+    a shape as frequent as one arrival in ten outweighs the flood and stays typical."""
+    flood = [
+        Shape(10, 1, MemoryRequest(mib=1024 + i), 0, 0, exclude_models=(f"m{i}",))
+        for i in range(100_000)
+    ]
+    common = _shape(share(30))
+    for model in (WorkloadModel(), WorkloadModel(half_life=10**12, keep_wide=False)):
+        most = 0
+        for i, shape in enumerate(flood):
+            model.observe(shape)
+            if i % 10 == 0:
+                model.observe(common)
+            most = max(most, len(model._weights), len(model._largest))
+        assert most <= 2 * DEFAULT_MAX_TRACKED
+        assert set(model._largest) == set(model._weights)
+        (first, _), *_ = model.typical()
+        assert first == common
+
+
+def test_a_small_bound_keeps_the_heaviest_shapes() -> None:
+    model = WorkloadModel(max_shapes=2, max_tracked=2, half_life=10**12)
+    shapes = [_shape(share(10 + i)) for i in range(5)]
+    for count, shape in zip((5, 4, 1, 1, 1), shapes, strict=True):
+        for _ in range(count):
+            model.observe(shape)
+    # The fifth shape passed 2 x 2: pruned to the two heaviest.
+    assert set(model._weights) == set(model._largest) == set(shapes[:2])
+    with pytest.raises(ValueError, match="max_tracked=0"):
+        WorkloadModel(max_tracked=0)
+
+
+def test_the_view_bounds_both_workload_models() -> None:
+    """The fragmentation policy's shapes and FGD's task types, as ``ClusterView.observe``
+    keeps them."""
+    view = ClusterView([node("n", 1)])
+    for demand in _flood(20_000):
+        view.observe(demand)
+    for model in (view._workload, view._fgd_workload):
+        assert len(model._weights) <= 2 * DEFAULT_MAX_TRACKED
+        assert set(model._largest) == set(model._weights)

@@ -12,7 +12,13 @@ from fracgpu.placement import Policy
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, WEBHOOK_SA, Webhook, cluster_state, gpu_pod, plain_pod
 from webhook.cli.client import build_review
-from webhook.rules.demand import DemandError, read_ask
+from webhook.rules.demand import (
+    MAX_MODEL_NAME_LENGTH,
+    MAX_MODEL_NAMES,
+    DemandError,
+    PodAsk,
+    read_ask,
+)
 
 CORE, MEM = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
 SHARE = {CORE: "10", MEM: "4"}
@@ -633,4 +639,68 @@ def test_a_huge_policy_annotation_is_quoted_only_in_part() -> None:
     with pytest.raises(DemandError) as error:
         read_ask(pod, DialectConfig(), Policy.FRAGMENTATION)
     assert "annotation fracgpu.io/policy='xxxx" in str(error.value)
+    assert len(str(error.value)) < 300
+
+
+MODEL_ANNOTATIONS = [
+    names.ANNOTATION_USE_MODELS,
+    names.ANNOTATION_AVOID_MODELS,
+    names.HAMI_ANNOTATION_USE_GPUTYPE,
+    names.HAMI_ANNOTATION_NOUSE_GPUTYPE,
+]
+
+
+def _ask(annotations: dict[str, str]) -> PodAsk:
+    return read_ask(gpu_pod(SHARE, annotations=annotations), DialectConfig(), Policy.FRAGMENTATION)
+
+
+@pytest.mark.parametrize("key", MODEL_ANNOTATIONS)
+def test_a_model_annotation_holds_at_most_32_names(key: str) -> None:
+    """Each pod's model names stay in the learned workload (refused pods' too): a list is
+    bounded, and the denial says the bound."""
+    most = [f"model-{i}" for i in range(MAX_MODEL_NAMES)]
+    ask = _ask({key: ",".join(most)})
+    assert ask.demand is not None
+    constraints = ask.demand.constraints
+    assert len(constraints.include_models + constraints.exclude_models) == MAX_MODEL_NAMES
+    with pytest.raises(DemandError) as error:
+        _ask({key: ",".join([*most, "one-too-many"])})
+    message = str(error.value)
+    assert f"annotation {key}='model-0,model-1," in message
+    assert f"use a comma-separated list of 1-{MAX_MODEL_NAMES} GPU model names" in message
+    assert f"not {MAX_MODEL_NAMES + 1}" in message
+
+
+@pytest.mark.parametrize("key", MODEL_ANNOTATIONS)
+def test_a_model_name_has_at_most_64_characters(key: str) -> None:
+    longest = "N" * MAX_MODEL_NAME_LENGTH
+    ask = _ask({key: f"T4,{longest}"})
+    assert ask.demand is not None
+    with pytest.raises(DemandError) as error:
+        _ask({key: f"T4,{longest}N"})
+    message = str(error.value)
+    assert f"a GPU model name has at most {MAX_MODEL_NAME_LENGTH} characters" in message
+    assert f"has {MAX_MODEL_NAME_LENGTH + 1}" in message
+
+
+def test_a_huge_model_annotation_is_refused_and_quoted_only_in_part() -> None:
+    """The review's attack: 250 names of 1,000 characters (250 KB) in avoid-gpu-models."""
+    huge = ",".join(f"{i:04d}" + "x" * 996 for i in range(250))
+    for value in (huge, "y" * 250_000):
+        with pytest.raises(DemandError) as error:
+            _ask({names.ANNOTATION_AVOID_MODELS: value})
+        message = str(error.value)
+        assert message.startswith(f"annotation {names.ANNOTATION_AVOID_MODELS}='")
+        assert len(message) < 400, len(message)
+
+
+def test_uuid_annotations_keep_their_own_bound() -> None:
+    """UUID lists are not model names: up to 256 of them, and the echo is cut too."""
+    uuids = ",".join(f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(256))
+    ask = _ask({names.HAMI_ANNOTATION_NOUSE_GPUUUID: uuids})
+    assert ask.demand is not None
+    assert len(ask.demand.constraints.exclude_uuids) == 256
+    with pytest.raises(DemandError) as error:
+        _ask({names.HAMI_ANNOTATION_NOUSE_GPUUUID: uuids + ",GPU-extra"})
+    assert "use a comma-separated list of 1-256 GPU UUIDs, not 257" in str(error.value)
     assert len(str(error.value)) < 300

@@ -33,7 +33,12 @@ _CONSTRAINT_ANNOTATIONS: Final = {
     names.HAMI_ANNOTATION_USE_GPUUUID: "include_uuids",
     names.HAMI_ANNOTATION_NOUSE_GPUUUID: "exclude_uuids",
 }
-MAX_CONSTRAINT_ENTRIES: Final = 256
+MAX_CONSTRAINT_ENTRIES: Final = 256  # GPU UUIDs in one annotation
+# Model names in one annotation, and characters in one name. Real names are short ("NVIDIA
+# H100 80GB HBM3" has 21) and a pod names a few; the bounds keep what each pod's shape holds
+# (the workload model remembers it, refused pods too) small.
+MAX_MODEL_NAMES: Final = 32
+MAX_MODEL_NAME_LENGTH: Final = 64
 _HOST_KEYS_ORDERED: Final = ("cpu", "memory")
 _HOST_KEYS: Final = frozenset(_HOST_KEYS_ORDERED)
 _ZERO: Final = Fraction(0)
@@ -99,13 +104,25 @@ def constraints(annotations: Mapping[str, str]) -> Constraints:
     for key, target in _CONSTRAINT_ANNOTATIONS.items():
         if key not in annotations:
             continue
-        entries = [e.strip() for e in annotations[key].split(",") if e.strip()]
-        if not entries or len(entries) > MAX_CONSTRAINT_ENTRIES:
+        raw = annotations[key]
+        entries = [e.strip() for e in raw.split(",") if e.strip()]
+        uuids = "uuid" in target
+        most = MAX_CONSTRAINT_ENTRIES if uuids else MAX_MODEL_NAMES
+        if not entries or len(entries) > most:
             raise DemandError(
-                f"annotation {key}={annotations[key]!r} is not allowed: use a comma-separated "
-                f"list of 1-{MAX_CONSTRAINT_ENTRIES} GPU "
-                f"{'UUIDs' if 'uuid' in target else 'model names such as A100,H100'}"
+                f"annotation {key}={shown(raw)!r} is not allowed: use a comma-separated "
+                f"list of 1-{most} GPU "
+                f"{'UUIDs' if uuids else 'model names such as A100,H100'}"
+                + (f", not {len(entries)}" if entries else "")
             )
+        if not uuids:
+            for entry in entries:
+                if len(entry) > MAX_MODEL_NAME_LENGTH:
+                    raise DemandError(
+                        f"annotation {key}={shown(raw)!r} is not allowed: a GPU model name "
+                        f"has at most {MAX_MODEL_NAME_LENGTH} characters, "
+                        f"{shown(entry)!r} has {len(entry)}"
+                    )
         fields.setdefault(target, []).extend(entries)
 
     def unique(target: str) -> tuple[str, ...]:
