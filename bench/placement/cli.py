@@ -85,13 +85,11 @@ def parse_tune(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fracgpu-bench placement",
-        description="Replay an openb-format trace (shared/data/openb/README.md method) through "
-        "fracgpu's production placement and report GPU allocation and decision latency.",
-    )
-    # Shown resolved: where the default trace is depends on where the checkout is.
+def add_trace_arguments(
+    parser: argparse.ArgumentParser, pods_help: str, policies: Sequence[Policy]
+) -> None:
+    """--nodes, --pods and --policy, with their defaults shown resolved: where the default
+    trace is depends on where the checkout is."""
     parser.add_argument(
         "--nodes",
         type=Path,
@@ -102,15 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--pods",
         type=Path,
         default=default_path(DEFAULT_PODS),
-        help="pod list CSV in the openb format (default: %(default)s)",
+        help=f"{pods_help} (default: %(default)s)",
     )
     parser.add_argument(
         "--policy",
         type=parse_policies,
-        default=list(DEFAULT_POLICIES),
+        default=list(policies),
         help=f"comma-separated policies, from {policy_names(list(Policy))} "
-        f"(default: {policy_names(DEFAULT_POLICIES)})",
+        f"(default: {policy_names(policies)})",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fracgpu-bench placement",
+        description="Replay an openb-format trace (shared/data/openb/README.md method) through "
+        "fracgpu's production placement and report GPU allocation and decision latency.",
+    )
+    add_trace_arguments(parser, "pod list CSV in the openb format", DEFAULT_POLICIES)
     parser.add_argument(
         "--seeds",
         type=parse_seeds,

@@ -24,13 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.placement.cli import (
-    DEFAULT_NODES,
-    DEFAULT_PODS,
-    default_path,
-    parse_policies,
-    policy_names,
-)
+from bench.placement.cli import add_trace_arguments
 from bench.placement.replay import arrival_order, capacity_milli
 from bench.placement.report import text_table
 from bench.placement.trace import (
@@ -239,25 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fracgpu-bench placement-constraints", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument(
-        "--nodes",
-        type=Path,
-        default=default_path(DEFAULT_NODES),
-        help="node list CSV in the openb format (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--pods",
-        type=Path,
-        default=default_path(DEFAULT_PODS),
-        help="pods that fill the cluster before timing (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--policy",
-        type=parse_policies,
-        default=[Policy.FRAGMENTATION],
-        help=f"comma-separated policies, from {policy_names(list(Policy))} "
-        f"(default: {Policy.FRAGMENTATION.value})",
-    )
+    add_trace_arguments(parser, "pods that fill the cluster before timing", [Policy.FRAGMENTATION])
     parser.add_argument(
         "--fill",
         type=float,
