@@ -236,6 +236,35 @@ async def test_host_path_reaching_protected_directories_is_denied(
     assert (await hook.admit(with_host_path(pod, other))).allowed
 
 
+@pytest.mark.parametrize(
+    "key", ["cdi.k8s.io/gpu", "cdi-devices.nri.io/container.main", "devices.nri.io/container.main"]
+)
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu-pod", "plain-pod"])
+async def test_annotations_that_inject_devices_are_denied(
+    hook: Webhook, key: str, gpu: bool
+) -> None:
+    """The attack: where the node has the NVIDIA CDI spec, cdi.k8s.io/x: nvidia.com/gpu=all
+    has the runtime give the container every GPU, with no shim and no slice."""
+    pod = gpu_pod(SHARE) if gpu else plain_pod()
+    pod["metadata"].setdefault("annotations", {})[key] = "nvidia.com/gpu=all"
+    result = await hook.admit(pod)
+    assert not result.allowed
+    assert f"this pod sets annotation {key}, which asks the container runtime" in result.message
+    # The same pod without it is admitted; so is an unrelated annotation.
+    pod["metadata"]["annotations"] = {"example.com/cdi": "x"}
+    assert (await hook.admit(pod)).allowed
+
+
+async def test_a_device_injection_annotation_added_by_update_is_denied(hook: Webhook) -> None:
+    """A container that restarts is created with the pod's annotations as they are then."""
+    placed = (await hook.admit(plain_pod())).pod
+    changed = copy.deepcopy(placed)
+    changed["metadata"].setdefault("annotations", {})["cdi.k8s.io/gpu"] = "nvidia.com/gpu=all"
+    reply = await hook.client.review("/validate", build_review(changed, "UPDATE", old=placed))
+    assert not reply.allowed
+    assert "annotation cdi.k8s.io/gpu, which asks the container runtime" in reply.message
+
+
 async def test_protected_host_paths_are_a_setting(start: StartWebhook) -> None:
     hook = await start(cluster_state(granted_cluster()), protected_host_paths="/srv/agent")
     assert not (await hook.admit(with_host_path(plain_pod(), "/srv"))).allowed

@@ -662,6 +662,11 @@ class Admission:
         if door is not None:
             return responses.denied(door)
         before, after = podlib.annotations(old), podlib.annotations(new)
+        # A container that restarts is created with the pod's annotations as they are then.
+        had = set(shimguard.device_injection_findings(before))
+        injected = [f for f in shimguard.device_injection_findings(after) if f not in had]
+        if injected:
+            return responses.denied(shimguard.device_injection_denial(injected))
         if grants.priority_changed(before, after):
             # The agent reads the pod's priority when a container (re)starts.
             asks = grants.high_priority_asks(after, (), self._settings.dialects.names.hami_priority)
@@ -680,7 +685,7 @@ class Admission:
         """Why a GPU pod is denied for reaching around its slice, or None: hostPath to
         protected host directories, mounts over the shim's paths, privileges or a priority
         above what the namespace was granted."""
-        door = self._host_path_door(pod)
+        door = self._node_reach_door(pod)
         if door is not None:
             return door
         mounts, privileged = shimguard.container_findings(
@@ -723,7 +728,7 @@ class Admission:
     async def _door_without_gpu(self, pod: Mapping[str, Any], username: str) -> str | None:
         """What refuses an untrusted pod without GPUs, at mutation and at validation alike."""
         return (
-            self._host_path_door(pod)
+            self._node_reach_door(pod)
             or self._gpu_node_taint_door(pod)
             or await self._gpu_node_name_door(pod, username)
         )
@@ -781,10 +786,16 @@ class Admission:
             "operator Exists and no key tolerates every taint, this one too)"
         )
 
-    def _host_path_door(self, pod: Mapping[str, Any]) -> str | None:
+    def _node_reach_door(self, pod: Mapping[str, Any]) -> str | None:
+        """Reaches past the node's devices and files for any pod, GPU or not: hostPath to
+        protected host directories, annotations that have the runtime inject devices."""
         protected = self._settings.protected_host_paths
         findings = shimguard.host_path_findings(pod, protected)
-        return shimguard.host_path_denial(findings, protected) if findings else None
+        if findings:
+            return shimguard.host_path_denial(findings, protected)
+        raw = podlib.mapping_at(podlib.metadata(pod), "annotations", ".metadata")
+        injected = shimguard.device_injection_findings(raw) if raw else []
+        return shimguard.device_injection_denial(injected) if injected else None
 
     # -- shared --------------------------------------------------------------------------------
     async def _verified_assignment(

@@ -164,6 +164,30 @@ def host_path_denial(findings: list[str], protected: Iterable[str]) -> str:
     )
 
 
+# Pod annotations with which a container runtime injects devices into the pod's containers:
+# CDI's (containerd 2 and CRI-O read them where CDI is on) and the NRI device plugins'. With
+# the NVIDIA CDI spec on a node, one of them gives a container every GPU, with no shim.
+DEVICE_INJECTION_PREFIXES: Final = ("cdi.k8s.io/", "cdi-devices.nri.io/", "devices.nri.io/")
+
+
+def device_injection_findings(annotations: Mapping[str, Any]) -> list[str]:
+    """The pod's annotations that ask the runtime to inject devices, quoted in part."""
+    return sorted(
+        f"annotation {shown(key)}"
+        for key in annotations
+        if isinstance(key, str) and key.startswith(DEVICE_INJECTION_PREFIXES)
+    )
+
+
+def device_injection_denial(findings: list[str]) -> str:
+    return (
+        f"this pod sets {_shown(findings)}, which asks the container runtime to inject "
+        "devices (CDI or NRI) past fracgpu's device plugin: a GPU injected so has no slice. "
+        f"Remove the annotation; GPUs are asked for with GPU resources, or run the pod in a "
+        f"namespace fracgpu does not manage (label {names.NAMESPACE_LABEL_OPT_OUT}=true)"
+    )
+
+
 def _shown(findings: list[str]) -> str:
     shown = findings[:MAX_FINDINGS]
     more = f" and {len(findings) - len(shown)} more" if len(findings) > len(shown) else ""
