@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.procfs import read_proc_file
 from agent.slice_audit import ProcessSource
 
 log = logging.getLogger(__name__)
@@ -192,23 +193,10 @@ def host_pids_of(proc_dir: Path, pid: int) -> list[int]:
     ]
 
 
-def _read_small(path: Path) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, _PROC_FILE_CAP).decode(errors="replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _start_time(entry: Path) -> int | None:
     """Field 22 of ``stat``: the process's start, in clock ticks after boot (the same seen
     from every PID namespace)."""
-    text = _read_small(entry / "stat")
+    text = read_proc_file(entry / "stat", _PROC_FILE_CAP)
     if text is None or ")" not in text:
         return None
     fields = text.rsplit(")", 1)[1].split()
@@ -220,7 +208,7 @@ def _start_time(entry: Path) -> int | None:
 
 def _innermost_pid(entry: Path) -> int | None:
     """The last PID of ``status``'s NSpid line: the process's PID in its own namespace."""
-    text = _read_small(entry / "status")
+    text = read_proc_file(entry / "status", _PROC_FILE_CAP)
     if text is None:
         return None
     for line in text.splitlines():

@@ -29,6 +29,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.containers import LiveContainer
+from agent.procfs import read_proc_file
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,10 @@ class Overrun:
 
 def pod_uid_of(proc_dir: Path, pid: int) -> str | None:
     """The pod UID in a process's cgroup path, or None (not a pod's, gone, unreadable)."""
-    try:
-        fd = os.open(proc_dir / str(pid) / "cgroup", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    text = read_proc_file(proc_dir / str(pid) / "cgroup", _CGROUP_FILE_CAP)
+    if text is None:
         return None
-    try:
-        data = os.read(fd, _CGROUP_FILE_CAP)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    match = _POD_UID.search(data.decode("utf-8", "replace"))
+    match = _POD_UID.search(text)
     return match.group(1).replace("_", "-") if match else None
 
 
