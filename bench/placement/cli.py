@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -38,6 +39,16 @@ def default_path(relative: Path) -> Path:
     """``../shared/...`` beside the repository (CI keeps ``shared`` next to the clone)."""
     beside_repo = _repo_root().parent / relative
     return beside_repo if beside_repo.exists() else Path.cwd().parent / relative
+
+
+class PathKeepingHelpFormatter(argparse.HelpFormatter):
+    """Wraps help at spaces only: the stock formatter splits a long default path mid-name,
+    which a reader cannot copy and paste back."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(
+            " ".join(text.split()), width, break_long_words=False, break_on_hyphens=False
+        )
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -114,6 +125,7 @@ def add_trace_arguments(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fracgpu-bench placement",
+        formatter_class=PathKeepingHelpFormatter,
         description="Replay an openb-format trace (shared/data/openb/README.md method) through "
         "fracgpu's production placement and report GPU allocation and decision latency.",
     )

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.placement.cli import add_trace_arguments
+from bench.placement.cli import PathKeepingHelpFormatter, add_trace_arguments
 from bench.placement.replay import arrival_order, capacity_milli
 from bench.placement.report import text_table
 from bench.placement.trace import (
@@ -231,7 +231,9 @@ def churn_summary(results: Sequence[ShapeResult]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="fracgpu-bench placement-constraints", description=__doc__.split("\n\n")[0]
+        prog="fracgpu-bench placement-constraints",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=PathKeepingHelpFormatter,
     )
     add_trace_arguments(parser, "pods that fill the cluster before timing", [Policy.FRAGMENTATION])
     parser.add_argument(

@@ -183,13 +183,23 @@ def test_cli_rejects_bad_arguments(
     assert message in capsys.readouterr().err
 
 
-def test_cli_help_names_the_policies_and_shows_every_default(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def _help_on_a_narrow_terminal(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """The help as a 60-column terminal shows it, with line breaks folded to spaces: a
+    default path longer than the help column must still come out whole (a clone at a deep
+    path once had its trace path split mid-name)."""
+    monkeypatch.setenv("COLUMNS", "60")
     with pytest.raises(SystemExit) as exited:
-        bench_main(["placement", "--help"])
+        bench_main([command, "--help"])
     assert exited.value.code == 0
-    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_help_names_the_policies_and_shows_every_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _help_on_a_narrow_terminal("placement", capsys, monkeypatch)
     assert "<Policy" not in out
     assert f"from {','.join(p.value for p in Policy)}" in out
     assert "(default: fragmentation,fgd,best-fit,binpack,spread)" in out
@@ -204,12 +214,9 @@ def test_cli_help_names_the_policies_and_shows_every_default(
 
 
 def test_constraints_help_documents_every_flag_with_its_default(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(SystemExit) as exited:
-        bench_main(["placement-constraints", "--help"])
-    assert exited.value.code == 0
-    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    out = _help_on_a_narrow_terminal("placement-constraints", capsys, monkeypatch)
     assert "<Policy" not in out
     assert f"from {','.join(p.value for p in Policy)} (default: fragmentation)" in out
     assert f"(default: {default_path(DEFAULT_NODES)})" in out
