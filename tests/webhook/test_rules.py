@@ -4,13 +4,22 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from fracgpu import names
 from fracgpu.dialects import DialectConfig
 from fracgpu.placement import Policy
 from tests.webhook.conftest import StartWebhook
-from tests.webhook.support import CLUSTER, WEBHOOK_SA, Webhook, cluster_state, gpu_pod, plain_pod
+from tests.webhook.support import (
+    CLUSTER,
+    WEBHOOK_SA,
+    Webhook,
+    cluster_state,
+    gpu_pod,
+    patch_of,
+    plain_pod,
+)
 from webhook.cli.client import build_review
 from webhook.rules.demand import (
     MAX_MODEL_NAME_LENGTH,
@@ -488,6 +497,52 @@ async def test_validate_denies_an_assignment_copied_from_another_pod(webhook: We
     assert not reply.allowed
     assert "the assignment differs from reservation" in reply.message
     assert "which only fracgpu may set" in reply.message
+
+
+async def test_validate_denies_an_assignment_copied_within_the_namespace(
+    webhook: Webhook,
+) -> None:
+    """The embedded back end has no pod watch to tell that the original is live: the
+    reservation is bound to the name it was placed and confirmed under instead."""
+    admitted = await webhook.admit(gpu_pod(SHARE, name="real"))
+    assert admitted.allowed
+    copied = copy.deepcopy(admitted.pod)
+    copied["metadata"]["name"] = "copy"
+    reply = await webhook.client.review("/validate", build_review(copied))
+    assert not reply.allowed
+    assert "was made for pod 'real', not for this pod 'copy'" in reply.message
+    assert "an assignment copied from another pod" in reply.message
+    again = await webhook.client.review("/validate", build_review(admitted.pod))
+    assert again.allowed, again.message  # the pod's own retry is not a copy
+
+
+async def test_a_generate_name_pod_is_bound_to_the_name_the_api_server_chose(
+    webhook: Webhook,
+) -> None:
+    """Placed as ``job-*``; validation sees the chosen name and binds the reservation to
+    it, so a copy onto another ``job-`` pod (another replica of the same owner, say) is
+    refused."""
+    pod = gpu_pod(SHARE)
+    del pod["metadata"]["name"]
+    pod["metadata"]["generateName"] = "job-"
+    mutated = await webhook.client.review("/mutate", build_review(pod))
+    assert mutated.allowed
+    placed = jsonpatch.apply_patch(pod, patch_of(mutated.body))
+
+    def named(name: str) -> dict[str, Any]:
+        chosen = copy.deepcopy(placed)
+        chosen["metadata"]["name"] = name
+        return chosen
+
+    first = await webhook.client.review("/validate", build_review(named("job-x7k2p")))
+    assert first.allowed, first.message
+    copied = await webhook.client.review("/validate", build_review(named("job-q9d4z")))
+    assert not copied.allowed
+    assert "was made for pod 'job-x7k2p', not for this pod 'job-q9d4z'" in copied.message
+    elsewhere = await webhook.client.review("/validate", build_review(named("other-x7k2p")))
+    assert not elsewhere.allowed
+    again = await webhook.client.review("/validate", build_review(named("job-x7k2p")))
+    assert again.allowed, again.message
 
 
 @pytest.mark.parametrize(

@@ -821,6 +821,7 @@ class Admission:
             namespace,
             reservation,
             check_reservation=not (dry_run or trusted),
+            presenting=podlib.pod_name(pod),
         )
         if not trusted:
             findings += assignments.findings(

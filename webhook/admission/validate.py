@@ -11,6 +11,7 @@ from fracgpu.codec import decode_assignment
 from fracgpu.dialects import DialectConfig
 from fracgpu.errors import CodecError
 from fracgpu.model import Assignment, Reservation
+from fracgpu.quantity import shown
 from webhook.admission.mutate import Toleration, patch_for
 from webhook.rules import pod as podlib
 
@@ -123,8 +124,10 @@ def assignment_findings(
     reservation: Reservation | None,
     *,
     check_reservation: bool,
+    presenting: str,
 ) -> list[str]:
-    """Whether the assignment covers exactly the GPU containers and matches a reservation."""
+    """Whether the assignment covers exactly the GPU containers and matches a reservation
+    made for this pod (``presenting``: its ``pod_name``)."""
     findings = []
     assigned = {c.container for c in assignment.containers}
     if assigned != set(gpu_containers):
@@ -147,6 +150,13 @@ def assignment_findings(
             findings.append(
                 f"the assignment differs from reservation {assignment.reservation_id!r} "
                 f"(node {reservation.node}, namespace {reservation.namespace})"
+            )
+        elif not podlib.same_pod(reservation.pod, presenting):
+            # Same slice, same namespace, another pod: two pods would run in one slice.
+            findings.append(
+                f"reservation {assignment.reservation_id!r} was made for pod "
+                f"{shown(reservation.pod)!r}, not for this pod {shown(presenting)!r}: an "
+                "assignment copied from another pod"
             )
     return findings
 

@@ -139,3 +139,12 @@ def pod_name(pod: Mapping[str, Any]) -> str:
         return name
     prefix = meta.get("generateName")
     return (prefix if isinstance(prefix, str) else "") + "*"
+
+
+def same_pod(placed: str, presenting: str) -> bool:
+    """Whether a pod named ``presenting`` (``pod_name``) can be the pod that was ``placed``
+    under that name: the same name, or a name the API server chose for the ``<prefix>*``
+    it was placed as. A pod's name never changes, so any other name is another pod."""
+    if placed == presenting:
+        return True
+    return placed.endswith("*") and presenting.startswith(placed[:-1])
