@@ -23,6 +23,8 @@ import yaml
 from tests.chart.chartfiles import CHART_DIR
 
 SOURCE: Final = Path(__file__).resolve().parent / "render" / "main.go"
+# The values an install must set (the image registry), read before any other values file.
+INSTALLED_VALUES: Final = Path(__file__).resolve().parent / "installed-values.yaml"
 DEBIAN_GOPATH: Final = Path("/usr/share/gocode")
 PACKAGES: Final = "golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev"
 # Sprig imports its /v3 module paths; in GOPATH mode they need a directory of that name.
@@ -128,12 +130,14 @@ def render(
     kube_version: str = "v1.20.2",
     renderer: Path | None = None,
     release_service: str = "Helm",
+    installed: bool = True,
 ) -> Rendered:
-    """``helm template NAME charts/fracgpu -n NAMESPACE -f ... --set-json ...``."""
+    """``helm template NAME charts/fracgpu -n NAMESPACE -f ... --set-json ...``;
+    ``installed``: with ``INSTALLED_VALUES`` first, as every install sets them."""
     command = [str(renderer or build_renderer()), "-chart", str(CHART_DIR), "-name", name]
     command += ["-namespace", namespace, "-kube-version", kube_version]
     command += ["-release-service", release_service]
-    for file in value_files:
+    for file in ((INSTALLED_VALUES,) if installed else ()) + tuple(value_files):
         command += ["-f", str(file)]
     if values:
         command += ["-set-json", json.dumps(values)]

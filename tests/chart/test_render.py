@@ -133,6 +133,27 @@ def test_match_conditions_refuse_old_clusters(renderer: Path) -> None:
         render(renderer=renderer, values={"webhooks": {"matchConditions": {"enabled": True}}})
 
 
+def test_an_install_without_a_registry_is_refused_with_what_to_do(renderer: Path) -> None:
+    """No images are published: a default registry would only turn a missed --set into
+    ImagePullBackOff on every node."""
+    with pytest.raises(RenderError, match=r"image\.registry is not set") as refused:
+        render(renderer=renderer, installed=False)
+    assert "--set image.registry=" in str(refused.value)
+    assert "docs/quickstart.md" in str(refused.value)
+
+
+def test_every_fracgpu_image_comes_from_the_registry_set(renderer: Path) -> None:
+    rendered = render(renderer=renderer, installed=False, values={"image": {"registry": "r.io"}})
+    images = {
+        c["image"]
+        for o in rendered.objects()
+        if o["kind"] in ("Deployment", "DaemonSet", "Job")
+        for c in o["spec"]["template"]["spec"]["containers"]
+        if "fracgpu-" in c["image"]
+    }
+    assert images == {"r.io/fracgpu/fracgpu-webhook:0.1.0", "r.io/fracgpu/fracgpu-agent:0.1.0"}
+
+
 SCOPES = {
     "default": chartfiles.Scope(),
     "other-release": chartfiles.Scope(),
