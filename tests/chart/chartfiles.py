@@ -96,9 +96,10 @@ class Scope:
     namespace_selector: Json = field(default_factory=dict)
     object_selector: Json = field(default_factory=dict)
     match_conditions: bool = False
-    # values.webhook.gpuNodeTaint set: the update hook's condition also sends updates that
+    # values.webhook.gpuNodeTaint (its key; "": none): with it the create hooks' condition
+    # also sends pods bound by name or tolerating the taint, the update hook's updates that
     # add tolerations.
-    gpu_node_taint: bool = False
+    gpu_node_taint: str = ""
 
     def policies(self) -> tuple[str, str]:
         defaults = default_values()["webhooks"]
@@ -127,6 +128,7 @@ def webhooks_document(names: Names = Names(), scope: Scope = Scope()) -> Json:
             "__GPU_RESOURCES__": cel_list,
             "__UPDATE_FAILURE_POLICY__": update_failure,
             "__FAILURE_POLICY__": failure,
+            "__GPU_NODE_TAINT__": scope.gpu_node_taint,
         },
     )
     document = yaml.safe_load(text)
@@ -195,9 +197,14 @@ def _apply_scope(hook: Json, scope: Scope, document: Json) -> None:
     if scope.match_conditions:
         key = "updateMatchConditions" if hook["name"] == UPDATE_HOOK else "matchConditions"
         hook["matchConditions"] = copy.deepcopy(document[key])
-        if hook["name"] == UPDATE_HOOK and scope.gpu_node_taint:
+        if scope.gpu_node_taint:
+            added = (
+                "updateTolerationsCondition"
+                if hook["name"] == UPDATE_HOOK
+                else ("createTaintCondition")
+            )
             first = hook["matchConditions"][0]
-            first["expression"] += " || " + document["updateTolerationsCondition"]
+            first["expression"] += " || " + document[added]
 
 
 def rbac_document(component: str, names: Names = Names()) -> Json:

@@ -176,7 +176,9 @@ def test_the_update_hook_is_sent_only_changes_of_what_fracgpu_checks() -> None:
             assert f"{side}.metadata.{kind}.exists(k" in condition["expression"]
     assert "tolerations" not in condition["expression"]
     _, tainted = webhook_configurations(
-        "https://x", b"P", scope=chartfiles.Scope(match_conditions=True, gpu_node_taint=True)
+        "https://x",
+        b"P",
+        scope=chartfiles.Scope(match_conditions=True, gpu_node_taint="fracgpu.io/gpu-node"),
     )
     (condition,) = tainted["webhooks"][1]["matchConditions"]
     expression = condition["expression"]

@@ -166,7 +166,9 @@ SCOPES = {
         },
     ),
     "match-conditions": chartfiles.Scope(match_conditions=True),
-    "match-conditions-taint": chartfiles.Scope(match_conditions=True, gpu_node_taint=True),
+    "match-conditions-taint": chartfiles.Scope(
+        match_conditions=True, gpu_node_taint="fracgpu.io/gpu-node"
+    ),
 }
 
 
