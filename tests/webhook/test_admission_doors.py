@@ -206,6 +206,12 @@ HOST_PATHS = [
     "/var/lib/fracgpu/containers/x",
     "/var/lib/fracgpu/node",
     "/var/log/../lib/fracgpu",
+    # Routes to all of the above: another container's root, and cgroup device grants.
+    "/proc",
+    "/proc/1/root",
+    "/proc/self/root/var/lib/fracgpu",
+    "/sys",
+    "/sys/fs/cgroup",
 ]
 
 
@@ -217,11 +223,17 @@ def with_host_path(pod: dict[str, Any], path: str) -> dict[str, Any]:
     return pod
 
 
-OTHER_HOST_PATHS = ["/var/log", "/var/lib/kubelet/pods", "/opt/data", "/var/lib/fracgpu2"]
+OTHER_HOST_PATHS = [
+    "/var/log",
+    "/var/lib/kubelet/pods",
+    "/opt/data",
+    "/var/lib/fracgpu2",
+    "/sysroot",
+]
 
 
 @pytest.mark.parametrize(
-    ("path", "other"), list(zip(HOST_PATHS, OTHER_HOST_PATHS * 3, strict=False))
+    ("path", "other"), list(zip(HOST_PATHS, OTHER_HOST_PATHS * 5, strict=False))
 )
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu-pod", "plain-pod"])
 async def test_host_path_reaching_protected_directories_is_denied(
@@ -269,6 +281,10 @@ async def test_protected_host_paths_are_a_setting(start: StartWebhook) -> None:
     hook = await start(cluster_state(granted_cluster()), protected_host_paths="/srv/agent")
     assert not (await hook.admit(with_host_path(plain_pod(), "/srv"))).allowed
     assert (await hook.admit(with_host_path(plain_pod(), "/var/lib/fracgpu"))).allowed
+    # /proc and /sys reach any directory, whatever the setting names.
+    refused = await hook.admit(with_host_path(plain_pod(), "/proc/1/root"))
+    assert not refused.allowed
+    assert "/srv/agent, /proc, /sys" in refused.message
 
 
 # -- privileged GPU pods ---------------------------------------------------------------------

@@ -788,8 +788,9 @@ class Admission:
 
     def _node_reach_door(self, pod: Mapping[str, Any]) -> str | None:
         """Reaches past the node's devices and files for any pod, GPU or not: hostPath to
-        protected host directories, annotations that have the runtime inject devices."""
-        protected = self._settings.protected_host_paths
+        protected host directories (and to /proc and /sys, which reach them), annotations
+        that have the runtime inject devices."""
+        protected = shimguard.protected_host_paths(self._settings.protected_host_paths)
         findings = shimguard.host_path_findings(pod, protected)
         if findings:
             return shimguard.host_path_denial(findings, protected)

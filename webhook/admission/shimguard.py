@@ -97,6 +97,17 @@ def _shim_mounts(container: Mapping[str, Any], where: str) -> list[str]:
     return found
 
 
+# Host directories that reach the protected ones whatever they are: /proc/<pid>/root is a
+# process's whole filesystem (another container's, with its mounts), and cgroup files under
+# /sys grant devices. Protected whatever the protected_host_paths setting says.
+ALWAYS_PROTECTED_HOST_PATHS: Final = ("/proc", "/sys")
+
+
+def protected_host_paths(configured: Iterable[str]) -> tuple[str, ...]:
+    """The host directories ``host_path_findings`` guards: the setting's, and the routes."""
+    return (*configured, *ALWAYS_PROTECTED_HOST_PATHS)
+
+
 def host_path_findings(pod: Mapping[str, Any], roots: Iterable[str]) -> list[str]:
     """hostPath volumes at, inside or above a protected host directory (``roots``:
     normalised, as the settings hold them)."""
