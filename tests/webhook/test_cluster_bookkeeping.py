@@ -10,7 +10,6 @@ from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Reserv
 from fracgpu.placement import ClusterView
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.kubestate import KubeState, KubeStateSettings
-from webhook.cluster.ledger import ClaimLedger
 from webhook.settings import Settings
 from webhook.state.backend import Claim
 
@@ -279,18 +278,3 @@ async def test_a_pod_that_takes_over_its_claim_is_not_recounted(
     fresh.pods.put(pod)
     assert running == await free(fresh, "n1")
     assert running[0] == (70, 15360, 1)
-
-
-def test_a_confirmed_claim_is_bound_to_the_name_the_api_server_chose() -> None:
-    """A claim placed for ``job-*`` takes the final name at confirmation, so the leader's
-    reservation check refuses a copy onto another ``job-`` pod before the watch sees the
-    first one live; a confirmation under another name does not move it."""
-    ledger = ClaimLedger()
-    placed = Reservation("r1", "n1", "team", "job-*", (GPUAllocation("GPU-0", 30, 0),), 0)
-    ledger.hold(Claim(placed, 0, 0), (), 1.0)
-    ledger.confirm("r1", "job-x7k2p", 2.0)
-    held_now = ledger.inflight("r1")
-    assert held_now is not None and held_now.claim.reservation.pod == "job-x7k2p"
-    ledger.confirm("r1", "job-q9d4z", 3.0)
-    held_now = ledger.inflight("r1")
-    assert held_now is not None and held_now.claim.reservation.pod == "job-x7k2p"

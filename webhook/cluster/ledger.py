@@ -12,11 +12,9 @@ Pure bookkeeping: no I/O, no clock of its own (callers pass ``now``).
 """
 
 from collections.abc import Iterable, Sequence, ValuesView
-from dataclasses import replace
 from typing import NamedTuple
 
 from fracgpu.model import GPUAllocation, Quota
-from webhook.rules import pod as podlib
 from webhook.rules import quota as quotalib
 from webhook.state.backend import Claim
 
@@ -150,13 +148,6 @@ class ClaimLedger:
     def confirm(self, reservation_id: str, pod: str, now: float) -> None:
         """Validation confirmed the reservation: its pod's window starts (unknown or already
         confirmed IDs are ignored)."""
-        held = self._inflight.get(reservation_id)
-        if held is not None and podlib.same_pod(held.claim.reservation.pod, pod):
-            # Bound to its final name: a copy onto another pod named like it is refused.
-            bound = replace(held.claim.reservation, pod=pod)
-            self._inflight[reservation_id] = held._replace(
-                claim=replace(held.claim, reservation=bound)
-            )
         if self._unconfirmed.pop(reservation_id, None) is not None:
             charged = self._charged.get(reservation_id)
             namespace = charged[0].reservation.namespace if charged is not None else ""

@@ -143,8 +143,10 @@ def pod_name(pod: Mapping[str, Any]) -> str:
 
 def same_pod(placed: str, presenting: str) -> bool:
     """Whether a pod named ``presenting`` (``pod_name``) can be the pod that was ``placed``
-    under that name: the same name, or a name the API server chose for the ``<prefix>*``
-    it was placed as. A pod's name never changes, so any other name is another pod."""
+    under that name: the same name, or any name the API server may choose for the
+    ``<prefix>*`` it was placed as. (Not the first name validation sees: on a name
+    collision a 1.31+ API server chooses again and validates again, without mutating
+    again.) A pod's name never changes, so any other name is another pod."""
     if placed == presenting:
         return True
     return placed.endswith("*") and presenting.startswith(placed[:-1])

@@ -17,7 +17,6 @@ from pathlib import Path
 from fracgpu import names
 from fracgpu.model import GPUAllocation, Quota, Reservation, ResourceAmounts
 from fracgpu.placement import ClusterView
-from webhook.rules import pod as podlib
 from webhook.rules import quota as quotalib
 from webhook.rules.tolerations import Taint
 from webhook.state.backend import Claim, RejectKind, ReserveRejected
@@ -166,14 +165,8 @@ class EmbeddedState:
             self._release(reservation_id)
 
     async def confirm(self, reservation_id: str, pod: str) -> None:
-        # No pod watch to look it up in: a confirmed pod is assumed to be stored. It is
-        # bound to its final name, so a copy onto another pod named like it is refused.
+        del pod  # no pod watch to look it up in: a confirmed pod is assumed to be stored
         self._unconfirmed.pop(reservation_id, None)
-        claim = self._reservations.get(reservation_id)
-        if claim is not None and podlib.same_pod(claim.reservation.pod, pod):
-            self._reservations[reservation_id] = replace(
-                claim, reservation=replace(claim.reservation, pod=pod)
-            )
 
     def unconfirmed(self) -> int:
         """Reservations waiting for validation (metrics, tests)."""
