@@ -21,6 +21,7 @@ from tests.webhook.support import (
     plain_pod,
 )
 from webhook.cli.client import build_review
+from webhook.rules import pod as podlib
 from webhook.rules.demand import (
     MAX_MODEL_NAME_LENGTH,
     MAX_MODEL_NAMES,
@@ -757,3 +758,20 @@ def test_uuid_annotations_keep_their_own_bound() -> None:
         _ask({names.HAMI_ANNOTATION_NOUSE_GPUUUID: uuids + ",GPU-extra"})
     assert "use a comma-separated list of 1-256 GPU UUIDs, not 257" in str(error.value)
     assert len(str(error.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("placed", "presenting", "same"),
+    [
+        ("web-0", "web-0", True),
+        ("web-0", "web-1", False),
+        ("job-*", "job-x7k2p", True),
+        ("job-*", "job-*", True),  # mutation reinvoked before the name is chosen
+        ("job-*", "jobs-x7k2p", False),
+        ("job-*", "web-x7k2p", False),
+        ("*", "anything", True),  # generateName "" is refused by the API server anyway
+        ("", "web-0", True),  # a reservation written without the pod's name
+    ],
+)
+def test_same_pod(placed: str, presenting: str, same: bool) -> None:
+    assert podlib.same_pod(placed, presenting) is same

@@ -146,7 +146,8 @@ def same_pod(placed: str, presenting: str) -> bool:
     under that name: the same name, or any name the API server may choose for the
     ``<prefix>*`` it was placed as. (Not the first name validation sees: on a name
     collision a 1.31+ API server chooses again and validates again, without mutating
-    again.) A pod's name never changes, so any other name is another pod."""
-    if placed == presenting:
+    again.) A pod's name never changes, so any other name is another pod. An empty
+    ``placed`` (a reservation written without its pod's name) matches any."""
+    if not placed or placed == presenting:
         return True
     return placed.endswith("*") and presenting.startswith(placed[:-1])
