@@ -206,12 +206,10 @@ HOST_PATHS = [
     "/var/lib/fracgpu/containers/x",
     "/var/lib/fracgpu/node",
     "/var/log/../lib/fracgpu",
-    # Routes to all of the above: another container's root, and cgroup device grants.
+    # A route to all of the above: another container's root, read-only mount or not.
     "/proc",
     "/proc/1/root",
     "/proc/self/root/var/lib/fracgpu",
-    "/sys",
-    "/sys/fs/cgroup",
 ]
 
 
@@ -233,7 +231,7 @@ OTHER_HOST_PATHS = [
 
 
 @pytest.mark.parametrize(
-    ("path", "other"), list(zip(HOST_PATHS, OTHER_HOST_PATHS * 5, strict=False))
+    ("path", "other"), list(zip(HOST_PATHS, OTHER_HOST_PATHS * 3, strict=False))
 )
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu-pod", "plain-pod"])
 async def test_host_path_reaching_protected_directories_is_denied(
@@ -277,14 +275,72 @@ async def test_a_device_injection_annotation_added_by_update_is_denied(hook: Web
     assert "annotation cdi.k8s.io/gpu, which asks the container runtime" in reply.message
 
 
+def with_sys_volume(pod: dict[str, Any], path: str, *read_only: bool) -> dict[str, Any]:
+    """A hostPath volume at ``path``, mounted by as many containers as ``read_only`` has
+    flags (the pod's first container, then init containers), each read-only or not."""
+    pod["spec"]["volumes"] = [{"name": "sys", "hostPath": {"path": path}}]
+    mounts = [{"name": "sys", "mountPath": "/host/sys", "readOnly": flag} for flag in read_only]
+    pod["spec"]["containers"][0]["volumeMounts"] = mounts[:1]
+    pod["spec"]["initContainers"] = [
+        {"name": f"init{i}", "image": "busybox", "volumeMounts": [mount]}
+        for i, mount in enumerate(mounts[1:])
+    ]
+    return pod
+
+
+@pytest.mark.parametrize("path", ["/sys", "/sys/fs/cgroup", "/sys/bus/pci/devices", "//sys/."])
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu-pod", "plain-pod"])
+async def test_host_path_under_sys_is_refused_mounted_writable(
+    hook: Webhook, path: str, gpu: bool
+) -> None:
+    """cgroup v1 device files grant devices, a GPU's PCI files remove or reset it under
+    every tenant; monitoring agents that only read /sys/fs/cgroup keep working."""
+
+    def pod() -> dict[str, Any]:
+        return gpu_pod(SHARE) if gpu else plain_pod()
+
+    refused = await hook.admit(with_sys_volume(pod(), path, True, False))
+    assert not refused.allowed
+    assert f".spec.volumes[0].hostPath.path={path} (inside /sys, mounted writable)" in (
+        refused.message
+    )
+    assert "unless every container mounts them readOnly" in refused.message
+    assert (await hook.admit(with_sys_volume(pod(), path, True, True))).allowed
+    assert (await hook.admit(with_sys_volume(pod(), path))).allowed  # mounted by no one
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+async def test_a_debug_container_may_not_mount_a_sys_volume_writable(
+    hook: Webhook, read_only: bool
+) -> None:
+    placed = (await hook.admit(with_sys_volume(plain_pod(), "/sys/fs/cgroup", True))).pod
+    assert placed["spec"]["volumes"][0]["hostPath"]["path"] == "/sys/fs/cgroup"
+    debug = copy.deepcopy(placed)
+    debug["spec"]["ephemeralContainers"] = [
+        {
+            "name": "debugger",
+            "image": "busybox",
+            "volumeMounts": [{"name": "sys", "mountPath": "/s", "readOnly": read_only}],
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+        }
+    ]
+    reply = await hook.client.review(
+        "/validate",
+        build_review(debug, "UPDATE", old=placed, sub_resource="ephemeralcontainers"),
+    )
+    assert reply.allowed is read_only, reply.message
+    if not read_only:
+        assert "(inside /sys, mounted writable)" in reply.message
+
+
 async def test_protected_host_paths_are_a_setting(start: StartWebhook) -> None:
     hook = await start(cluster_state(granted_cluster()), protected_host_paths="/srv/agent")
     assert not (await hook.admit(with_host_path(plain_pod(), "/srv"))).allowed
     assert (await hook.admit(with_host_path(plain_pod(), "/var/lib/fracgpu"))).allowed
-    # /proc and /sys reach any directory, whatever the setting names.
+    # /proc reaches any directory, whatever the setting names.
     refused = await hook.admit(with_host_path(plain_pod(), "/proc/1/root"))
     assert not refused.allowed
-    assert "/srv/agent, /proc, /sys" in refused.message
+    assert "above /srv/agent, /proc, nor inside /sys" in refused.message
 
 
 # -- privileged GPU pods ---------------------------------------------------------------------

@@ -10,6 +10,7 @@ from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, Reserv
 from fracgpu.placement import ClusterView
 from webhook.cluster.apiclient import Endpoint, KubeApi
 from webhook.cluster.kubestate import KubeState, KubeStateSettings
+from webhook.cluster.ledger import ClaimLedger
 from webhook.settings import Settings
 from webhook.state.backend import Claim
 
@@ -278,3 +279,19 @@ async def test_a_pod_that_takes_over_its_claim_is_not_recounted(
     fresh.pods.put(pod)
     assert running == await free(fresh, "n1")
     assert running[0] == (70, 15360, 1)
+
+
+def test_a_second_confirmation_moves_the_window_to_its_name() -> None:
+    """A 1.31+ API server whose generated name was taken chooses another and validates
+    again: the window must look for the pod under the name it was stored with, or a watch
+    lagging past the window would release a live pod's slice."""
+    ledger = ClaimLedger()
+    placed = Reservation("r1", "n1", "team", "job-*", (GPUAllocation("GPU-0", 30, 0),), 0)
+    ledger.hold(Claim(placed, 0, 0), (), 1.0)
+    ledger.confirm("r1", "job-x7k2p", 2.0)
+    ledger.confirm("r1", "job-q9d4z", 3.0)
+    assert ledger.take_confirmed_since(2.5) == []  # the window restarted at 3.0
+    ((rid, confirmed),) = ledger.take_confirmed_since(3.0)
+    assert (rid, confirmed.pod, confirmed.namespace) == ("r1", "job-q9d4z", "team")
+    ledger.confirm("r9", "other", 4.0)  # unknown: ignored
+    assert ledger.take_confirmed_since(9.0) == []

@@ -770,6 +770,9 @@ def test_uuid_annotations_keep_their_own_bound() -> None:
         ("job-*", "jobs-x7k2p", False),
         ("job-*", "web-x7k2p", False),
         ("*", "anything", True),  # generateName "" is refused by the API server anyway
+        # The API server cuts a generateName past 58 characters before adding its suffix.
+        ("a" * 57 + "-29123456-*", "a" * 57 + "-x7k2p", True),
+        ("a" * 57 + "-29123456-*", "b" * 57 + "-x7k2p", False),
         ("", "web-0", True),  # a reservation written without the pod's name
     ],
 )

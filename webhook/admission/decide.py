@@ -500,6 +500,9 @@ class Admission:
             verdict = await self._ephemeral(request, ephemeral.validate_update)
             if not verdict.allowed:
                 return verdict
+            verdict = await self._ephemeral(request, self._debug_mounts)
+            if not verdict.allowed:
+                return verdict
             return await self._debug_privileges(request)
         if (
             request.operation not in ("CREATE", "UPDATE")
@@ -704,6 +707,19 @@ class Admission:
         return grants.privileged_denial(namespace, quotas, privileged) or grants.priority_denial(
             namespace, quotas, asks
         )
+
+    def _debug_mounts(self, request: AdmissionRequest) -> responses.Verdict:
+        """A debug container may mount the pod's volumes its own way: one mounting a host
+        directory that only read-only mounts let the pod have (/sys) writable is refused. An
+        EphemeralContainers object (Kubernetes 1.20, 1.21) carries no volumes to check."""
+        assert request.obj is not None
+        if not request.is_pod:
+            return responses.allowed()
+        protected = shimguard.protected_host_paths(self._settings.protected_host_paths)
+        findings = shimguard.host_path_findings(request.obj, protected)
+        if findings:
+            return responses.denied(shimguard.host_path_denial(findings, protected))
+        return responses.allowed()
 
     async def _debug_privileges(self, request: AdmissionRequest) -> responses.Verdict:
         """Privileged debug containers added to a GPU pod need the namespace's grant. An

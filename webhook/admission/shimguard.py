@@ -97,24 +97,31 @@ def _shim_mounts(container: Mapping[str, Any], where: str) -> list[str]:
     return found
 
 
-# Host directories that reach the protected ones whatever they are: /proc/<pid>/root is a
-# process's whole filesystem (another container's, with its mounts), and cgroup files under
-# /sys grant devices. Protected whatever the protected_host_paths setting says.
-ALWAYS_PROTECTED_HOST_PATHS: Final = ("/proc", "/sys")
+# A host directory that reaches every other one, read-only mount or not: /proc/<pid>/root
+# is a process's whole filesystem (another container's, with its writable mounts). Protected
+# whatever the protected_host_paths setting says.
+ALWAYS_PROTECTED_HOST_PATHS: Final = ("/proc",)
+# Host directories safe to read but not to write: cgroup v1 device files grant devices, and
+# a GPU's PCI files remove or reset it under every tenant. Refused mounted writable only
+# (monitoring agents mount /sys/fs/cgroup read-only).
+WRITE_PROTECTED_HOST_PATHS: Final = ("/sys",)
 
 
 def protected_host_paths(configured: Iterable[str]) -> tuple[str, ...]:
-    """The host directories ``host_path_findings`` guards: the setting's, and the routes."""
+    """The host directories ``host_path_findings`` guards whatever the mount: the
+    setting's, and /proc."""
     return (*configured, *ALWAYS_PROTECTED_HOST_PATHS)
 
 
 def host_path_findings(pod: Mapping[str, Any], roots: Iterable[str]) -> list[str]:
     """hostPath volumes at, inside or above a protected host directory (``roots``:
-    normalised, as the settings hold them)."""
+    normalised, as the settings hold them), or inside a write-protected one and mounted
+    writable by some container."""
     pod_spec = podlib.spec(pod)
     if not pod_spec.get("volumes"):
         return []
     found = []
+    writable: set[str] | None = None  # volume names some container mounts writable
     for i, volume in enumerate(_objects(pod_spec, "volumes", ".spec")):
         if "hostPath" not in volume:
             continue
@@ -126,7 +133,30 @@ def host_path_findings(pod: Mapping[str, Any], roots: Iterable[str]) -> list[str
         hit = next((r for r in roots if _within(path, r) or _within(r, path)), None)
         if hit is not None:
             found.append(f".spec.volumes[{i}].hostPath.path={shown(raw)} (reaches {hit})")
+            continue
+        guarded = next((r for r in WRITE_PROTECTED_HOST_PATHS if _within(path, r)), None)
+        if guarded is None:
+            continue
+        if writable is None:
+            writable = _writable_volumes(pod_spec)
+        if volume.get("name") in writable:
+            found.append(
+                f".spec.volumes[{i}].hostPath.path={shown(raw)} (inside {guarded}, "
+                "mounted writable)"
+            )
     return found
+
+
+def _writable_volumes(pod_spec: Mapping[str, Any]) -> set[str]:
+    """Names of the volumes that some container (of any kind) mounts without readOnly."""
+    names_found = set()
+    for field in podlib.ALL_FIELDS:
+        for index, container in enumerate(_objects(pod_spec, field, ".spec")):
+            where = f".spec.{field}[{index}]"
+            for mount in _objects(container, "volumeMounts", where):
+                if mount.get("readOnly") is not True and isinstance(mount.get("name"), str):
+                    names_found.add(mount["name"])
+    return names_found
 
 
 def container_privileges(containers: Iterable[Mapping[str, Any]], field: str) -> list[str]:
@@ -167,11 +197,13 @@ def mount_denial(findings: list[str]) -> str:
 
 
 def host_path_denial(findings: list[str], protected: Iterable[str]) -> str:
+    write_guarded = ", ".join(WRITE_PROTECTED_HOST_PATHS)
     return (
-        f"this pod mounts host directories that hold GPU containers' limits or the device "
-        f"plugins' sockets: {_shown(findings)}. hostPath volumes may not be at, inside or above "
-        f"{', '.join(protected)}: mount a narrower host path, or run the pod in a namespace "
-        f"fracgpu does not manage (label {names.NAMESPACE_LABEL_OPT_OUT}=true)"
+        f"this pod mounts host directories that hold or reach GPU containers' limits, the "
+        f"device plugins' sockets or the node's devices: {_shown(findings)}. hostPath volumes "
+        f"may not be at, inside or above {', '.join(protected)}, nor inside {write_guarded} "
+        "unless every container mounts them readOnly: mount a narrower host path, or run the "
+        f"pod in a namespace fracgpu does not manage (label {names.NAMESPACE_LABEL_OPT_OUT}=true)"
     )
 
 

@@ -146,9 +146,13 @@ class ClaimLedger:
 
     # -- the admission window ---------------------------------------------------------------
     def confirm(self, reservation_id: str, pod: str, now: float) -> None:
-        """Validation confirmed the reservation: its pod's window starts (unknown or already
-        confirmed IDs are ignored)."""
-        if self._unconfirmed.pop(reservation_id, None) is not None:
+        """Validation confirmed the reservation: its pod's window starts (unknown IDs are
+        ignored). A later confirmation moves the window to its name: a 1.31+ API server
+        whose generated name was taken chooses another and validates again."""
+        if (
+            self._unconfirmed.pop(reservation_id, None) is not None
+            or reservation_id in self._confirmed
+        ):
             charged = self._charged.get(reservation_id)
             namespace = charged[0].reservation.namespace if charged is not None else ""
             self._confirmed[reservation_id] = Confirmed(now, namespace, pod)

@@ -141,6 +141,11 @@ def pod_name(pod: Mapping[str, Any]) -> str:
     return (prefix if isinstance(prefix, str) else "") + "*"
 
 
+# The API server cuts a generateName longer than this before adding 5 random characters
+# (apiserver's SimpleNameGenerator: 63-character names).
+GENERATED_PREFIX_CHARS: Final = 58
+
+
 def same_pod(placed: str, presenting: str) -> bool:
     """Whether a pod named ``presenting`` (``pod_name``) can be the pod that was ``placed``
     under that name: the same name, or any name the API server may choose for the
@@ -150,4 +155,4 @@ def same_pod(placed: str, presenting: str) -> bool:
     ``placed`` (a reservation written without its pod's name) matches any."""
     if not placed or placed == presenting:
         return True
-    return placed.endswith("*") and presenting.startswith(placed[:-1])
+    return placed.endswith("*") and presenting.startswith(placed[:-1][:GENERATED_PREFIX_CHARS])
