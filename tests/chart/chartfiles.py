@@ -129,6 +129,7 @@ def webhooks_document(names: Names = Names(), scope: Scope = Scope()) -> Json:
             "__UPDATE_FAILURE_POLICY__": update_failure,
             "__FAILURE_POLICY__": failure,
             "__GPU_NODE_TAINT__": scope.gpu_node_taint,
+            "__SCHEDULER_NAME__": default_values()["webhook"]["queue"]["schedulerName"],
         },
     )
     document = yaml.safe_load(text)

@@ -155,6 +155,17 @@ def test_a_pod_annotated_to_have_the_runtime_inject_devices_is_sent(
     assert _sent(plain_hooks, pod(annotations={f"{prefix}gpus": "nvidia.com/gpu=all"}))
 
 
+def test_a_pod_naming_fracgpus_scheduler_is_sent(plain_hooks: dict[str, Condition]) -> None:
+    """Only pods fracgpu queued may use it; the webhook refuses any other."""
+    naming = pod({"cpu": "1"})
+    naming["spec"]["schedulerName"] = chartfiles.default_values()["webhook"]["queue"][
+        "schedulerName"
+    ]
+    assert _sent(plain_hooks, naming)
+    naming["spec"]["schedulerName"] = "default-scheduler"
+    assert not _sent(plain_hooks, naming)
+
+
 @pytest.mark.parametrize("where", ["annotations", "labels"])
 def test_fracgpu_metadata_on_a_pod_without_gpus_is_sent(
     plain_hooks: dict[str, Condition], where: str
