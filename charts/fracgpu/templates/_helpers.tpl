@@ -52,7 +52,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $root := index . 0 -}}
 {{- $image := index . 1 -}}
 {{- $tag := default $root.Chart.AppVersion $image.tag -}}
-{{- $registry := required "image.registry is not set: no fracgpu images are published yet. Build the two images (docs/quickstart.md), push them to a registry your nodes can pull from and install with --set image.registry=<that registry> (e.g. registry.example.com; docker.io for images loaded into the nodes by bare name)" $root.Values.image.registry -}}
+{{- $registry := required "image.registry is not set: no fracgpu images are published yet. Build the two images (docs/quickstart.md), push them to a registry your nodes can pull from and install with --set image.registry=<that registry> (e.g. registry.example.com; for images imported into the nodes under a bare name, docker.io with containerd, localhost with CRI-O)" $root.Values.image.registry -}}
 {{- printf "%s/%s:%s" $registry $image.repository $tag -}}
 {{- end -}}
 
