@@ -48,6 +48,8 @@ BoardSource = tuple[Path, Path]
 # A container's files are checked again (lstat, open, fstat) at most this often; between
 # checks the open region is only read (one pread per publication).
 _RECHECK_NS = 1_000_000_000
+# Boards are written in place by their owner, the agent, and read by everyone else.
+BOARD_MODE = 0o644
 
 
 @dataclass
@@ -176,7 +178,11 @@ class BoardPublisher:
     def _write(self, uuid: str, board: Board) -> None:
         path = self._node_dir / uuid
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+            # Owner-writable: the agent runs without the capability that writes past
+            # permissions, and reopens the board at every publish (boards an older agent
+            # made read-only are removed at start, prepare_node_dir). Containers see the
+            # node directory through a read-only mount.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, BOARD_MODE)
         except OSError as error:
             log.warning("cannot write a board", extra={"gpu": uuid, "error": str(error)})
             return

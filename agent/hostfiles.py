@@ -60,6 +60,10 @@ def open_untrusted(path: Path, max_bytes: int) -> tuple[int, os.stat_result] | N
         before = os.lstat(path)
     except FileNotFoundError:
         return None
+    except OSError as error:
+        # A container may chmod its own directory: the agent runs without the capability
+        # that reads past permissions, and one unreadable file must not fail the others.
+        raise UntrustedFileError(f"{path} cannot be examined: {error.strerror}") from None
     if not stat.S_ISREG(before.st_mode):
         raise UntrustedFileError(f"{path} is a {_kind(before.st_mode)}, a regular file is read")
     try:

@@ -223,22 +223,24 @@ class AgentCollector(Collector):
             yield from _gpu_manager_metrics(rows, gpu_index, self._node_name)
 
     def _container_rows(self, containers: list[LiveContainer]) -> list[_ContainerGpu]:
-        """One row per container and GPU, from its limits file and shim region."""
+        """One row per container and GPU of its limits file, with use from its region."""
         now = self._clock_ns()
         rows = []
         seen: set[tuple[str, str, str, str]] = set()
         for c in containers:
+            # The GPUs and limits are the agent's (the limits file); the region, which the
+            # container writes, only says how much of them it uses.
             slices = _slices(c.limits)
             region = {d.uuid: d for d in c.region or ()}
-            for uuid in sorted(set(slices) | set(region)):
-                mem_limit, reserved, paced = slices.get(uuid, (0, 0, CORES_PER_GPU))
+            for uuid in sorted(slices):
+                mem_limit, reserved, paced = slices[uuid]
                 dev = region.get(uuid)
                 row = _ContainerGpu(
                     namespace=c.namespace,
                     pod=c.pod,
                     container=c.container,
                     gpu=uuid,
-                    memory_limit_bytes=mem_limit or (dev.memory_limit if dev else 0),
+                    memory_limit_bytes=mem_limit,
                     compute_limit_ratio=paced / CORES_PER_GPU,
                     reserved_compute_ratio=reserved / CORES_PER_GPU,
                 )

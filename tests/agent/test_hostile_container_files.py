@@ -1,0 +1,178 @@
+"""What a container does to the files it can write, against the agent as the chart runs it:
+uid 0 with every capability dropped, so permissions hold for the agent too (no reading or
+writing past a mode). The agent's code runs in a child process under setpriv with an
+empty bounding set; the container's moves are made on the same host files."""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from agent.containers import LiveContainer
+from agent.hostfiles import AllocationFiles, allocation_key
+from agent.metrics import AgentCollector, build_registry
+from fracgpu import shim_abi as abi
+from fracgpu.names import RESOURCE_VCUDA_CORE
+from fracgpu.shim_abi import DeviceLimits, Limits, encode_limits
+from tests.promtext import samples
+
+REPO = Path(__file__).resolve().parents[2]
+SETPRIV = shutil.which("setpriv")
+POD_UID = "00000000-0000-0000-0000-00000000000{}"
+
+needs_capless_root = pytest.mark.skipif(
+    SETPRIV is None or os.geteuid() != 0,
+    reason="dropping every capability of uid 0 needs root and setpriv (util-linux)",
+)
+
+
+def run_as_the_agent(code: str) -> dict[str, object]:
+    """Run ``code`` as uid 0 without any capability; it prints one JSON object."""
+    assert SETPRIV is not None
+    capless = [SETPRIV, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    result = subprocess.run(
+        [*capless, sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    found: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    return found
+
+
+def _container(files: AllocationFiles, pod: str, n: int) -> str:
+    key = allocation_key(RESOURCE_VCUDA_CORE, [f"GPU-a-core-{n}"])
+    files.prepare(key)
+    limits = Limits(
+        devices=(DeviceLimits("GPU-a", 1 << 30, 50),),
+        namespace="team",
+        pod=pod,
+        container="main",
+        pod_uid=POD_UID.format(n),
+    )
+    files.write_limits(key, encode_limits(limits).decode())
+    files.region_path(key).write_bytes(_region_bytes(("GPU-a", 1 << 30, 0)))
+    return key
+
+
+@needs_capless_root
+def test_a_container_that_locks_its_run_directory_blinds_only_itself(tmp_path: Path) -> None:
+    """The attack: root in the container runs ``chmod 000`` on its region directory, which
+    it owns through the bind mount. The agent cannot look inside; before, the error escaped
+    and every container's metrics and the slice audit of the whole node failed with it."""
+    files = AllocationFiles(tmp_path / "state")
+    _container(files, "victim", 1)
+    attacker = _container(files, "attacker", 2)
+    os.chmod(files.run_dir(attacker), 0)
+    found = run_as_the_agent(
+        f"""
+        import json
+        from pathlib import Path
+        from agent.containers import live_containers
+        from agent.hostfiles import AllocationFiles
+        from agent.podresources import ContainerDevices
+        from agent.slice_audit import SliceAudit
+
+        holders = [
+            ContainerDevices("team", pod, "main", {{"{RESOURCE_VCUDA_CORE}": frozenset([i])}})
+            for pod, i in (("victim", "GPU-a-core-1"), ("attacker", "GPU-a-core-2"))
+        ]
+        class Kubelet:
+            def list(self):
+                return holders
+        class Nvml:
+            def compute_processes(self, uuid):
+                return []
+        files = AllocationFiles(Path({str(tmp_path / "state")!r}))
+        def live():
+            return live_containers(Kubelet(), ["{RESOURCE_VCUDA_CORE}"], files)
+        SliceAudit(Nvml(), live).run_once()
+        print(json.dumps({{c.pod: [c.limits is not None, c.region is not None] for c in live()}}))
+        """
+    )
+    # The victim is seen whole; the attacker keeps its limits (the audit reads them), only
+    # its own region (usage it reports about itself) is missing.
+    assert found == {"victim": [True, True], "attacker": [True, False]}
+
+
+@needs_capless_root
+def test_boards_are_published_again_and_again_without_capabilities(tmp_path: Path) -> None:
+    """A board is written in place at every publish; created read-only (0444), the second
+    publish failed for an agent without the capability to write past a mode, and every
+    board on the node stayed as the first publish left it."""
+    node = tmp_path / "node"
+    found = run_as_the_agent(
+        f"""
+        import json
+        from pathlib import Path
+        from agent.boards import BoardPublisher
+        from agent.hostfiles import prepare_node_dir
+        from fracgpu.shim_abi import decode_board
+
+        node = Path({str(node)!r})
+        prepare_node_dir(node)
+        publisher = BoardPublisher(node, lambda: ["GPU-a"], lambda: [])
+        on_disk = []
+        for _ in range(3):
+            publisher.publish()
+            on_disk.append(decode_board((node / "GPU-a").read_bytes()).sequence)
+        print(json.dumps({{"on_disk": on_disk}}))
+        """
+    )
+    assert found == {"on_disk": [1, 2, 3]}
+    assert (node / "GPU-a").stat().st_mode & 0o777 == 0o644  # the node dir is mounted read-only
+
+
+def _region(*devices: tuple[str, int, int]) -> tuple[abi.RegionDevice, ...]:
+    return abi.decode_region(_region_bytes(*devices)).devices
+
+
+def _region_bytes(*devices: tuple[str, int, int]) -> bytes:
+    """A region as a container could write it: (uuid, memory limit, memory used) per GPU."""
+    data = bytearray(abi.REGION_SIZE)
+    struct.pack_into(
+        "<QIIIII",
+        data,
+        0,
+        abi.REGION_MAGIC,
+        abi.REGION_VERSION,
+        abi.REGION_SIZE,
+        abi.MAX_DEVICES,
+        abi.MAX_PROCS,
+        len(devices),
+    )
+    for i, (uuid, limit, used) in enumerate(devices):
+        base = abi.DEVICES_OFF + i * abi.DEV_SIZE
+        data[base : base + len(uuid)] = uuid.encode()
+        struct.pack_into("<QQ", data, base + abi.DEV_OFF_MEMORY_LIMIT, limit, used)
+    return bytes(data)
+
+
+def test_a_region_cannot_add_gpus_or_raise_limits_in_the_metrics() -> None:
+    """The region is the container's to write: it may misreport its own use (documented),
+    but the GPUs it holds and their limits come from the agent's limits file only."""
+    limits = Limits(devices=(DeviceLimits("GPU-mine", 1 << 30, 50),))
+    region = _region(("GPU-mine", 2**64 - 1, 1 << 20), ("GPU-neighbours", 2**64 - 1, 140 << 30))
+    spoofer = LiveContainer("team", "spoofer", "main", ("k",), limits, region)
+    collector = AgentCollector(None, list, dict, lambda: [spoofer], gpu_manager_metrics=True)
+    found = samples(generate_latest(build_registry(collector)).decode())
+    container_series = [s for s in found if s.startswith(("fracgpu_container_", "container_"))]
+    assert container_series, "the spoofer's own GPU is still exported"
+    assert not [s for s in container_series if "GPU-neighbours" in s]
+    limits_exported = {
+        s: v for s, v in found.items() if s.startswith("fracgpu_container_memory_limit_bytes")
+    }
+    assert list(limits_exported.values()) == [float(1 << 30)]
+    used = [v for s, v in found.items() if s.startswith("fracgpu_container_memory_used_bytes")]
+    assert used == [float(1 << 20)]  # its own use, as it reports it
