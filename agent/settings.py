@@ -263,8 +263,9 @@ def _parser() -> argparse.ArgumentParser:
         "--slice-audit-tolerance-bytes",
         type=int,
         default=d.slice_audit_tolerance_bytes,
-        help="GPU memory per process allowed beyond the slice (the driver's context, which "
-        f"the slice does not count), 0 to {MAX_TOLERANCE_BYTES}",
+        help="GPU memory per process allowed beyond the slice: what the process holds past "
+        "the context the slice counts (driver memory the shim cannot see), at most this, "
+        f"0 to {MAX_TOLERANCE_BYTES}",
     )
     p.add_argument(
         "--slice-audit-proc-dir",

@@ -56,6 +56,9 @@ class SliceAuditSettings:
     proc_dir: Path = Path("/proc")
     tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
     kill: bool = False
+    # What the shim counts against the slice for each process's context on a GPU
+    # (--context-overhead-bytes, configured or measured; 0: contexts not counted).
+    counted_context_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.tolerance_bytes <= MAX_TOLERANCE_BYTES:
@@ -90,8 +93,14 @@ def find_overruns(
     pod_of: Callable[[int], str | None],
     containers: Iterable[LiveContainer],
     tolerance_bytes: int,
+    counted_context_bytes: int = 0,
 ) -> list[Overrun]:
-    """usage: (gpu uuid, pid, used bytes) from NVML. Pods over their slices on a GPU."""
+    """usage: (gpu uuid, pid, used bytes) from NVML. Pods over their slices on a GPU.
+
+    Each process is tolerated what it holds beyond the context the slice already counts,
+    up to ``tolerance_bytes`` (driver memory the shim cannot see: module code, statics).
+    A flat tolerance per process let a pod raise its own bound by starting idle processes,
+    whose counted contexts were then tolerated a second time."""
     slices: dict[tuple[str, str], int] = {}
     names: dict[str, tuple[str, str]] = {}
     for c in containers:
@@ -101,17 +110,19 @@ def find_overruns(
         for device in c.limits.devices:
             key = (c.limits.pod_uid, device.uuid.lower())
             slices[key] = slices.get(key, 0) + device.memory_limit_bytes
-    used: dict[tuple[str, str], tuple[int, list[int]]] = {}
+    used: dict[tuple[str, str], tuple[int, int, list[int]]] = {}
     for gpu, pid, nbytes in usage:
         uid = pod_of(pid)
         if uid is None or uid not in names:
             continue  # not a sliced fracgpu pod: whole GPUs and host processes are not ours
-        total, pids = used.get((uid, gpu.lower()), (0, []))
-        used[(uid, gpu.lower())] = (total + max(nbytes, 0), [*pids, pid])
+        total, tolerated, pids = used.get((uid, gpu.lower()), (0, 0, []))
+        held = max(nbytes, 0)
+        tolerance = min(tolerance_bytes, max(0, held - counted_context_bytes))
+        used[(uid, gpu.lower())] = (total + held, tolerated + tolerance, [*pids, pid])
     out = []
-    for (uid, gpu), (total, pids) in sorted(used.items()):
+    for (uid, gpu), (total, tolerated, pids) in sorted(used.items()):
         allowed = slices.get((uid, gpu), 0)  # a GPU not in its limits: nothing allowed
-        if total > allowed + tolerance_bytes * len(pids):
+        if total > allowed + tolerated:
             namespace, pod = names[uid]
             out.append(Overrun(namespace, pod, uid, gpu, total, allowed, tuple(sorted(pids))))
     return out
@@ -154,6 +165,7 @@ class SliceAudit:
             lambda pid: pod_uid_of(self.settings.proc_dir, pid),
             live,
             self.settings.tolerance_bytes,
+            self.settings.counted_context_bytes,
         )
         for o in found:
             key = (o.namespace, o.pod, o.gpu)

@@ -194,6 +194,41 @@ def test_tolerance_and_gpus_outside_the_limits() -> None:
     assert elsewhere.slice_bytes == 0
 
 
+MIB = 1 << 20
+
+
+def test_idle_processes_do_not_raise_the_bound_for_a_bypass() -> None:
+    """The attack: fill the slice with idle shimmed processes, each a context the slice
+    counts (500 MiB here), then hold memory in one process that bypasses the shim. With a
+    flat 512 MiB per process the 40 idle ones tolerated 20 GiB more; a process is now
+    tolerated only what it holds beyond its counted context."""
+    slice_bytes = 20 * GIB
+    pids = range(1, 42)
+    pod_of = dict.fromkeys(pids, POD_UID).get
+    idle = [(GPU, pid, 500 * MIB) for pid in pids[:40]]
+    bypass = [(GPU, 41, 10 * GIB)]
+    container = _container(slice_bytes)
+    (over,) = find_overruns(
+        idle + bypass, pod_of, [container], 512 * MIB, counted_context_bytes=500 * MIB
+    )
+    assert over.used_bytes == 40 * 500 * MIB + 10 * GIB and over.pids == tuple(pids)
+    # The idle processes alone are within the slice.
+    assert find_overruns(idle, pod_of, [container], 512 * MIB, 500 * MIB) == []
+
+
+def test_a_pod_whose_processes_load_code_the_slice_cannot_see_is_not_reported() -> None:
+    """Each process: a counted context (500 MiB), counted allocations filling the slice,
+    and 300 MiB of module code and statics the shim cannot count, within the tolerance."""
+    pod_of = dict.fromkeys(range(1, 5), POD_UID).get
+    counted = 500 * MIB
+    allocations = (8 * GIB - 4 * counted) // 4
+    usage = [(GPU, pid, counted + allocations + 300 * MIB) for pid in range(1, 5)]
+    assert find_overruns(usage, pod_of, [_container(8 * GIB)], 512 * MIB, counted) == []
+    # Past the tolerance, it is.
+    heavier = [(GPU, pid, counted + allocations + 600 * MIB) for pid in range(1, 5)]
+    assert find_overruns(heavier, pod_of, [_container(8 * GIB)], 512 * MIB, counted)
+
+
 def test_hostile_cgroup_files_are_bounded(tmp_path: Path) -> None:
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "cgroup").write_bytes(b"\xff" * (1 << 20) + POD_UID.encode())
