@@ -15,6 +15,7 @@ touching files a previous holder may still have open or mounted.
 """
 
 import hashlib
+import logging
 import os
 import shutil
 import stat
@@ -25,6 +26,8 @@ from pathlib import Path
 
 from agent.atomic import write_atomically
 from fracgpu.shim_abi import LIMITS_MAX_BYTES
+
+log = logging.getLogger(__name__)
 
 LIMITS_FILE = "limits"
 SERVED_FILE = "served"
@@ -123,7 +126,7 @@ def prepare_node_dir(path: Path) -> None:
     os.chmod(path, 0o755)
     for entry in path.iterdir():
         if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
+            remove_container_tree(entry)
         else:
             entry.unlink(missing_ok=True)
 
@@ -163,7 +166,7 @@ class AllocationFiles:
         self.served_path(key).unlink(missing_ok=True)
         run = self.run_dir(key)
         for old in self.directory(key).glob(f"{RUN_DIR}.old-*"):
-            shutil.rmtree(old, ignore_errors=True)
+            remove_container_tree(old)
         if run.exists():
             run.rename(run.with_name(f"{RUN_DIR}.old-{time.time_ns()}"))
         run.mkdir(parents=True)
@@ -205,4 +208,34 @@ class AllocationFiles:
         return now - self.directory(key).stat().st_mtime
 
     def remove(self, key: str) -> None:
-        shutil.rmtree(self.directory(key), ignore_errors=True)
+        remove_container_tree(self.directory(key))
+
+
+def remove_container_tree(root: Path) -> bool:
+    """Remove a directory tree a container could write into; whether it is gone.
+
+    A container may have taken permissions away inside it (``chmod 000`` on a directory)
+    and the agent runs without the capability that reads and writes past them: each
+    directory is given its owner's permissions back first, which its owner may do (root in
+    the container is the agent's uid), as may the agent with CAP_FOWNER (the chart grants
+    it) whoever made it. What still cannot be removed is logged: it holds host disk."""
+    me = os.geteuid()
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            # Another user's directory is opened to everyone: the agent is not its owner.
+            mode = 0o700 if os.lstat(directory).st_uid == me else 0o777
+            os.chmod(directory, mode, follow_symlinks=False)
+            with os.scandir(directory) as entries:
+                stack.extend(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
+        except OSError:
+            continue  # rmtree below reports what this leaves
+    shutil.rmtree(root, ignore_errors=True)
+    if os.path.lexists(root):
+        log.warning(
+            "cannot remove files a container left on the host",
+            extra={"path": str(root), "hint": "give the agent CAP_FOWNER, or remove them"},
+        )
+        return False
+    return True

@@ -33,10 +33,12 @@ needs_capless_root = pytest.mark.skipif(
 )
 
 
-def run_as_the_agent(code: str) -> dict[str, object]:
-    """Run ``code`` as uid 0 without any capability; it prints one JSON object."""
+def run_as_the_agent(code: str, *keep: str) -> dict[str, object]:
+    """Run ``code`` as uid 0 with no capability but ``keep`` (e.g. "fowner"); it prints
+    one JSON object."""
     assert SETPRIV is not None
-    capless = [SETPRIV, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    bounding = ",".join(["-all", *(f"+{cap}" for cap in keep)])
+    capless = [SETPRIV, "--inh-caps=-all", f"--bounding-set={bounding}", "--no-new-privs"]
     result = subprocess.run(
         [*capless, sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -132,6 +134,52 @@ def test_boards_are_published_again_and_again_without_capabilities(tmp_path: Pat
     )
     assert found == {"on_disk": [1, 2, 3]}
     assert (node / "GPU-a").stat().st_mode & 0o777 == 0o644  # the node dir is mounted read-only
+
+
+def _leave_files(run: Path) -> None:
+    """What a container may leave in its region directory: root in it locks a directory
+    (chmod 000), another user makes one only it may write."""
+    locked = run / "locked"
+    locked.mkdir()
+    (locked / "data").write_bytes(b"x" * 4096)
+    locked.chmod(0)
+    theirs = run / "theirs"
+    theirs.mkdir()
+    (theirs / "data").write_bytes(b"x" * 4096)
+    os.chown(theirs / "data", 1000, 1000)
+    os.chown(theirs, 1000, 1000)
+    theirs.chmod(0o755)
+
+
+def _remove_as_the_agent(run: Path, *keep: str) -> dict[str, object]:
+    return run_as_the_agent(
+        f"""
+        import json, os
+        from pathlib import Path
+        from agent.hostfiles import remove_container_tree
+
+        gone = remove_container_tree(Path({str(run)!r}))
+        print(json.dumps({{"gone": gone, "left": os.path.lexists({str(run)!r})}}))
+        """,
+        *keep,
+    )
+
+
+@needs_capless_root
+def test_files_a_container_locked_are_removed_with_its_directory(tmp_path: Path) -> None:
+    """Before, the removal ignored its errors: a locked directory and its data outlived
+    the pod on the host disk, silently. The agent gives its owner's permissions back first
+    (root in the container is the agent's uid), and with FOWNER, as the chart runs it,
+    whoever made them."""
+    for keep, fully in (((), False), (("fowner",), True)):
+        run = tmp_path / f"run-{len(keep)}"
+        run.mkdir()
+        run.chmod(0o777)
+        _leave_files(run)
+        found = _remove_as_the_agent(run, *keep)
+        assert found == {"gone": fully, "left": not fully}
+        if not fully:  # only another user's directory is left, and the removal said so
+            assert sorted(p.name for p in run.iterdir()) == ["theirs"]
 
 
 def _region(*devices: tuple[str, int, int]) -> tuple[abi.RegionDevice, ...]:

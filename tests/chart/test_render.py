@@ -305,7 +305,8 @@ def test_agent_gets_host_access_it_needs_and_no_more(rendered: dict[str, Rendere
     security = container["securityContext"]
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"] == {"drop": ["ALL"]}
+    # FOWNER: what a container left in its region directory can be removed whoever made it.
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["FOWNER"]}
     assert security["readOnlyRootFilesystem"] is True
     privileged = rendered["privileged-agent"].one("DaemonSet")
     assert _container(privileged, "agent")["securityContext"]["privileged"] is True
@@ -328,7 +329,10 @@ def test_the_slice_audit_kills_only_from_the_hosts_pid_namespace(
     assert pod["hostPID"] is True
     assert "host-proc" not in {v["name"] for v in pod["volumes"]}
     container = _container(daemonset, "agent")
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    assert container["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["FOWNER", "KILL"],
+    }
     settings = parse_settings([], _env(container, {"spec.nodeName": "gpu-1"}))
     assert settings.slice_audit_kill and str(settings.slice_audit_proc_dir) == "/proc"
     default = parse_settings(
