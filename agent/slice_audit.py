@@ -188,6 +188,11 @@ class SliceAudit:
                         log.warning("cannot kill", extra={"pid": pid, "error": str(error)})
         with self._lock:
             self._current = found
+            # Counts of pods that are gone go with them: one series per pod ever caught
+            # would grow without end on a long-lived node.
+            here = {(c.namespace, c.pod) for c in live}
+            for key in [k for k in self._detections if (k[0], k[1]) not in here]:
+                del self._detections[key]
         return found
 
     def collect(self) -> Iterator[Metric]:

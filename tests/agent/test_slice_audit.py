@@ -122,7 +122,8 @@ def test_memory_taken_around_the_shim_is_detected_and_counted(
     escaped = _allocating(double, "3Gi", shim=False, limits=limits)  # past its 1 GiB slice
     try:
         _in_pod(proc_dir, escaped.pid)
-        audit = SliceAudit(backend, lambda: [_container()], SliceAuditSettings(proc_dir=proc_dir))
+        live = [_container()]
+        audit = SliceAudit(backend, lambda: list(live), SliceAuditSettings(proc_dir=proc_dir))
         (found,) = audit.run_once()
         assert (found.namespace, found.pod, found.gpu) == ("team-a", "trainer", GPU.lower())
         assert (found.used_bytes, found.slice_bytes, found.pids) == (3 * GIB, GIB, (escaped.pid,))
@@ -132,6 +133,10 @@ def test_memory_taken_around_the_shim_is_detected_and_counted(
         assert samples[f"fracgpu_slice_bypass_detections_total{labels}"] == 1
         assert samples["fracgpu_slice_bypass_kills_total"] == 0
         assert escaped.poll() is None  # killing is off by default
+        # Once the pod is gone, so is its count: no series per pod ever caught.
+        live.clear()
+        audit.run_once()
+        assert not [s for s in _samples(audit) if s.startswith("fracgpu_slice_bypass_detections")]
     finally:
         _stop(escaped)
 
