@@ -19,6 +19,8 @@ COPY webhook/ webhook/
 COPY agent/ agent/
 COPY certs/ certs/
 COPY bench/ bench/
+# `fracgpu demo`'s example cluster and pods, installed as the wheel's data files.
+COPY examples/ examples/
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -16,21 +15,7 @@ import pytest
 
 from agent.settings import AgentSettings
 from tests.chart.chartfiles import CHART_DIR
-
-REPO = Path(__file__).resolve().parents[2]
-DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
-
-
-def _instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", path.read_text())
-    found = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#"):
-            keyword, _, rest = stripped.partition(" ")
-            found.append((keyword.upper(), rest.strip()))
-    return found
+from tests.dockerfiles import DOCKERFILES, REPO, copies, instructions
 
 
 def _console_scripts() -> dict[str, str]:
@@ -39,30 +24,14 @@ def _console_scripts() -> dict[str, str]:
     return scripts
 
 
-def _copies(path: Path) -> list[tuple[str | None, list[str], str]]:
-    """(from-stage or None, sources, destination) of each COPY."""
-    copies = []
-    for keyword, rest in _instructions(path):
-        if keyword != "COPY":
-            continue
-        words = rest.split()
-        stage = None
-        while words[0].startswith("--"):
-            option = words.pop(0)
-            if option.startswith("--from="):
-                stage = option.removeprefix("--from=")
-        copies.append((stage, words[:-1], words[-1]))
-    return copies
-
-
 def test_both_images_exist() -> None:
     assert [p.name for p in DOCKERFILES] == ["agent.Dockerfile", "webhook.Dockerfile"]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_copied_sources_exist(dockerfile: Path) -> None:
-    stages = {rest.split()[-1] for keyword, rest in _instructions(dockerfile) if keyword == "FROM"}
-    for stage, sources, _ in _copies(dockerfile):
+    stages = {rest.split()[-1] for keyword, rest in instructions(dockerfile) if keyword == "FROM"}
+    for stage, sources, _ in copies(dockerfile):
         if stage is not None:
             assert stage in stages, f"COPY --from={stage}: no such build stage"
             continue
@@ -76,7 +45,7 @@ def test_package_sources_cover_pyproject(dockerfile: Path) -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
     copied = {
-        s.rstrip("/") for stage, sources, _ in _copies(dockerfile) if not stage for s in sources
+        s.rstrip("/") for stage, sources, _ in copies(dockerfile) if not stage for s in sources
     }
     for pattern in patterns:
         assert pattern.rstrip("*") in copied, pattern
@@ -85,7 +54,7 @@ def test_package_sources_cover_pyproject(dockerfile: Path) -> None:
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_entrypoint_is_a_console_script(dockerfile: Path) -> None:
-    (entrypoint,) = [rest for keyword, rest in _instructions(dockerfile) if keyword == "ENTRYPOINT"]
+    (entrypoint,) = [rest for keyword, rest in instructions(dockerfile) if keyword == "ENTRYPOINT"]
     command = json.loads(entrypoint)  # exec form: no shell between kubelet and the process
     assert command[0] in _console_scripts()
 
@@ -93,10 +62,10 @@ def test_entrypoint_is_a_console_script(dockerfile: Path) -> None:
 def test_shim_stage_builds_the_copied_library(tmp_path: Path) -> None:
     """Run the agent image's shim build step on a copy of shim/ and check its output."""
     dockerfile = REPO / "docker" / "agent.Dockerfile"
-    runs = [rest for keyword, rest in _instructions(dockerfile) if keyword == "RUN"]
+    runs = [rest for keyword, rest in instructions(dockerfile) if keyword == "RUN"]
     (make,) = [r for r in runs if r.startswith("make ")]
     target = make.split()[-1]
-    (copied,) = [sources[0] for stage, sources, _ in _copies(dockerfile) if stage == "shim"]
+    (copied,) = [sources[0] for stage, sources, _ in copies(dockerfile) if stage == "shim"]
     assert copied == f"/src/shim/{target}"
     if shutil.which("make") is None or shutil.which("cc") is None:
         pytest.fail("make and cc are needed (scripts/setup.sh installs build-essential)")
@@ -108,7 +77,7 @@ def test_shim_stage_builds_the_copied_library(tmp_path: Path) -> None:
 
 def test_shim_lands_where_the_agent_and_chart_expect_it() -> None:
     dockerfile = REPO / "docker" / "agent.Dockerfile"
-    (destination,) = [dest for stage, _, dest in _copies(dockerfile) if stage == "shim"]
+    (destination,) = [dest for stage, _, dest in copies(dockerfile) if stage == "shim"]
     assert destination == str(AgentSettings(node_name="x").shim_source)
     daemonset = (CHART_DIR / "templates" / "agent-daemonset.yaml").read_text()
     assert f"value: {destination}" in daemonset
@@ -116,7 +85,7 @@ def test_shim_lands_where_the_agent_and_chart_expect_it() -> None:
 
 def test_webhook_image_user_matches_the_chart() -> None:
     dockerfile = REPO / "docker" / "webhook.Dockerfile"
-    (user,) = [rest for keyword, rest in _instructions(dockerfile) if keyword == "USER"]
+    (user,) = [rest for keyword, rest in instructions(dockerfile) if keyword == "USER"]
     helpers = (CHART_DIR / "templates" / "_helpers.tpl").read_text()
     uid = user.split(":")[0]
     assert f"runAsUser: {uid}" in helpers and f"runAsGroup: {user.split(':')[1]}" in helpers

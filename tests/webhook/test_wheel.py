@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from fracgpu import __version__
+from tests.dockerfiles import DOCKERFILES, sources_copied_into
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {
@@ -51,16 +52,22 @@ def _run(args: list[str | Path], cwd: Path, **env: str) -> subprocess.CompletedP
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built from exactly what the images' build stage copies (docker/*.Dockerfile), so the
+    wheel tested here is the one the images install."""
     pytest.importorskip("build", reason="the dev extra installs `build`")
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "src"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "*.so"
-        ),
-    )
+    copied = {path.name: sources_copied_into(path, "build") for path in DOCKERFILES}
+    (first, *others) = copied.values()
+    assert all(sorted(other) == sorted(first) for other in others), copied
+    ignored = shutil.ignore_patterns("__pycache__", "*.egg-info", ".*_cache", "*.so")
+    for name in first:
+        origin, target = ROOT / name.rstrip("/"), source / name.rstrip("/")
+        if origin.is_dir():
+            shutil.copytree(origin, target, ignore=ignored)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(origin, target)
     built = _run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp, source],
         cwd=tmp,
