@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.chart.render import render
+from tests.chart.render_setup import renderer_or_skip
 from webhook.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,3 +113,39 @@ def test_docs_name_the_real_default_policy(doc: Path) -> None:
     claims += re.findall(rf"\b{POLICIES}`? (?:is the default|by default)\b", text)
     wrong = [claim for claim in claims if claim != _default_policy()]
     assert wrong == [], f"{doc.name} calls {wrong} the default policy"
+
+
+# `cat > NAME.yaml <<'EOF'` ... `EOF` in a shell block: a values file the docs have the
+# operator write, maybe indented under a list item.
+_VALUES_FILE = re.compile(
+    r"^(?P<indent>[ \t]*)cat > (?P<name>[\w.-]+\.yaml) <<'EOF'\n(?P<body>.*?)^(?P=indent)EOF$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def _values_files(doc: Path) -> list[tuple[str, str]]:
+    found = []
+    for match in _VALUES_FILE.finditer(doc.read_text()):
+        indent = len(match["indent"])
+        body = "".join(line[indent:] + "\n" for line in match["body"].splitlines())
+        found.append((match["name"], body))
+    return found
+
+
+@pytest.mark.parametrize("doc", ["quickstart.md", "migration.md"])
+def test_the_values_files_the_docs_write_install_the_chart(doc: str, tmp_path: Path) -> None:
+    """An install as the doc writes it renders (the chart has no default registry) with
+    what the file sets: the registry, and the migration's agent selector."""
+    renderer = renderer_or_skip()
+    (name, body), *more = _values_files(REPO / "docs" / doc)
+    assert not more, f"{doc}: one values file expected"
+    values = tmp_path / name
+    values.write_text(body)
+    written = yaml.safe_load(body)
+    rendered = render(renderer=renderer, value_files=[values], installed=False)
+    daemonset = rendered.one("DaemonSet")
+    (agent,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert agent["image"].startswith(written["image"]["registry"] + "/")
+    if "agent" in written:  # the migration's selector: the profile's label removed
+        wanted = {k: v for k, v in written["agent"]["nodeSelector"].items() if v is not None}
+        assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == wanted

@@ -144,6 +144,9 @@ BAD_VALUES = [
     ("GPU node taint with an empty name", "webhook.gpuNodeTaint", "fracgpu.io/"),
     ("missing resource name", "resourceNames.vcudaMemory", None),
     ("pull policy", "image.pullPolicy", "Sometimes"),
+    ("registry with a trailing slash", "image.registry", "registry.example.com/"),
+    ("registry with a scheme", "image.registry", "https://registry.example.com"),
+    ("registry with a space", "image.registry", "registry example"),
     ("anti-affinity", "webhook.antiAffinity", "strict"),
     ("certs mode", "certs.mode", "vault"),
     ("certs validity not a duration", "certs.servingValidity", "one year"),
@@ -171,6 +174,13 @@ BAD_VALUES = [
 def test_bad_value_is_rejected(path: str, value: Any) -> None:
     errors = _errors(_with(path, value))
     assert errors, f"{path}={value!r} was accepted"
+
+
+@pytest.mark.parametrize(
+    "registry", ["registry.example.com", "localhost:5000", "ghcr.io/my-org", "r.io/a/b-c", ""]
+)
+def test_registries_as_images_name_them_are_accepted(registry: str) -> None:
+    assert _errors(_with("image.registry", registry)) == []
 
 
 def test_rejection_names_the_field() -> None:
