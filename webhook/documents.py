@@ -41,8 +41,13 @@ def load(path: Path) -> Any:
 
 def load_pod(path: Path) -> dict[str, Any]:
     """The pod manifest in ``path``: one mapping with apiVersion v1 and kind Pod."""
-    pod = load(path)
-    wanted = "write one mapping with apiVersion: v1 and kind: Pod"
+    return as_pod(load(path), path)
+
+
+def as_pod(pod: Any, path: Path, *, also: str = "") -> dict[str, Any]:
+    """``pod`` (read from ``path``) if it is a Pod manifest (``also``: what else the caller
+    takes, named in the message)."""
+    wanted = "write one mapping with apiVersion: v1 and kind: Pod" + (f", {also}" if also else "")
     if not isinstance(pod, dict):
         raise DocumentError(f"{path}: not a Pod manifest (a {type(pod).__name__}): {wanted}")
     found = {key: pod.get(key) for key in POD_TYPE}

@@ -20,7 +20,8 @@ import yaml
 from aiohttp import web
 
 from fracgpu import __version__
-from webhook import documents, settings
+from fracgpu.quantity import shown
+from webhook import documents, settings, workloads
 from webhook.admission.decide import Admission
 from webhook.admission.review import parse_review
 from webhook.cli import demo
@@ -100,7 +101,12 @@ def _parser() -> argparse.ArgumentParser:
         help="queue: pods that do not fit now are shown QUEUED instead of denied [%(default)s]",
     )
     admit = commands.add_parser("admit", help="print a pod as fracgpu would admit it")
-    admit.add_argument("pod", type=Path, help="pod manifest (YAML or JSON)")
+    admit.add_argument(
+        "pod",
+        type=Path,
+        help="pod manifest (YAML or JSON), or a workload's, taken by its pod template: "
+        + workloads.KINDS_TAKEN,
+    )
     admit.add_argument(
         "--cluster",
         dest="cluster_file",
@@ -135,8 +141,23 @@ def _state(config: settings.Settings) -> EmbeddedState:
 
 
 async def _admit(pod_file: Path, username: str, dry_run: bool, config: settings.Settings) -> int:
-    """Run the pod through mutate then validate in-process; print it, or the denial (exit 1)."""
-    pod = documents.load_pod(pod_file)
+    """Run the pod through mutate then validate in-process; print it, or the denial (exit 1).
+    A workload's manifest is taken by the pod its controller would make."""
+    document = documents.load(pod_file)
+    if isinstance(document, dict) and workloads.is_workload(document):
+        pod = workloads.pod_of(document, str(pod_file))
+        print(f"# the pod {document['kind']} would make", file=sys.stderr)
+    else:
+        also = f"or a workload with a pod template ({workloads.KINDS_TAKEN})"
+        pod = documents.as_pod(document, pod_file, also=also)
+    scheduler = pod["spec"].get("schedulerName") if isinstance(pod.get("spec"), dict) else None
+    if scheduler not in (None, "default-scheduler", config.scheduler_name):
+        print(
+            f"Warning: spec.schedulerName {shown(scheduler)!r} is not kube-scheduler's: the pod "
+            "waits Pending until that scheduler binds it (remove it when that scheduler, "
+            "e.g. hami-scheduler, is gone)",
+            file=sys.stderr,
+        )
     admission = Admission(config, _state(config), Metrics())
     for endpoint in ("mutate", "validate"):
         review = build_review(pod, username=username, dry_run=dry_run)
