@@ -17,6 +17,7 @@ import yaml
 
 from fracgpu import names
 from fracgpu.codec import decode_assignment
+from fracgpu.dialects import DialectConfig
 from fracgpu.model import Assignment
 from tests.chart import crdschema
 from tests.webhook.support import Webhook, start_webhook, stop_webhook
@@ -215,3 +216,14 @@ def check_assignment(
         assert any(d.memory_mib > physical[d.uuid] for d in assignment.allocations()), (
             f"{name}: a memory-scaling example should ask for more than the physical memory"
         )
+
+
+def test_the_troubleshooting_table_quotes_the_range_messages_as_they_are() -> None:
+    """operations.md's table is searched for the text a user got: a range message that
+    drifted from the code's (it did once) is found by nobody."""
+    table = (REPO / "docs" / "operations.md").read_text()
+    quoted = re.findall(r"\| `container \"\w+\": ([\w./-]+)=\d+ is not allowed: ([^`]+)` \|", table)
+    assert len(quoted) >= 2
+    ranges = DialectConfig().ranges
+    for resource, message in quoted:
+        assert message == ranges[resource].allowed, resource

@@ -467,3 +467,27 @@ def test_cluster_mode_with_an_unusable_kubeconfig_is_one_line(tmp_path: Path) ->
         assert "Traceback" not in result.stderr
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith(f"fracgpu: {expected}"), result.stderr
+
+
+def test_a_gpushare_request_that_never_fits_names_the_unit_it_was_read_in(
+    tmp_path: Path,
+) -> None:
+    """aliyun.com/gpu-mem: 4096 meant as MiB is 4 TiB in GiB, the default: the denial says
+    which unit it was read in and the setting that chooses it."""
+    pod = tmp_path / "gs.yaml"
+    pod.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: gs, namespace: team}\nspec:\n"
+        "  containers:\n  - name: main\n    image: cuda\n"
+        '    resources: {limits: {aliyun.com/gpu-mem: "4096"}}\n'
+    )
+    result = fracgpu("admit", str(pod), "--cluster", str(EXAMPLES / "cluster.yaml"))
+    assert result.returncode == 1
+    assert "could ever hold this pod" in result.stderr
+    assert "(aliyun.com/gpu-mem is read in GiB here: webhook setting gpushare-memory-unit)" in (
+        result.stderr
+    )
+    result = fracgpu(
+        "admit", str(pod), "--cluster", str(EXAMPLES / "cluster.yaml"),
+        "--gpushare-memory-unit", "MiB",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr

@@ -312,7 +312,8 @@ class Admission:
                         pod, namespace, ask, demand, view=view, request=request, nofit=placed
                     )
                 self._metrics.placement_failure(placed.reason.value)
-                return responses.denied(placed.message + node_note + pool_note)
+                unit_note = _unit_note(placed, ask, self._settings.dialects)
+                return responses.denied(placed.message + node_note + pool_note + unit_note)
             assignment = assignments.build(
                 placed.node,
                 self._new_id(),
@@ -905,6 +906,20 @@ def _excluding_model(demand: PodDemand, model: str) -> PodDemand:
         constraints=dataclasses.replace(
             constraints, exclude_models=(*constraints.exclude_models, model)
         ),
+    )
+
+
+def _unit_note(nofit: NoFit, ask: PodAsk, dialects: DialectConfig) -> str:
+    """For a pod that can never fit: the unit its gpushare memory was read in, a figure
+    often meant in MiB where the cluster reads GiB (or the other way round)."""
+    if nofit.reason is not NoFitReason.NEVER or not any(
+        r.dialect is Dialect.GPUSHARE for r in ask.requests
+    ):
+        return ""
+    unit = "GiB" if dialects.gpushare_memory_unit_mib == 1024 else "MiB"
+    return (
+        f" ({dialects.names.gpushare_mem} is read in {unit} here: webhook setting "
+        "gpushare-memory-unit)"
     )
 
 
