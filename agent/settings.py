@@ -89,6 +89,16 @@ class AgentExit(Exception):  # noqa: N818 - not an error: --help or --version wa
         self.code = code
 
 
+class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, except a switch's: "--no-publish-inventory (default: True)" read as
+    "inventory off by default"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fracgpu-agent",
@@ -96,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
         "Every flag may also come from FRACGPU_AGENT_<FLAG> (e.g. FRACGPU_AGENT_METRICS_PORT); "
         "a flag on the command line wins. `fracgpu-agent discover` prints what NVML reports "
         "as JSON and exits.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     d = AgentSettings(node_name="")
@@ -278,7 +288,8 @@ def _parser() -> argparse.ArgumentParser:
         "--no-publish-inventory",
         dest="publish_inventory",
         action="store_false",
-        help="do not write the GPUNode object (for running outside a cluster)",
+        help="do not write the GPUNode object (for running outside a cluster; without this "
+        "flag the agent writes its node's)",
     )
     return p
 

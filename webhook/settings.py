@@ -168,20 +168,22 @@ def _accounts(text: str) -> frozenset[str]:
     return frozenset(a.strip() for a in text.split(",") if a.strip())
 
 
+_MEMORY_FORMS: Final = "use a share of the card (50%), MiB (4096) or a binary quantity (4Gi)"
+
+
 def _memory(text: str) -> MemoryRequest:
     """'100%' of the card, a MiB count ('4096') or a binary quantity ('4Gi')."""
     if text.endswith("%"):
-        percent = int(text[:-1])
-        if not 1 <= percent <= 100:
-            raise ValueError("use 1%-100%")
-        return MemoryRequest(percent=percent)
+        if not text[:-1].isdigit() or not 1 <= int(text[:-1]) <= 100:
+            raise ValueError("use a whole 1%-100% of the card")
+        return MemoryRequest(percent=int(text[:-1]))
     if text.isdigit():
         mib = int(text)
     else:
         try:
             mib = -(-int(parse_quantity(text)) // 2**20)
-        except QuantityError as error:
-            raise ValueError(str(error)) from None
+        except QuantityError:
+            raise ValueError(f"{text!r} is none of these: {_MEMORY_FORMS}") from None
     if mib < 1:
         raise ValueError("use at least 1 MiB")
     block = names.MEMORY_BLOCK_MIB

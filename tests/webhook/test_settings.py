@@ -73,7 +73,14 @@ def test_service_accounts_and_resource_names() -> None:
             "FRACGPU_POLICY='random' is not allowed: use one of binpack, spread",
         ),
         ([], {"FRACGPU_DEFAULT_GPU_CORES": "120"}, "use 0-100"),
-        ([], {"FRACGPU_DEFAULT_GPU_MEMORY": "150%"}, "use 1%-100%"),
+        ([], {"FRACGPU_DEFAULT_GPU_MEMORY": "150%"}, "use a whole 1%-100% of the card"),
+        ([], {"FRACGPU_DEFAULT_GPU_MEMORY": "x%"}, "use a whole 1%-100% of the card"),
+        (
+            [],
+            {"FRACGPU_DEFAULT_GPU_MEMORY": "4GB"},
+            "'4GB' is none of these: use a share of the card (50%), MiB (4096) or a binary "
+            "quantity (4Gi)",
+        ),
         ([], {"FRACGPU_GPUSHARE_MEMORY_UNIT": "KiB"}, "use GiB or MiB"),
         ([], {"FRACGPU_SPLIT_COUNT": "0"}, "use a whole number of 1 or more"),
         ([], {"FRACGPU_MAX_BODY_BYTES": "many"}, "FRACGPU_MAX_BODY_BYTES='many' is not allowed"),
