@@ -88,6 +88,27 @@ def pod_uid_of(proc_dir: Path, pid: int) -> str | None:
     return match.group(1).replace("_", "-") if match else None
 
 
+def kill_if_in_pod(proc_dir: Path, pid: int, pod_uid: str) -> bool:
+    """SIGKILL ``pid`` if it still is a process of pod ``pod_uid``; whether it was sent.
+
+    The PID was read a moment ago: the process may have ended and its number gone to
+    another pod's. A pidfd pins the process first, then its cgroup is read again; a
+    process that ends after that takes the pidfd with it, and the signal goes nowhere."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if pod_uid_of(proc_dir, pid) != pod_uid:
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
 def find_overruns(
     usage: Iterable[tuple[str, int, int]],
     pod_of: Callable[[int], str | None],
@@ -135,7 +156,7 @@ class SliceAudit:
     source: ProcessSource
     containers: Callable[[], list[LiveContainer]]
     settings: SliceAuditSettings = field(default_factory=SliceAuditSettings)
-    killer: Callable[[int, int], None] = os.kill
+    killer: Callable[[Path, int, str], bool] = kill_if_in_pod
     _current: list[Overrun] = field(default_factory=list)
     _detections: dict[tuple[str, str, str], int] = field(default_factory=dict)
     _kills: int = 0
@@ -181,9 +202,9 @@ class SliceAudit:
             if self.settings.kill:
                 for pid in o.pids:
                     try:
-                        self.killer(pid, signal.SIGKILL)
-                        with self._lock:
-                            self._kills += 1
+                        if self.killer(self.settings.proc_dir, pid, o.pod_uid):
+                            with self._lock:
+                                self._kills += 1
                     except OSError as error:
                         log.warning("cannot kill", extra={"pid": pid, "error": str(error)})
         with self._lock:

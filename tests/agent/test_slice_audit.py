@@ -23,7 +23,13 @@ from agent.containers import LiveContainer
 from agent.hostfiles import AllocationFiles, allocation_key
 from agent.nvml_backend import PynvmlBackend
 from agent.settings import SettingsError, parse_settings
-from agent.slice_audit import SliceAudit, SliceAuditSettings, find_overruns, pod_uid_of
+from agent.slice_audit import (
+    SliceAudit,
+    SliceAuditSettings,
+    find_overruns,
+    kill_if_in_pod,
+    pod_uid_of,
+)
 from fracgpu.names import RESOURCE_VCUDA_CORE
 from fracgpu.shim_abi import DeviceLimits, Limits, encode_limits
 from tests.agent.agent_process import AgentProcess, write_unused_kubeconfig
@@ -330,3 +336,22 @@ def test_slice_audit_settings_are_validated() -> None:
     ):
         with pytest.raises(SettingsError, match=says):
             parse_settings(["--node-name=n", bad], env={})
+
+
+def test_a_pid_now_of_another_pod_is_not_killed(tmp_path: Path) -> None:
+    """The PIDs come from NVML a moment before the kill: one whose process ended and whose
+    number another pod's process took must not be killed for the first pod's overrun."""
+    proc_dir = tmp_path / "proc"
+    other_pod = "0e6f1c2a-9999-2222-3333-444455556666"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        _in_pod(proc_dir, sleeper.pid, uid=other_pod)
+        assert kill_if_in_pod(proc_dir, sleeper.pid, POD_UID) is False
+        assert sleeper.poll() is None
+        assert kill_if_in_pod(proc_dir, sleeper.pid, other_pod) is True
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert kill_if_in_pod(proc_dir, sleeper.pid, other_pod) is False  # gone: nothing sent
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        sleeper.wait()
