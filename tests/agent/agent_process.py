@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,22 @@ from typing import Any
 
 from tests.agent.nvml_double import REPO, SHIM_LIBRARY, NvmlDouble
 from tests.promtext import scrape
+
+# The capabilities the chart leaves the agent (charts/fracgpu/templates/agent-daemonset.yaml;
+# KILL only with the slice audit's kill, which these tests do not need for their own
+# children): a test agent that held every capability of root would hide a write or read
+# that needs one.
+AGENT_CAPABILITIES = ("fowner",)
+
+
+def as_the_chart_runs_the_agent() -> list[str]:
+    """The command prefix that runs the agent as uid 0 with only ``AGENT_CAPABILITIES``
+    (setpriv), where this runs as root; nothing otherwise."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        return []
+    keep = ",".join(["-all", *(f"+{cap}" for cap in AGENT_CAPABILITIES)])
+    return [setpriv, "--inh-caps=-all", f"--bounding-set={keep}", "--no-new-privs"]
 
 
 class AgentProcess:
@@ -32,6 +49,7 @@ class AgentProcess:
         self.lib_dir = directory / "lib"
         self.node_dir = directory / "node"
         args = [
+            *as_the_chart_runs_the_agent(),
             sys.executable,
             "-m",
             "agent.cli",
