@@ -1,6 +1,7 @@
 """fracgpu-agent as a process, configured as the chart runs it on a node: its device plugins
 in kubelet's device-plugin directory, kubelet's pod-resources socket, the production shim
-(libfracgpu.so, not the test build), the agent's own identity limited to the chart's RBAC.
+(libfracgpu.so, not the test build), the agent's own identity limited to the chart's RBAC,
+uid 0 with only the chart's capabilities.
 The only test configuration is the driver: the NVML double on its library path."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.agent.agent_process import as_the_chart_runs_the_agent
 from tests.e2e.harness.process import ManagedProcess
 
 from .kubelet import DEVICE_PLUGIN_DIR
@@ -36,6 +38,7 @@ class Agent:
         self.node_dir = base / "node"
         self.log_path = work / "agent.log"
         argv = [
+            *as_the_chart_runs_the_agent(),  # uid 0 with the chart's one capability
             sys.executable,
             "-m",
             "agent.cli",
