@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -43,6 +44,7 @@ from agent.settings import (
     SettingsError,
     parse_discover,
     parse_settings,
+    unknown_variables,
 )
 from agent.shim_install import ShimInstallError, install_shim
 from agent.slice_audit import SliceAudit, SliceAuditLoop, SliceAuditSettings
@@ -316,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fracgpu-agent: {error}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level)
+    for message in unknown_variables(os.environ):
+        log.warning(message)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

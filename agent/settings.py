@@ -12,7 +12,7 @@ from pathlib import Path
 
 from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
 from agent.slice_audit import DEFAULT_TOLERANCE_BYTES, MAX_TOLERANCE_BYTES, SliceAuditSettings
-from fracgpu import __version__
+from fracgpu import __version__, envcheck
 from fracgpu.names import MAX_MEMORY_SCALING, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 
 ENV_PREFIX = "FRACGPU_AGENT_"
@@ -313,6 +313,16 @@ def parse_discover(argv: Sequence[str]) -> None:
         raise SettingsError(
             f"unexpected argument {extra[0]!r}: discover takes none, only --help or --version"
         )
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """A message per FRACGPU_AGENT_* variable that names no agent setting (logged at start)."""
+    known = {
+        _variable(a.option_strings[0])
+        for a in _parser()._actions
+        if a.option_strings and a.dest not in ("help", "version")
+    }
+    return envcheck.unknown_variables(env, ENV_PREFIX, known)
 
 
 def _variable(flag: str) -> str:

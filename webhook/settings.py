@@ -20,7 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from fracgpu import names
+from fracgpu import envcheck, names
 from fracgpu.dialects import MAX_GPUS_PER_CONTAINER, DialectConfig, ResourceNames
 from fracgpu.errors import QuantityError
 from fracgpu.model import MemoryRequest
@@ -713,6 +713,17 @@ def _reason(error: ValueError) -> str:
     if text.startswith("could not convert string to float"):
         return "not a number"
     return text
+
+
+# Variables other components read from the same prefix (the agent's, the certs manager's).
+OTHER_COMPONENT_PREFIXES: Final = ("FRACGPU_AGENT_", "FRACGPU_CERTS_")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A message per FRACGPU_* variable that names no webhook setting (``serve`` logs them)."""
+    return envcheck.unknown_variables(
+        environ, ENV_PREFIX, {o.env for o in OPTIONS}, OTHER_COMPONENT_PREFIXES
+    )
 
 
 def from_mapping(overrides: Mapping[str, str]) -> Settings:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.settings import SettingsError, _parser, parse_settings
+from agent.settings import SettingsError, _parser, parse_settings, unknown_variables
 
 
 def test_defaults_need_only_the_node_name() -> None:
@@ -149,3 +149,12 @@ def test_context_overhead_is_read_from_the_environment_and_is_measured_by_defaul
     )
     env = {"FRACGPU_AGENT_CONTEXT_OVERHEAD_BYTES": "Auto"}
     assert parse_settings(["--node-name=n"], env=env).context_overhead_bytes is None
+
+
+def test_a_misspelt_agent_variable_is_named_with_the_one_meant() -> None:
+    environ = {"FRACGPU_AGENT_METRICS_PROT": "9400", "FRACGPU_AGENT_METRICS_PORT": "9400"}
+    assert unknown_variables(environ) == [
+        "FRACGPU_AGENT_METRICS_PROT is not a setting (did you mean "
+        "FRACGPU_AGENT_METRICS_PORT?): it is ignored"
+    ]
+    assert unknown_variables({"FRACGPU_POLICY": "x"}) == []  # the webhook's

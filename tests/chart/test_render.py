@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.settings import parse_settings
+from agent.settings import parse_settings, unknown_variables
 from certs.commandline import parse_command_line
 from tests.chart import chartfiles
 from tests.chart.render import (
@@ -551,3 +551,17 @@ def test_user_roles(rendered: dict[str, Rendered], renderer: Path) -> None:
     assert metrics["metadata"]["namespace"] == "fracgpu-system"
     off = render(renderer=renderer, values={"userRoles": {"enabled": False}})
     assert off.find("ClusterRole", "fracgpu-viewer") == []
+
+
+@pytest.mark.parametrize("profile", ["default", "queue", "match-conditions-taint"])
+def test_the_chart_sets_no_variable_its_components_would_call_misspelt(
+    rendered: dict[str, Rendered], profile: str
+) -> None:
+    """Each component logs the FRACGPU_* variables that name none of its settings; the
+    chart's own must never be among them."""
+    objects = rendered[profile]
+    webhook = _container(objects.one("Deployment", "fracgpu-webhook"), "webhook")
+    agent = _container(objects.one("DaemonSet", "fracgpu-agent"), "agent")
+    names_of = {"spec.nodeName": "gpu-1", "metadata.name": "p", "metadata.namespace": "n"}
+    assert webhook_settings.unknown_variables(_env(webhook, names_of)) == []
+    assert unknown_variables(_env(agent, names_of)) == []

@@ -289,3 +289,18 @@ def test_lease_timings_must_nest() -> None:
             "ns", "lease", "me", renew_deadline_s=20, takeover_grace_s=30, handover_wait_s=5
         )
     LeaseSettings("ns", "lease", "me", takeover_grace_s=30, handover_wait_s=5)
+
+
+def test_a_misspelt_setting_variable_is_named_with_the_one_meant() -> None:
+    """A typo in the chart's webhook.extraEnv was ignored without a word and the setting
+    kept its default; ``fracgpu serve`` logs each such variable."""
+    environ = {
+        "FRACGPU_POLCY": "spread",  # misspelt
+        "FRACGPU_POLICY": "binpack",
+        "FRACGPU_AGENT_METRICS_PORT": "9400",  # the agent's
+        "FRACGPU_CERTS_SECRET": "x",  # the certs manager's
+        "PATH": "/usr/bin",
+    }
+    assert settings.unknown_variables(environ) == [
+        "FRACGPU_POLCY is not a setting (did you mean FRACGPU_POLICY?): it is ignored"
+    ]

@@ -181,6 +181,8 @@ async def _serve(config: settings.Settings) -> int:
         )
     for line in settings.describe(config):
         log.info("setting %s", line)
+    for message in settings.unknown_variables(os.environ):
+        log.warning("%s", message)
     reloader = CertificateReloader(
         TLSFiles(config.tls_cert_file, config.tls_key_file), config.tls_reload_seconds
     )
