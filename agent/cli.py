@@ -115,16 +115,12 @@ class _Background(Protocol):
 
 
 def _slice_audit(
-    s: AgentSettings,
-    backend: PynvmlBackend,
-    containers: Callable[[], list[LiveContainer]],
-    context_overhead: int,
+    s: AgentSettings, backend: PynvmlBackend, containers: Callable[[], list[LiveContainer]]
 ) -> SliceAudit:
     settings = SliceAuditSettings(
         proc_dir=s.slice_audit_proc_dir,
         tolerance_bytes=s.slice_audit_tolerance_bytes,
         kill=s.slice_audit_kill,
-        counted_context_bytes=context_overhead,
     )
     return SliceAudit(backend, containers, settings)
 
@@ -216,7 +212,7 @@ class Agent:
             gpu_manager_metrics=s.gpu_manager_metrics,
             node_name=s.node_name,
         )
-        audit = _slice_audit(s, backend, containers, context_overhead)
+        audit = _slice_audit(s, backend, containers)
         http_server, http_thread = start_http_server(
             s.metrics_port,
             s.metrics_address,

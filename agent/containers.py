@@ -109,8 +109,8 @@ def remove_stale(
                 continue
         except FileNotFoundError:
             continue
-        files.remove(key)
-        removed.append(key)
+        if files.remove(key):
+            removed.append(key)
     if removed:
         log.info("stale allocation dirs removed", extra={"count": len(removed)})
     return removed

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from agent.atomic import write_atomically
 from fracgpu.shim_abi import LIMITS_MAX_BYTES
@@ -207,8 +208,43 @@ class AllocationFiles:
     def age_seconds(self, key: str, now: float) -> float:
         return now - self.directory(key).stat().st_mtime
 
-    def remove(self, key: str) -> None:
-        remove_container_tree(self.directory(key))
+    def remove(self, key: str) -> bool:
+        """Remove an allocation's directory; whether it is gone (else it is logged)."""
+        return remove_container_tree(self.directory(key))
+
+
+# Directories a container wrote are opened this way only: never through a symlink.
+_DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Deeper than this a container's tree is left to rmtree (and its log line): each level
+# holds one descriptor open.
+_MAX_TREE_DEPTH: Final = 256
+
+
+def _open_tree(directory: int, me: int, depth: int) -> None:
+    """Give every directory below the open ``directory`` its owner's permissions back (or,
+    not being its owner, everyone's: it is about to go), by descriptor; closes it."""
+    try:
+        with os.scandir(directory) as entries:
+            names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+        for name in names:
+            try:
+                found = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                if not stat.S_ISDIR(found.st_mode):
+                    continue  # swapped since it was listed
+                mode = 0o700 if found.st_uid == me else 0o777
+                # A symlink swapped in since is refused here, never followed.
+                os.chmod(name, mode, dir_fd=directory, follow_symlinks=False)
+                child = os.open(name, _DIRECTORY_FLAGS, dir_fd=directory)
+            except (OSError, NotImplementedError):
+                continue
+            if depth < _MAX_TREE_DEPTH:
+                _open_tree(child, me, depth + 1)
+            else:
+                os.close(child)
+    except OSError:
+        pass  # rmtree reports what this leaves
+    finally:
+        os.close(directory)
 
 
 def remove_container_tree(root: Path) -> bool:
@@ -218,19 +254,19 @@ def remove_container_tree(root: Path) -> bool:
     and the agent runs without the capability that reads and writes past them: each
     directory is given its owner's permissions back first, which its owner may do (root in
     the container is the agent's uid), as may the agent with CAP_FOWNER (the chart grants
-    it) whoever made it. What still cannot be removed is logged: it holds host disk."""
+    it) whoever made it. What still cannot be removed is logged: it holds host disk.
+
+    The container may still be writing (a previous run dir still mounted): the walk goes
+    by directory descriptor, never through a path a container could swap for a symlink,
+    so nothing outside ``root`` is touched. ``root``'s own path is the agent's."""
     me = os.geteuid()
-    stack = [root]
-    while stack:
-        directory = stack.pop()
-        try:
-            # Another user's directory is opened to everyone: the agent is not its owner.
-            mode = 0o700 if os.lstat(directory).st_uid == me else 0o777
-            os.chmod(directory, mode, follow_symlinks=False)
-            with os.scandir(directory) as entries:
-                stack.extend(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
-        except OSError:
-            continue  # rmtree below reports what this leaves
+    try:
+        os.chmod(root, 0o700)
+        top = os.open(root, _DIRECTORY_FLAGS)
+    except OSError:
+        top = None  # gone, or not a directory: rmtree below says what is left
+    if top is not None:
+        _open_tree(top, me, 0)
     shutil.rmtree(root, ignore_errors=True)
     if os.path.lexists(root):
         log.warning(

@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,9 @@ _CGROUP_FILE_CAP = 64 * 1024
 # context takes a few hundred MiB; more than the cap would hide a real bypass.
 DEFAULT_TOLERANCE_BYTES = 512 << 20
 MAX_TOLERANCE_BYTES = 4 << 30
+# A pod's detection count outlives the pod this long, so that scrapes (30 s apart by
+# default) see a short-lived pod caught, or one the kill ended; then it goes with it.
+DETECTIONS_KEPT_SECONDS = 600.0
 
 
 class ProcessSource(Protocol):
@@ -56,9 +60,6 @@ class SliceAuditSettings:
     proc_dir: Path = Path("/proc")
     tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
     kill: bool = False
-    # What the shim counts against the slice for each process's context on a GPU
-    # (--context-overhead-bytes, configured or measured; 0: contexts not counted).
-    counted_context_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.tolerance_bytes <= MAX_TOLERANCE_BYTES:
@@ -114,20 +115,24 @@ def find_overruns(
     pod_of: Callable[[int], str | None],
     containers: Iterable[LiveContainer],
     tolerance_bytes: int,
-    counted_context_bytes: int = 0,
 ) -> list[Overrun]:
     """usage: (gpu uuid, pid, used bytes) from NVML. Pods over their slices on a GPU.
 
-    Each process is tolerated what it holds beyond the context the slice already counts,
+    Each process is tolerated what it holds beyond the context its slice already counts
+    (the pod's limits files say how much: what the agent measured when the pod started),
     up to ``tolerance_bytes`` (driver memory the shim cannot see: module code, statics).
     A flat tolerance per process let a pod raise its own bound by starting idle processes,
     whose counted contexts were then tolerated a second time."""
     slices: dict[tuple[str, str], int] = {}
     names: dict[str, tuple[str, str]] = {}
+    counted: dict[str, int] = {}  # pod uid -> what its shims count per context
     for c in containers:
         if c.limits is None or c.limits.whole or not c.limits.pod_uid:
             continue
         names[c.limits.pod_uid] = (c.namespace, c.pod)
+        counted[c.limits.pod_uid] = max(
+            counted.get(c.limits.pod_uid, 0), c.limits.context_overhead_bytes
+        )
         for device in c.limits.devices:
             key = (c.limits.pod_uid, device.uuid.lower())
             slices[key] = slices.get(key, 0) + device.memory_limit_bytes
@@ -138,7 +143,7 @@ def find_overruns(
             continue  # not a sliced fracgpu pod: whole GPUs and host processes are not ours
         total, tolerated, pids = used.get((uid, gpu.lower()), (0, 0, []))
         held = max(nbytes, 0)
-        tolerance = min(tolerance_bytes, max(0, held - counted_context_bytes))
+        tolerance = min(tolerance_bytes, max(0, held - counted[uid]))
         used[(uid, gpu.lower())] = (total + held, tolerated + tolerance, [*pids, pid])
     out = []
     for (uid, gpu), (total, tolerated, pids) in sorted(used.items()):
@@ -157,8 +162,10 @@ class SliceAudit:
     containers: Callable[[], list[LiveContainer]]
     settings: SliceAuditSettings = field(default_factory=SliceAuditSettings)
     killer: Callable[[Path, int, str], bool] = kill_if_in_pod
+    clock: Callable[[], float] = time.monotonic
     _current: list[Overrun] = field(default_factory=list)
     _detections: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    _gone_since: dict[tuple[str, str], float] = field(default_factory=dict)
     _kills: int = 0
     # run_once (the audit loop's thread) and collect (a scrape's thread) meet here.
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -186,7 +193,6 @@ class SliceAudit:
             lambda pid: pod_uid_of(self.settings.proc_dir, pid),
             live,
             self.settings.tolerance_bytes,
-            self.settings.counted_context_bytes,
         )
         for o in found:
             key = (o.namespace, o.pod, o.gpu)
@@ -209,11 +215,18 @@ class SliceAudit:
                         log.warning("cannot kill", extra={"pid": pid, "error": str(error)})
         with self._lock:
             self._current = found
-            # Counts of pods that are gone go with them: one series per pod ever caught
+            # Counts of pods gone for a while go with them: one series per pod ever caught
             # would grow without end on a long-lived node.
             here = {(c.namespace, c.pod) for c in live}
-            for key in [k for k in self._detections if (k[0], k[1]) not in here]:
-                del self._detections[key]
+            now = self.clock()
+            for pod in {(k[0], k[1]) for k in self._detections} - here:
+                since = self._gone_since.setdefault(pod, now)
+                if now - since >= DETECTIONS_KEPT_SECONDS:
+                    for key in [k for k in self._detections if (k[0], k[1]) == pod]:
+                        del self._detections[key]
+                    del self._gone_since[pod]
+            for pod in here & self._gone_since.keys():
+                del self._gone_since[pod]
         return found
 
     def collect(self) -> Iterator[Metric]:

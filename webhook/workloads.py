@@ -27,7 +27,8 @@ KINDS_TAKEN: Final = ", ".join(sorted({kind for _, kind in TEMPLATES}))
 
 
 def is_workload(document: Mapping[str, Any]) -> bool:
-    return (document.get("apiVersion"), document.get("kind")) in TEMPLATES
+    version, kind = document.get("apiVersion"), document.get("kind")
+    return isinstance(version, str) and isinstance(kind, str) and (version, kind) in TEMPLATES
 
 
 def pod_of(document: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -54,6 +55,9 @@ def pod_of(document: Mapping[str, Any], source: str) -> dict[str, Any]:
     }
     name = workload_meta.get("name")
     metadata["generateName"] = f"{name}-" if isinstance(name, str) and name else "pod-"
-    if "namespace" in workload_meta:
-        metadata["namespace"] = workload_meta["namespace"]
+    namespace = workload_meta.get("namespace")
+    if namespace is not None:
+        if not isinstance(namespace, str):
+            raise DocumentError(f"{source}: metadata.namespace must be a string")
+        metadata["namespace"] = namespace
     return {**POD_TYPE, "metadata": metadata, "spec": dict(spec)}

@@ -6,17 +6,19 @@ empty bounding set; the container's moves are made on the same host files."""
 import json
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
 from agent.containers import LiveContainer
-from agent.hostfiles import AllocationFiles, allocation_key
+from agent.hostfiles import AllocationFiles, allocation_key, remove_container_tree
 from agent.metrics import AgentCollector, build_registry
 from fracgpu import shim_abi as abi
 from fracgpu.names import RESOURCE_VCUDA_CORE
@@ -224,3 +226,52 @@ def test_a_region_cannot_add_gpus_or_raise_limits_in_the_metrics() -> None:
     assert list(limits_exported.values()) == [float(1 << 30)]
     used = [v for s, v in found.items() if s.startswith("fracgpu_container_memory_used_bytes")]
     assert used == [float(1 << 20)]  # its own use, as it reports it
+
+
+class _Listed:
+    """What os.scandir returned, already read: a context manager that iterates it."""
+
+    def __init__(self, entries: list[os.DirEntry[str]]) -> None:
+        self.entries = entries
+
+    def __enter__(self) -> list[os.DirEntry[str]]:
+        return self.entries
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def test_a_container_swapping_a_symlink_in_cannot_steer_the_removal_outside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack: while the agent removes a run dir the container still has mounted, the
+    container swaps a directory the agent has just listed for a symlink to a directory
+    outside (another container's, the boards). A walk by path then gave that directory
+    and everything below it new permissions; the walk by descriptor never leaves the tree.
+    The container's move is made right after the agent lists ``run/a`` (its timing, made
+    certain here)."""
+    victim = tmp_path / "victim"
+    (victim / "b" / "c").mkdir(parents=True)
+    run = tmp_path / "run"
+    (run / "a" / "b" / "c").mkdir(parents=True)
+    for d in (victim, victim / "b", victim / "b" / "c"):
+        d.chmod(0o751)
+    real_scandir = os.scandir
+    swapped = []
+
+    def scandir_then_swap(target: Any) -> _Listed:
+        with real_scandir(target) as listing:
+            entries = list(listing)
+        if {e.name for e in entries} == {"b"} and not swapped:  # run/a, just listed
+            (run / "a").rename(run / "a-was")
+            (run / "a").symlink_to(victim)
+            swapped.append(True)
+        return _Listed(entries)
+
+    monkeypatch.setattr(os, "scandir", scandir_then_swap)
+    remove_container_tree(run)
+    monkeypatch.undo()
+    assert swapped
+    modes = {d.name: stat.S_IMODE(d.stat().st_mode) for d in victim.rglob("*")}
+    assert modes == {"b": 0o751, "c": 0o751}
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o751

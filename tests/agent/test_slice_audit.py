@@ -24,6 +24,7 @@ from agent.hostfiles import AllocationFiles, allocation_key
 from agent.nvml_backend import PynvmlBackend
 from agent.settings import SettingsError, parse_settings
 from agent.slice_audit import (
+    DETECTIONS_KEPT_SECONDS,
     SliceAudit,
     SliceAuditSettings,
     find_overruns,
@@ -66,13 +67,14 @@ def double(short_dir: Path, state_file: Path, monkeypatch: pytest.MonkeyPatch) -
     )
 
 
-def _container(slice_bytes: int = GIB) -> LiveContainer:
+def _container(slice_bytes: int = GIB, counted_context: int = 0) -> LiveContainer:
     limits = Limits(
         devices=(DeviceLimits(GPU, slice_bytes, 50),),
         namespace="team-a",
         pod="trainer",
         container="main",
         pod_uid=POD_UID,
+        context_overhead_bytes=counted_context,
     )
     return LiveContainer("team-a", "trainer", "main", ("k",), limits, None)
 
@@ -129,7 +131,13 @@ def test_memory_taken_around_the_shim_is_detected_and_counted(
     try:
         _in_pod(proc_dir, escaped.pid)
         live = [_container()]
-        audit = SliceAudit(backend, lambda: list(live), SliceAuditSettings(proc_dir=proc_dir))
+        now = [0.0]
+        audit = SliceAudit(
+            backend,
+            lambda: list(live),
+            SliceAuditSettings(proc_dir=proc_dir),
+            clock=lambda: now[0],
+        )
         (found,) = audit.run_once()
         assert (found.namespace, found.pod, found.gpu) == ("team-a", "trainer", GPU.lower())
         assert (found.used_bytes, found.slice_bytes, found.pids) == (3 * GIB, GIB, (escaped.pid,))
@@ -139,8 +147,15 @@ def test_memory_taken_around_the_shim_is_detected_and_counted(
         assert samples[f"fracgpu_slice_bypass_detections_total{labels}"] == 1
         assert samples["fracgpu_slice_bypass_kills_total"] == 0
         assert escaped.poll() is None  # killing is off by default
-        # Once the pod is gone, so is its count: no series per pod ever caught.
+        # A while after the pod is gone, so is its count: no series per pod ever caught,
+        # but scrapes in between still see it.
         live.clear()
+        _stop(escaped)
+        audit.run_once()
+        now[0] = DETECTIONS_KEPT_SECONDS - 1
+        audit.run_once()
+        assert _samples(audit)[f"fracgpu_slice_bypass_detections_total{labels}"] == 1
+        now[0] = DETECTIONS_KEPT_SECONDS
         audit.run_once()
         assert not [s for s in _samples(audit) if s.startswith("fracgpu_slice_bypass_detections")]
     finally:
@@ -218,13 +233,11 @@ def test_idle_processes_do_not_raise_the_bound_for_a_bypass() -> None:
     pod_of = dict.fromkeys(pids, POD_UID).get
     idle = [(GPU, pid, 500 * MIB) for pid in pids[:40]]
     bypass = [(GPU, 41, 10 * GIB)]
-    container = _container(slice_bytes)
-    (over,) = find_overruns(
-        idle + bypass, pod_of, [container], 512 * MIB, counted_context_bytes=500 * MIB
-    )
+    container = _container(slice_bytes, counted_context=500 * MIB)
+    (over,) = find_overruns(idle + bypass, pod_of, [container], 512 * MIB)
     assert over.used_bytes == 40 * 500 * MIB + 10 * GIB and over.pids == tuple(pids)
     # The idle processes alone are within the slice.
-    assert find_overruns(idle, pod_of, [container], 512 * MIB, 500 * MIB) == []
+    assert find_overruns(idle, pod_of, [container], 512 * MIB) == []
 
 
 def test_a_pod_whose_processes_load_code_the_slice_cannot_see_is_not_reported() -> None:
@@ -234,10 +247,21 @@ def test_a_pod_whose_processes_load_code_the_slice_cannot_see_is_not_reported() 
     counted = 500 * MIB
     allocations = (8 * GIB - 4 * counted) // 4
     usage = [(GPU, pid, counted + allocations + 300 * MIB) for pid in range(1, 5)]
-    assert find_overruns(usage, pod_of, [_container(8 * GIB)], 512 * MIB, counted) == []
+    pod = [_container(8 * GIB, counted_context=counted)]
+    assert find_overruns(usage, pod_of, pod, 512 * MIB) == []
     # Past the tolerance, it is.
     heavier = [(GPU, pid, counted + allocations + 600 * MIB) for pid in range(1, 5)]
-    assert find_overruns(heavier, pod_of, [_container(8 * GIB)], 512 * MIB, counted)
+    assert find_overruns(heavier, pod_of, pod, 512 * MIB)
+
+
+def test_the_counted_context_is_the_pods_own_not_the_agents_latest() -> None:
+    """A pod started while contexts were not counted (its limits say 0) keeps its whole
+    tolerance per process after the agent restarts and measures a context: its shims never
+    counted one, so nothing of what its processes hold is tolerated twice."""
+    pod_of = dict.fromkeys(range(1, 5), POD_UID).get
+    usage = [(GPU, 1, 3584 * MIB + 300 * MIB)] + [(GPU, pid, 300 * MIB) for pid in (2, 3, 4)]
+    started_uncounted = [_container(4 * GIB, counted_context=0)]
+    assert find_overruns(usage, pod_of, started_uncounted, 512 * MIB) == []
 
 
 def test_hostile_cgroup_files_are_bounded(tmp_path: Path) -> None:

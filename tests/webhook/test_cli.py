@@ -246,6 +246,17 @@ def test_admit_takes_a_workload_by_the_pod_it_would_make(tmp_path: Path) -> None
     assert "Deployment has no spec.template mapping: a workload is taken by its pod template" in (
         result.stderr
     )
+    # A hostile manifest gets a line, never a traceback.
+    odd = {
+        "apiVersion: [apps/v1]\nkind: Deployment\n": "apiVersion of type list",
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {namespace: [x]}\n"
+        "spec: {template: {spec: {containers: []}}}\n": "metadata.namespace must be a string",
+    }
+    for text, message in odd.items():
+        broken.write_text(text)
+        result = fracgpu("admit", str(broken), "--cluster", cluster)
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_admit_without_a_cluster_says_what_to_pass(tmp_path: Path) -> None:

@@ -300,7 +300,19 @@ def test_a_misspelt_setting_variable_is_named_with_the_one_meant() -> None:
         "FRACGPU_AGENT_METRICS_PORT": "9400",  # the agent's
         "FRACGPU_CERTS_SECRET": "x",  # the certs manager's
         "PATH": "/usr/bin",
+        # What kubelet sets for the chart's Service fracgpu-webhook (enableServiceLinks).
+        "FRACGPU_WEBHOOK_SERVICE_HOST": "10.0.0.9",
+        "FRACGPU_WEBHOOK_SERVICE_PORT": "443",
+        "FRACGPU_WEBHOOK_SERVICE_PORT_HTTPS": "443",
+        "FRACGPU_WEBHOOK_PORT": "tcp://10.0.0.9:443",
+        "FRACGPU_WEBHOOK_PORT_443_TCP": "tcp://10.0.0.9:443",
+        "FRACGPU_WEBHOOK_PORT_443_TCP_PROTO": "tcp",
+        "FRACGPU_WEBHOOK_PORT_443_TCP_PORT": "443",
+        "FRACGPU_WEBHOOK_PORT_443_TCP_ADDR": "10.0.0.9",
+        "FRACGPU_EXTENDR_PORT": "8889",  # misspelt, and no Service's
     }
     assert settings.unknown_variables(environ) == [
-        "FRACGPU_POLCY is not a setting (did you mean FRACGPU_POLICY?): it is ignored"
+        "FRACGPU_EXTENDR_PORT is not a setting (did you mean FRACGPU_EXTENDER_PORT?): it is "
+        "ignored",
+        "FRACGPU_POLCY is not a setting (did you mean FRACGPU_POLICY?): it is ignored",
     ]
