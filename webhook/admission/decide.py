@@ -111,6 +111,8 @@ class Admission:
         # Written on every GPU pod when GPU nodes carry fracgpu's taint (gpu-node-taint).
         taint = settings.gpu_node_taint
         self._toleration = gpu_node_toleration(taint) if taint else None
+        # The setting's directories and /proc, which reaches them: joined once, not per pod.
+        self._protected_host_paths = shimguard.protected_host_paths(settings.protected_host_paths)
 
     # -- pods over a limit ---------------------------------------------------------------------
     def over_limit(self, request: AdmissionRequest) -> str | None:
@@ -714,13 +716,8 @@ class Admission:
         directory that only read-only mounts let the pod have (/sys) writable is refused. An
         EphemeralContainers object (Kubernetes 1.20, 1.21) carries no volumes to check."""
         assert request.obj is not None
-        if not request.is_pod:
-            return responses.allowed()
-        protected = shimguard.protected_host_paths(self._settings.protected_host_paths)
-        findings = shimguard.host_path_findings(request.obj, protected)
-        if findings:
-            return responses.denied(shimguard.host_path_denial(findings, protected))
-        return responses.allowed()
+        door = self._host_path_door(request.obj) if request.is_pod else None
+        return responses.allowed() if door is None else responses.denied(door)
 
     async def _debug_privileges(self, request: AdmissionRequest) -> responses.Verdict:
         """Privileged debug containers added to a GPU pod need the namespace's grant. An
@@ -807,13 +804,19 @@ class Admission:
         """Reaches past the node's devices and files for any pod, GPU or not: hostPath to
         protected host directories (and to /proc and /sys, which reach them), annotations
         that have the runtime inject devices."""
-        protected = shimguard.protected_host_paths(self._settings.protected_host_paths)
-        findings = shimguard.host_path_findings(pod, protected)
-        if findings:
-            return shimguard.host_path_denial(findings, protected)
+        door = self._host_path_door(pod)
+        if door is not None:
+            return door
         raw = podlib.mapping_at(podlib.metadata(pod), "annotations", ".metadata")
         injected = shimguard.device_injection_findings(raw) if raw else []
         return shimguard.device_injection_denial(injected) if injected else None
+
+    def _host_path_door(self, pod: Mapping[str, Any]) -> str | None:
+        """hostPath to protected host directories, or writable inside /sys."""
+        findings = shimguard.host_path_findings(pod, self._protected_host_paths)
+        if not findings:
+            return None
+        return shimguard.host_path_denial(findings, self._protected_host_paths)
 
     # -- shared --------------------------------------------------------------------------------
     async def _verified_assignment(
