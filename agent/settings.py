@@ -317,12 +317,13 @@ def parse_discover(argv: Sequence[str]) -> None:
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
     """A message per FRACGPU_AGENT_* variable that names no agent setting (logged at start)."""
-    known = {
-        _variable(a.option_strings[0])
-        for a in _parser()._actions
-        if a.option_strings and a.dest not in ("help", "version")
-    }
+    known = {_variable(a.option_strings[0]) for a in _settable(_parser())}
     return envcheck.unknown_variables(env, ENV_PREFIX, known)
+
+
+def _settable(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The flags that are settings (each also a FRACGPU_AGENT_* variable)."""
+    return [a for a in parser._actions if a.option_strings and a.dest not in ("help", "version")]
 
 
 def _variable(flag: str) -> str:
@@ -355,9 +356,7 @@ def _read(
 ) -> tuple[argparse.Namespace, dict[str, str]]:
     """Flags first, then FRACGPU_AGENT_* for the settings no flag gave, then the defaults;
     with, per setting, where its value came from (flag or variable) for error messages."""
-    settable = [
-        a for a in parser._actions if a.option_strings and a.dest not in ("help", "version")
-    ]
+    settable = _settable(parser)
     # argparse leaves an attribute already set alone: what is still unset no flag gave.
     unset = object()
     ns = parser.parse_args(argv, argparse.Namespace(**{a.dest: unset for a in settable}))
