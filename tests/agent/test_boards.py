@@ -20,6 +20,7 @@ from agent.containers import LiveContainer, live_containers
 from agent.hostfiles import AllocationFiles, allocation_key
 from agent.podresources import ContainerDevices
 from fracgpu import shim_abi
+from tests.shimregion import blank_region
 
 GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"
 NOW = 10_000_000_000_000
@@ -33,19 +34,8 @@ def _limits(priority: int = shim_abi.PRIORITY_LOW) -> bytes:
 
 
 def _region(created_ns: int, active_ns: int, devices: int = 1) -> bytes:
-    buf = bytearray(shim_abi.REGION_SIZE)
-    struct.pack_into(
-        "<QIIIIII",
-        buf,
-        0,
-        shim_abi.REGION_MAGIC,
-        shim_abi.REGION_VERSION,
-        shim_abi.REGION_SIZE,
-        shim_abi.MAX_DEVICES,
-        shim_abi.MAX_PROCS,
-        devices,
-        shim_abi.PRIORITY_HIGH,  # a region may claim anything: only the limits count
-    )
+    # A region may claim anything: only the limits count.
+    buf = blank_region(devices, priority=shim_abi.PRIORITY_HIGH)
     struct.pack_into("<Q", buf, shim_abi.HDR_OFF_CREATED_NS, created_ns)
     for i in range(devices):
         base = shim_abi.DEVICES_OFF + i * shim_abi.DEV_SIZE

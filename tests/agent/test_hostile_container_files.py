@@ -24,6 +24,7 @@ from fracgpu import shim_abi as abi
 from fracgpu.names import RESOURCE_VCUDA_CORE
 from fracgpu.shim_abi import DeviceLimits, Limits, encode_limits
 from tests.promtext import samples
+from tests.shimregion import blank_region
 
 REPO = Path(__file__).resolve().parents[2]
 SETPRIV = shutil.which("setpriv")
@@ -190,18 +191,7 @@ def _region(*devices: tuple[str, int, int]) -> tuple[abi.RegionDevice, ...]:
 
 def _region_bytes(*devices: tuple[str, int, int]) -> bytes:
     """A region as a container could write it: (uuid, memory limit, memory used) per GPU."""
-    data = bytearray(abi.REGION_SIZE)
-    struct.pack_into(
-        "<QIIIII",
-        data,
-        0,
-        abi.REGION_MAGIC,
-        abi.REGION_VERSION,
-        abi.REGION_SIZE,
-        abi.MAX_DEVICES,
-        abi.MAX_PROCS,
-        len(devices),
-    )
+    data = blank_region(len(devices))
     for i, (uuid, limit, used) in enumerate(devices):
         base = abi.DEVICES_OFF + i * abi.DEV_SIZE
         data[base : base + len(uuid)] = uuid.encode()
