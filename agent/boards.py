@@ -1,9 +1,10 @@
 """The node's priority boards: one file per GPU that only the agent writes.
 
 Every container's shim announces when it last launched work on each of its GPUs in its
-own accounting region (a file only that container can write). The agent gathers those
-announcements, with each container's priority taken from the limits file the agent wrote
-itself, into one board per GPU in the node directory, which containers see read-only.
+own accounting region (a file only that container can write, in its pod's region volume).
+The agent gathers those announcements, with each container's priority taken from the
+limits file the agent wrote itself, into one board per GPU in the node directory, which
+containers see read-only.
 So no container ever reads what another container wrote: a neighbour cannot truncate,
 forge or grow a board, only misreport its own activity (which the agent bounds).
 
@@ -15,13 +16,14 @@ place (never truncated, never replaced), so a shim that holds one open keeps rea
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from agent.hostfiles import AllocationFiles, UntrustedFileError, open_untrusted, read_untrusted
+from agent.hostfiles import AllocationFiles, UntrustedFileError, read_untrusted
+from agent.periodic import Periodic
 from fracgpu.errors import CodecError
 from fracgpu.shim_abi import (
     BOARD_HIGH_HOLD_NS,
@@ -40,22 +42,15 @@ from fracgpu.shim_abi import (
 
 log = logging.getLogger(__name__)
 
-# (limits file, region file) of one container: the first is the agent's, the second the
-# container's own.
-BoardSource = tuple[Path, Path]
+# (limits file, where its region is) of one container: the first is the agent's, and the
+# region, the container's own, is found from what the limits name (its pod and container).
+BoardSource = tuple[Path, Callable[[Limits], Path | None]]
 
 
-# A container's files are checked again (lstat, open, fstat) at most this often; between
-# checks the open region is only read (one pread per publication).
+# The agent's own limits file of a container is parsed again at most this often.
 _RECHECK_NS = 1_000_000_000
 # Boards are written in place by their owner, the agent, and read by everyone else.
 BOARD_MODE = 0o644
-
-
-@dataclass
-class _OpenRegion:
-    fd: int
-    checked_ns: int
 
 
 @dataclass(frozen=True)
@@ -67,11 +62,16 @@ class _Seen:
     high: bool
 
 
+def at(path: Path) -> Callable[[Limits], Path | None]:
+    """A region found at ``path`` whatever the limits say (a container's files side by side)."""
+    return lambda _limits: path
+
+
 def allocation_sources(files: AllocationFiles) -> Callable[[], list[BoardSource]]:
     """Every allocation directory of this node (live or not: a stale one is silent)."""
 
     def sources() -> list[BoardSource]:
-        return [(files.limits_path(k), files.region_path(k)) for k in files.all_keys()]
+        return [(files.limits_path(k), partial(files.region_for, k)) for k in files.all_keys()]
 
     return sources
 
@@ -92,8 +92,6 @@ class BoardPublisher:
         # limits path -> (checked at, limits or None): the agent's own file, parsed once
         # per recheck
         self._limits: dict[Path, tuple[int, Limits | None]] = {}
-        # region path -> the region held open between rechecks
-        self._regions: dict[Path, _OpenRegion] = {}
 
     def publish(self) -> dict[str, Board]:
         """Read every container's announcement and rewrite every GPU's board."""
@@ -101,10 +99,15 @@ class BoardPublisher:
         seen: dict[str, list[_Seen]] = {uuid: [] for uuid in self._gpus()}
         limits_used: set[Path] = set()
         regions_used: set[Path] = set()
-        for limits_path, region_path in self._sources():
+        for limits_path, region_of in self._sources():
             limits_used.add(limits_path)
             limits = self._read_limits(limits_path, now)
             if limits is None or limits.whole:
+                continue
+            region_path = region_of(limits)
+            # A container holding both canonical resources has two allocations and one
+            # region volume: it is one container on the board, not two.
+            if region_path is None or region_path in regions_used:
                 continue
             regions_used.add(region_path)
             for uuid, item in self._activity(limits, region_path, now):
@@ -112,19 +115,12 @@ class BoardPublisher:
                     seen[uuid].append(item)
         for gone in set(self._limits) - limits_used:
             del self._limits[gone]
-        for gone in set(self._regions) - regions_used:
-            os.close(self._regions.pop(gone).fd)
         self._sequence += 1
         boards = {}
         for uuid, items in seen.items():
             boards[uuid] = board = _board(items, now, self._sequence)
             self._write(uuid, board)
         return boards
-
-    def close(self) -> None:
-        for region in self._regions.values():
-            os.close(region.fd)
-        self._regions.clear()
 
     def _read_limits(self, path: Path, now: int) -> Limits | None:
         cached = self._limits.get(path)
@@ -140,28 +136,19 @@ class BoardPublisher:
         self._limits[path] = (now, limits)
         return limits
 
-    def _region_head(self, path: Path, now: int) -> bytes | None:
-        """The head of a container's region: opened (and checked) at most once per
-        recheck interval, read with one pread otherwise."""
-        held = self._regions.get(path)
-        if held is not None and now - held.checked_ns >= _RECHECK_NS:
-            os.close(self._regions.pop(path).fd)
-            held = None
-        if held is None:
-            opened = open_untrusted(path, REGION_SIZE)
-            if opened is None:
-                return None
-            fd, st = opened
-            if st.st_size != REGION_SIZE:
-                os.close(fd)
-                return None
-            held = self._regions[path] = _OpenRegion(fd, now)
-        return os.pread(held.fd, REGION_HEAD_SIZE, 0)
+    def _region_head(self, path: Path) -> bytes | None:
+        """The head of a container's region, opened (and checked) and closed again at every
+        publication: an open descriptor would keep kubelet from unmounting the pod's region
+        volume, and the pod from ever being deleted."""
+        read = read_untrusted(path, REGION_SIZE, head=REGION_HEAD_SIZE)
+        if read is None or read.size != REGION_SIZE:
+            return None
+        return read.data
 
     def _activity(self, limits: Limits, region: Path, now: int) -> list[tuple[str, _Seen]]:
         """Per GPU of the container (in its limits' order): its id and last launch."""
         try:
-            head = self._region_head(region, now)
+            head = self._region_head(region)
             if head is None:
                 return []
             activity = decode_region_activity(head)
@@ -217,28 +204,14 @@ def _board(items: list[_Seen], now: int, sequence: int) -> Board:
     )
 
 
-class BoardLoop:
+class BoardLoop(Periodic):
     """Publishes the boards every ``interval_seconds`` in a thread of its own."""
 
     def __init__(self, publisher: BoardPublisher, interval_seconds: float) -> None:
-        self._publisher = publisher
-        self._interval = interval_seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="boards", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self._publisher.close()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._publisher.publish()
-            except OSError as error:
-                log.warning("publishing the boards failed", extra={"error": str(error)})
-            self._stop.wait(self._interval)
+        super().__init__(
+            "boards",
+            publisher.publish,
+            interval_seconds,
+            skipped="publishing the boards failed",
+            errors=(OSError,),
+        )

@@ -35,6 +35,7 @@ from agent.metrics import AgentCollector, ContextOverheadCollector, build_regist
 from agent.nodepods import KubernetesNodePods
 from agent.nodesettings import follow_memory_scaling
 from agent.nvml_backend import NvmlError, PynvmlBackend
+from agent.periodic import Periodic
 from agent.podlookup import KubernetesPodLookup
 from agent.podresources import PodResourcesClient, PodResourcesError
 from agent.queuedelivery import QueueDelivery
@@ -47,7 +48,7 @@ from agent.settings import (
     unknown_variables,
 )
 from agent.shim_install import ShimInstallError, install_shim
-from agent.slice_audit import SliceAudit, SliceAuditLoop, SliceAuditSettings
+from agent.slice_audit import SliceAudit, SliceAuditSettings
 from fracgpu.codec import encode_device
 from fracgpu.model import GPUDevice
 
@@ -103,7 +104,7 @@ def discover_command() -> int:
 def _host_files(settings: AgentSettings, gpus: list[str]) -> tuple[AllocationFiles, BoardLoop]:
     """The per-container files, and the loop that rewrites the node's priority boards from
     every container's region (the node directory emptied first; started with the rest)."""
-    files = AllocationFiles(settings.host_state_dir)
+    files = AllocationFiles(settings.host_state_dir, settings.kubelet_pods_dir)
     prepare_node_dir(settings.host_node_dir)
     publisher = BoardPublisher(settings.host_node_dir, lambda: gpus, allocation_sources(files))
     return files, BoardLoop(publisher, settings.board_publish_seconds)
@@ -111,7 +112,7 @@ def _host_files(settings: AgentSettings, gpus: list[str]) -> tuple[AllocationFil
 
 class _Background(Protocol):
     def start(self) -> None: ...
-    def stop(self) -> None: ...
+    def stop(self) -> object: ...
 
 
 def _slice_audit(
@@ -231,7 +232,9 @@ class Agent:
             health,
             manager,
             *([inventory] if inventory else []),
-            SliceAuditLoop(audit, s.slice_audit_seconds),
+            Periodic(
+                "slice-audit", audit.run_once, s.slice_audit_seconds, skipped="slice audit skipped"
+            ),
         ]
         for part in background:
             part.start()

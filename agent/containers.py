@@ -1,7 +1,8 @@
 """The fracgpu containers running on this node right now, with their files on the host.
 
 Kubelet's pod-resources API says which containers hold our device IDs; the allocation
-directories of those containers hold their limits and accounting region. A directory no
+directories of those containers hold their limits, which name the pod and container whose
+region volume holds the accounting region (``AllocationFiles.region_for``). A directory no
 live container owns is stale: it is ignored by metrics and removed after a grace period.
 """
 
@@ -13,7 +14,13 @@ from dataclasses import dataclass
 from agent.containerstart import PodResourcesSource
 from agent.hostfiles import AllocationFiles, UntrustedFileError, allocation_key, read_untrusted
 from fracgpu.errors import CodecError
-from fracgpu.shim_abi import REGION_SIZE, Limits, RegionDevice, decode_limits, decode_region
+from fracgpu.shim_abi import (
+    REGION_SIZE,
+    Limits,
+    RegionDevice,
+    decode_limits,
+    decode_region,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +61,23 @@ def _read_limits(files: AllocationFiles, key: str) -> Limits | None:
         return None
 
 
-def _read_region(files: AllocationFiles, keys: Iterable[str]) -> tuple[RegionDevice, ...] | None:
-    # Kubelet mounts one of a container's allocation dirs; the shim's region is in that one.
-    # The region is the container's to write: it is read as hostile input (a regular file
-    # of at most REGION_SIZE bytes, no links, FIFOs or devices).
+def _read_region(
+    files: AllocationFiles, keys: Iterable[str], limits: Limits | None
+) -> tuple[RegionDevice, ...] | None:
+    """The container's region: in its region volume, or where an older agent put it (one
+    run dir per allocation, one of which kubelet mounted; the others stay empty). It is the
+    container's to write: read as hostile input (a regular file of at most REGION_SIZE bytes,
+    no links, FIFOs or devices)."""
+    if limits is None:
+        return None
     newest: tuple[float, bytes] | None = None
-    for key in keys:
+    for path in dict.fromkeys(files.region_for(key, limits) for key in keys):
+        if path is None:
+            continue
         try:
-            read = read_untrusted(files.region_path(key), REGION_SIZE)
+            read = read_untrusted(path, REGION_SIZE)
         except UntrustedFileError as error:
-            log.warning("accounting region refused", extra={"key": key, "error": str(error)})
+            log.warning("accounting region refused", extra={"path": str(path), "error": str(error)})
             continue
         if read is None:
             continue
@@ -88,9 +102,8 @@ def live_containers(
     for (namespace, pod, container), keys in sorted(by_container.items()):
         keys.sort()
         limits = next((lim for k in keys if (lim := _read_limits(files, k)) is not None), None)
-        out.append(
-            LiveContainer(namespace, pod, container, tuple(keys), limits, _read_region(files, keys))
-        )
+        region = _read_region(files, keys, limits)
+        out.append(LiveContainer(namespace, pod, container, tuple(keys), limits, region))
     return out
 
 

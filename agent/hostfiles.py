@@ -6,8 +6,14 @@ state dir, named from a hash of the resource and its sorted device IDs:
     <state>/<key>/limits   the limits file, mode 0444, mounted read-only at /etc/fracgpu/limits
     <state>/<key>/served   queue mode: which queued pod's container Allocate served these
                            IDs to (agent-only, never mounted)
-    <state>/<key>/run/     mounted read-write at /var/run/fracgpu; the shim keeps its
-                           accounting region here
+    <state>/<key>/run/     containers an older agent started only: their accounting region,
+                           in a directory mounted read-write at /var/run/fracgpu
+
+A container's accounting region is in its pod's own memory: the region volume the mutating
+webhook gives every GPU container (``fracgpu.names.region_volume_name``), a memory-backed
+emptyDir that kubelet keeps at <kubelet pods dir>/<pod UID>/volumes/kubernetes.io~empty-dir/
+<volume>. What the container writes there is its pod's memory, never host disk
+(``region_for``).
 
 Kubelet hands a device ID to one container at a time, so a key names one live container;
 when kubelet reuses the IDs for a new container, ``prepare`` starts it afresh without
@@ -17,6 +23,7 @@ touching files a previous holder may still have open or mounted.
 import hashlib
 import logging
 import os
+import re
 import shutil
 import stat
 import time
@@ -26,7 +33,8 @@ from pathlib import Path
 from typing import Final
 
 from agent.atomic import write_atomically
-from fracgpu.shim_abi import LIMITS_MAX_BYTES
+from fracgpu import names
+from fracgpu.shim_abi import LIMITS_MAX_BYTES, Limits
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +149,16 @@ def allocation_key(resource: str, device_ids: Iterable[str]) -> str:
     return f"{slug}-{digest.hexdigest()[:24]}"
 
 
+# A pod UID as a path component: kubelet names the pod's directory by it (a UUID; tests
+# use shorter names). The agent wrote it into the limits file, from the API's pod.
+_POD_UID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+
 class AllocationFiles:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, pods_dir: Path | None = None) -> None:
         self.state_dir = state_dir
+        # kubelet's pods directory (<kubelet root>/pods): where the region volumes are
+        self.pods_dir = pods_dir
 
     def directory(self, key: str) -> Path:
         return self.state_dir / key
@@ -155,13 +170,28 @@ class AllocationFiles:
         return self.directory(key) / RUN_DIR
 
     def region_path(self, key: str) -> Path:
+        """The region of a container an older agent started (in the run dir it mounted)."""
         return self.run_dir(key) / REGION_FILE
 
-    def prepare(self, key: str) -> None:
-        """A fresh directory for a new allocation: no limits yet, an empty run dir.
+    def region_for(self, key: str, limits: Limits) -> Path | None:
+        """Where the region of the container holding allocation ``key`` is: in its region
+        volume, or (started by an older agent) in the allocation's run dir; None when its
+        limits name no pod (written by an agent that did not record it)."""
+        old = self.region_path(key)
+        if os.path.lexists(old):
+            return old
+        uid, container = limits.pod_uid, limits.container
+        if self.pods_dir is None or not uid or not container or not _POD_UID.fullmatch(uid):
+            return None
+        volume = names.region_volume_name(container)
+        return self.pods_dir / uid / names.KUBELET_EMPTY_DIR_VOLUMES / volume / REGION_FILE
 
-        A previous run dir is renamed aside, not emptied: if anything still has it mounted,
-        it keeps its region; the one before that is removed.
+    def prepare(self, key: str) -> None:
+        """A fresh directory for a new allocation: no limits yet.
+
+        A previous holder's run dir (an older agent mounted one into each container) is
+        renamed aside, not emptied: if anything still has it mounted, it keeps its region;
+        the one before that is removed.
         """
         self.limits_path(key).unlink(missing_ok=True)
         self.served_path(key).unlink(missing_ok=True)
@@ -170,12 +200,10 @@ class AllocationFiles:
             remove_container_tree(old)
         if run.exists():
             run.rename(run.with_name(f"{RUN_DIR}.old-{time.time_ns()}"))
-        run.mkdir(parents=True)
-        # Containers may run as any user; every process of the container shares the region.
-        os.chmod(run, 0o777)
+        self.directory(key).mkdir(parents=True, exist_ok=True)
 
     def write_limits(self, key: str, content: str) -> None:
-        self.run_dir(key).mkdir(parents=True, exist_ok=True)
+        self.directory(key).mkdir(parents=True, exist_ok=True)
         write_atomically(self.limits_path(key), content.encode(), 0o444)
 
     def served_path(self, key: str) -> Path:

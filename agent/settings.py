@@ -35,6 +35,8 @@ class AgentSettings:
     # kubelet side
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    # Where kubelet keeps pods' volumes: each GPU container's region volume is read there.
+    kubelet_pods_dir: Path = Path("/var/lib/kubelet/pods")
     compute_resource: str = RESOURCE_VCUDA_CORE
     memory_resource: str = RESOURCE_VCUDA_MEMORY
     # Memory advertised = physical x this; the GPUNode's spec.memoryScaling overrides it.
@@ -123,6 +125,13 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=d.pod_resources_socket,
         help="kubelet's PodResources socket, to learn which container holds which devices",
+    )
+    p.add_argument(
+        "--kubelet-pods-dir",
+        type=Path,
+        default=d.kubelet_pods_dir,
+        help="kubelet's pods directory (<kubelet root>/pods), where each GPU container's "
+        "accounting region is, in its pod's region volume",
     )
     p.add_argument(
         "--compute-resource",
@@ -481,6 +490,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         node_name=node_name,
         device_plugin_dir=ns.device_plugin_dir,
         pod_resources_socket=ns.pod_resources_socket,
+        kubelet_pods_dir=ns.kubelet_pods_dir,
         compute_resource=ns.compute_resource,
         memory_resource=ns.memory_resource,
         memory_scaling=ns.memory_scaling,

@@ -255,30 +255,3 @@ class SliceAudit:
         yield over
         yield detections
         yield kills
-
-
-class SliceAuditLoop:
-    """Runs a SliceAudit every ``interval_seconds`` on its own thread until stopped."""
-
-    def __init__(self, audit: SliceAudit, interval_seconds: float) -> None:
-        self._audit = audit
-        self._interval = interval_seconds
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="slice-audit", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._audit.run_once()
-            except Exception as error:  # kubelet or NVML away for a while: try again later
-                log.warning("slice audit skipped", extra={"error": str(error)})
-            self._stop.wait(self._interval)

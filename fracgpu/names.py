@@ -1,5 +1,6 @@
 """Every externally visible name in one place: resources, annotations, labels, env vars, paths."""
 
+import hashlib
 from typing import Final
 
 GROUP: Final = "fracgpu.io"
@@ -83,10 +84,26 @@ USER_SHIM_VARIABLES: Final = frozenset(
 RESERVED_ENV_PREFIX: Final = "FRACGPU_"
 RESERVED_ENV: Final = frozenset({ENV_VISIBLE_DEVICES, ENV_LD_PRELOAD})
 
-# Shim file ABI inside the container (mounted by the device plugin).
+# Shim file ABI inside the container (mounted by the device plugin, but the region's directory).
 CONTAINER_LIMITS_PATH: Final = "/etc/fracgpu/limits"
 CONTAINER_REGION_DIR: Final = "/var/run/fracgpu"
 CONTAINER_REGION_PATH: Final = f"{CONTAINER_REGION_DIR}/region"
+# The region's directory is a memory-backed emptyDir of the pod's own, one per GPU container,
+# that the mutating webhook adds: what the container writes there is its pod's memory, never
+# host disk, and no other pod's. Named from the container's name (a DNS label either way).
+REGION_VOLUME_PREFIX: Final = "fracgpu-region-"
+REGION_VOLUME_MEDIUM: Final = "Memory"
+# Room for the region (128 KiB) and the copy the shim initialises before publishing it.
+REGION_VOLUME_SIZE_LIMIT: Final = "1Mi"
+# Where kubelet keeps a pod's emptyDir volumes, under <kubelet root>/pods/<pod UID>/.
+KUBELET_EMPTY_DIR_VOLUMES: Final = "volumes/kubernetes.io~empty-dir"
+
+
+def region_volume_name(container: str) -> str:
+    """The name of the region volume of the container named ``container``."""
+    return REGION_VOLUME_PREFIX + hashlib.sha256(container.encode()).hexdigest()[:16]
+
+
 # The node's priority boards, one file per GPU, shared by every container on the node.
 CONTAINER_NODE_DIR: Final = "/var/run/fracgpu-node"
 CONTAINER_LIBRARY_PATH: Final = "/usr/local/fracgpu/lib/libfracgpu.so"

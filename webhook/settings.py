@@ -37,10 +37,12 @@ DEFAULT_SERVICE_ACCOUNTS: Final = (
     "system:serviceaccount:fracgpu-system:fracgpu-agent",
 )
 
-# The agent's defaults (docs/agent.md): device plugin and pod-resources sockets, its state.
+# The agent's defaults (docs/agent.md): device plugin and pod-resources sockets, pods'
+# volumes (every GPU container's region volume), its state.
 DEFAULT_PROTECTED_HOST_PATHS: Final = (
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet/pod-resources",
+    "/var/lib/kubelet/pods",
     "/var/lib/fracgpu",
 )
 

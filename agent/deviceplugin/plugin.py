@@ -18,7 +18,6 @@ from fracgpu.names import (
     CONTAINER_LIMITS_PATH,
     CONTAINER_NODE_DIR,
     CONTAINER_PRELOAD_PATH,
-    CONTAINER_REGION_DIR,
 )
 
 log = logging.getLogger(__name__)
@@ -123,6 +122,8 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                 pb.ContainerAllocateResponse(
                     # Only for a queued pod: its GPUs, chosen after the pod was created.
                     envs=envs,
+                    # No region directory: the region is in the pod's own memory, the
+                    # region volume the mutating webhook gives each GPU container.
                     mounts=[
                         pb.Mount(
                             container_path=CONTAINER_LIBRARY_PATH,
@@ -133,11 +134,6 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                             container_path=CONTAINER_PRELOAD_PATH,
                             host_path=str(self._shim.preload),
                             read_only=True,
-                        ),
-                        pb.Mount(
-                            container_path=CONTAINER_REGION_DIR,
-                            host_path=str(self._files.run_dir(key)),
-                            read_only=False,
                         ),
                         pb.Mount(
                             container_path=CONTAINER_LIMITS_PATH,

@@ -48,6 +48,7 @@ class AgentProcess:
         self.state_dir = directory / "state"
         self.lib_dir = directory / "lib"
         self.node_dir = directory / "node"
+        self.pods_dir = directory / "pods"
         args = [
             *as_the_chart_runs_the_agent(),
             sys.executable,
@@ -59,6 +60,7 @@ class AgentProcess:
             f"--host-lib-dir={self.lib_dir}",
             f"--host-state-dir={self.state_dir}",
             f"--host-node-dir={self.node_dir}",
+            f"--kubelet-pods-dir={self.pods_dir}",
             f"--shim-source={SHIM_LIBRARY}",
             f"--kubeconfig={kubeconfig}",
             "--metrics-address=127.0.0.1",

@@ -25,6 +25,7 @@ from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation, GPUDev
 from fracgpu.names import RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
 from tests.agent.kubelet import TestKubelet
 from tests.agent.nvml_double import NvmlDouble
+from tests.agent.regionvolume import region_in_volume
 
 NODE = "gpu-node-1"
 
@@ -111,6 +112,11 @@ class AgentRig:
     pods: PodTable
     dirs: dict[str, Path] = field(default_factory=dict)
 
+    def region(self, pod: PodInfo, container: str) -> Path:
+        """Where the container's shim keeps its region: its region volume, as kubelet makes
+        it for the pod."""
+        return region_in_volume(self.dirs["pods"], pod.uid, container)
+
 
 def fake_shim_library(path: Path, payload: bytes = b"v1") -> Path:
     """An ELF-looking file standing in for libfracgpu.so (install only copies bytes)."""
@@ -126,7 +132,7 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     kubelet = TestKubelet(plugin_dir, short_dir / "pr.sock")
     kubelet.start()
     state = DeviceState([GPU_A, GPU_B])
-    files = AllocationFiles(short_dir / "state")
+    files = AllocationFiles(short_dir / "state", short_dir / "pods")
     node_dir = short_dir / "node"
     prepare_node_dir(node_dir)
     shim = install_shim(fake_shim_library(short_dir / "image" / "libfracgpu.so"), short_dir / "lib")
@@ -165,7 +171,8 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     manager = PluginManager(plugins, state, plugin_dir, poll_seconds=0.1)
     manager.start()
     try:
-        yield AgentRig(kubelet, manager, state, files, shim, pods, {"plugin": plugin_dir})
+        dirs = {"plugin": plugin_dir, "pods": short_dir / "pods"}
+        yield AgentRig(kubelet, manager, state, files, shim, pods, dirs)
     finally:
         manager.stop()
         kubelet.close()

@@ -36,6 +36,7 @@ from fracgpu.shim_abi import RegionDevice, decode_limits, decode_region
 from tests.agent.agent_process import AgentProcess
 from tests.agent.kubelet import ContainerRef, TestKubelet
 from tests.agent.nvml_double import SHIM_BUILD, NvmlDouble, ensure_shim_built
+from tests.agent.regionvolume import region_in_volume
 from tests.agent.test_node_e2e import agent_rbac  # noqa: F401 (fixture)
 from tests.agent.waiting import wait_for
 from tests.e2e.harness import ControlPlane, create_node, gpu_allocatable
@@ -110,6 +111,7 @@ class Started:
     assignment: Assignment
     keys: tuple[str, ...]
     mounts: dict[str, str]
+    region: Path  # in the container's region volume
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,11 @@ class Node:
                 mounts = {m.container_path: m.host_path for m in reply.mounts}
         for resource in RESOURCES:
             self.kubelet.pre_start(ref, resource)
-        return Started(ref, assignment, tuple(keys), mounts)
+        return Started(ref, assignment, tuple(keys), mounts, self.region_of(namespace, pod))
+
+    def region_of(self, namespace: str, pod: str) -> Path:
+        uid = self.core.read_namespaced_pod(pod, namespace).metadata.uid
+        return region_in_volume(self.agent.pods_dir, uid, "main")
 
     def run_under_shim(self, started: Started, script: list[str]) -> Workload:
         env = {
@@ -282,9 +288,7 @@ class Node:
             **self.double.env(),
             "LD_PRELOAD": str(SHIM_TEST_LIBRARY),
             "FRACGPU_TEST_LIMITS_PATH": started.mounts[names.CONTAINER_LIMITS_PATH],
-            "FRACGPU_TEST_REGION_PATH": str(
-                Path(started.mounts[names.CONTAINER_REGION_DIR]) / "region"
-            ),
+            "FRACGPU_TEST_REGION_PATH": str(started.region),
             "FRACGPU_TEST_NODE_DIR": str(self.directory / "node-boards"),
         }
         return Workload(script, env)
@@ -365,7 +369,7 @@ def test_sigkilled_agent_comes_back_without_disturbing_running_containers(
     )  # fmt: skip
     try:
         assert workload.next_steps(3) == [["ctx", "0"], ["alloc", "0", "0"], ["waiting"]]
-        region = Path(kept.mounts[names.CONTAINER_REGION_DIR]) / "region"
+        region = kept.region
         before = region_device(region)
         assert (before.memory_used, before.memory_limit) == (3 * GIB, 4 * GIB)
         used = container_series("fracgpu_container_memory_used_bytes", kept)

@@ -88,7 +88,7 @@ def test_without_grace_an_unlisted_directory_goes_when_two_sweeps_agree(
     fresh = allocation_key(RESOURCE_VCUDA_MEMORY, ["GPU-fresh-mem-0"])
     rig.files.prepare(fresh)
     assert keeper.sweep(live_keys(source, RESOURCES)) == []
-    assert rig.files.run_dir(fresh).is_dir()
+    assert rig.files.directory(fresh).is_dir()
     rig.kubelet.release(ended_ref)
     assert keeper.sweep(live_keys(source, RESOURCES)) == [fresh]  # two sweeps: unowned
     assert sorted(keeper.sweep(live_keys(source, RESOURCES))) == ended_keys

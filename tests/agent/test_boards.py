@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.boards import BoardPublisher
+from agent.boards import BoardPublisher, BoardSource, allocation_sources, at
 from agent.containers import LiveContainer, live_containers
 from agent.hostfiles import AllocationFiles, allocation_key
 from agent.podresources import ContainerDevices
 from fracgpu import shim_abi
+from tests.agent.regionvolume import region_in_volume
 from tests.shimregion import blank_region
 
 GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"
@@ -48,7 +49,7 @@ class Node:
         self.root = root
         self.node_dir = root / "node"
         self.node_dir.mkdir()
-        self.containers: list[tuple[Path, Path]] = []
+        self.containers: list[BoardSource] = []
 
     def container(self, name: str, limits: bytes, region: bytes | None) -> Path:
         d = self.root / name
@@ -56,7 +57,7 @@ class Node:
         (d / "limits").write_bytes(limits)
         if region is not None:
             (d / "region").write_bytes(region)
-        self.containers.append((d / "limits", d / "region"))
+        self.containers.append((d / "limits", at(d / "region")))
         return d / "region"
 
     def publisher(self) -> BoardPublisher:
@@ -160,21 +161,71 @@ def test_hostile_region_files_are_skipped_without_hanging(tmp_path: Path, plant:
     assert node.board().entries == (shim_abi.BoardEntry(11, NOW - 1),)
 
 
+def _pod_limits() -> bytes:
+    return shim_abi.encode_limits(
+        shim_abi.Limits(
+            devices=(shim_abi.DeviceLimits(GPU, 1 << 30, 50),),
+            namespace="ns",
+            pod="pod",
+            container="main",
+            pod_uid="uid-pod",
+        )
+    )
+
+
+class _OneContainer:
+    def __init__(self, *resources: str) -> None:
+        self.resources = resources
+
+    def list(self) -> list[ContainerDevices]:
+        held = {r: frozenset({"d1"}) for r in self.resources}
+        return [ContainerDevices("ns", "pod", "main", held)]
+
+
 def test_the_metrics_scrape_never_blocks_on_a_planted_fifo(tmp_path: Path) -> None:
     """live_containers (the metrics scrape) reads each container's region: a FIFO planted
-    where the region belongs must not hang it."""
-    files = AllocationFiles(tmp_path / "state")
+    where the region belongs (the container writes its region volume) must not hang it."""
+    files = AllocationFiles(tmp_path / "state", tmp_path / "pods")
     resource = "tencent.com/vcuda-core"
     key = allocation_key(resource, ["d1"])
     files.prepare(key)
-    files.write_limits(key, _limits().decode())
-    os.mkfifo(files.region_path(key))
-
-    class Source:
-        def list(self) -> list[ContainerDevices]:
-            return [ContainerDevices("ns", "pod", "main", {resource: frozenset({"d1"})})]
+    files.write_limits(key, _pod_limits().decode())
+    os.mkfifo(region_in_volume(tmp_path / "pods", "uid-pod", "main"))
 
     found: list[LiveContainer] = []
-    _within(5, lambda: found.extend(live_containers(Source(), [resource], files)))
+    _within(5, lambda: found.extend(live_containers(_OneContainer(resource), [resource], files)))
     assert len(found) == 1
     assert found[0].region is None and found[0].limits is not None
+
+
+def test_a_region_is_read_from_its_pods_region_volume_or_an_older_agents_run_dir(
+    tmp_path: Path,
+) -> None:
+    """A container's region is in its pod's region volume, which its limits name (pod UID,
+    container); one an older agent started keeps it in the run dir it was given. The boards
+    and the metrics find it in either place."""
+    files = AllocationFiles(tmp_path / "state", tmp_path / "pods")
+    resources = ("tencent.com/vcuda-core", "tencent.com/vcuda-memory")
+    keys = [allocation_key(r, ["d1"]) for r in resources]
+    for key in keys:
+        files.prepare(key)
+        files.write_limits(key, _pod_limits().decode())
+    in_volume = region_in_volume(tmp_path / "pods", "uid-pod", "main")
+    in_volume.write_bytes(_region(11, NOW - 1))
+    node = tmp_path / "node"
+    node.mkdir()
+    publisher = BoardPublisher(node, lambda: [GPU], allocation_sources(files), lambda: NOW)
+    (found,) = live_containers(_OneContainer(*resources), resources, files)
+    assert found.region is not None and len(found.region) == 1
+    # One container, on the board once although both its allocations lead to its region.
+    assert publisher.publish()[GPU].entries == (shim_abi.BoardEntry(11, NOW - 1),)
+    # A container an older agent started: its region is in the allocation's run dir.
+    in_volume.unlink()
+    files.run_dir(keys[0]).mkdir()
+    files.region_path(keys[0]).write_bytes(_region(22, NOW - 2))
+    (found,) = live_containers(_OneContainer(*resources), resources, files)
+    assert found.region is not None
+    entries = BoardPublisher(node, lambda: [GPU], allocation_sources(files), lambda: NOW).publish()
+    assert shim_abi.BoardEntry(22, NOW - 2) in entries[GPU].entries
+    # Limits that name no pod (an older agent's) have no region volume to look in.
+    assert files.region_for(keys[1], shim_abi.Limits(devices=())) is None

@@ -79,7 +79,8 @@ class Started:
 def _start(rig: AgentRig, pod: str, alloc: GPUAllocation, memory_scaling: float = 1.0) -> Started:
     """Kubelet's part for container "main" of a team-a pod: allocate both canonical
     resources as the webhook wrote them (none for compute when best effort), then start it."""
-    rig.pods.add(assigned_pod(pod, {"main": [alloc]}, memory_scaling=memory_scaling))
+    info = assigned_pod(pod, {"main": [alloc]}, memory_scaling=memory_scaling)
+    rig.pods.add(info)
     ref = ContainerRef("team-a", pod, "main")
     replies = []
     if alloc.cores:
@@ -94,7 +95,7 @@ def _start(rig: AgentRig, pod: str, alloc: GPUAllocation, memory_scaling: float 
         ref,
         key,
         Path(mounts[names.CONTAINER_LIMITS_PATH]),
-        Path(mounts[names.CONTAINER_REGION_DIR]) / "region",
+        rig.region(info, "main"),
     )
 
 

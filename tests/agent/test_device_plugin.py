@@ -15,7 +15,6 @@ from fracgpu.names import (
     CONTAINER_LIMITS_PATH,
     CONTAINER_NODE_DIR,
     CONTAINER_PRELOAD_PATH,
-    CONTAINER_REGION_DIR,
     RESOURCE_VCUDA_CORE,
     RESOURCE_VCUDA_MEMORY,
 )
@@ -65,17 +64,15 @@ def test_allocate_mounts_the_shim_without_host_paths_in_the_pod(rig: AgentRig) -
     ref = ContainerRef("team-a", "train", "main")
     ids, reply = rig.kubelet.allocate(ref, CORE, 30)
     mounts = {m.container_path: m for m in reply.mounts}
+    # Everything read-only: nothing of the host the container could write (its region is in
+    # its pod's own region volume, which the webhook adds).
     assert set(mounts) == {
         CONTAINER_LIBRARY_PATH,
         CONTAINER_PRELOAD_PATH,
-        CONTAINER_REGION_DIR,
         CONTAINER_LIMITS_PATH,
         CONTAINER_NODE_DIR,
     }
-    assert mounts[CONTAINER_LIBRARY_PATH].read_only
-    assert mounts[CONTAINER_PRELOAD_PATH].read_only
-    assert mounts[CONTAINER_LIMITS_PATH].read_only
-    assert not mounts[CONTAINER_REGION_DIR].read_only
+    assert all(m.read_only for m in mounts.values())
     node_dir = Path(mounts[CONTAINER_NODE_DIR].host_path)
     # The boards are the agent's: read-only to every container, writable by no one else.
     assert mounts[CONTAINER_NODE_DIR].read_only
@@ -85,8 +82,7 @@ def test_allocate_mounts_the_shim_without_host_paths_in_the_pod(rig: AgentRig) -
         Path(mounts[CONTAINER_PRELOAD_PATH].host_path).read_text() == CONTAINER_LIBRARY_PATH + "\n"
     )
     key = allocation_key(CORE, ids)
-    assert Path(mounts[CONTAINER_REGION_DIR].host_path) == rig.files.run_dir(key)
-    assert rig.files.run_dir(key).is_dir()
+    assert sorted(p.name for p in rig.files.directory(key).iterdir()) == []  # limits at start
     assert not reply.envs  # limits never travel in the environment
 
 

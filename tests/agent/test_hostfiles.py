@@ -33,7 +33,7 @@ def test_limits_are_read_only_and_replaced_whole(tmp_path: Path) -> None:
     assert files.read_limits("k") == "version=1\nsecond\n"
     assert os.stat(files.limits_path("k")).st_ino != before  # renamed over, not rewritten
     assert stat.S_IMODE(os.stat(files.limits_path("k")).st_mode) == 0o444
-    assert sorted(p.name for p in files.directory("k").iterdir()) == ["limits", "run"]
+    assert sorted(p.name for p in files.directory("k").iterdir()) == ["limits"]
 
 
 def test_a_directory_left_at_the_limits_path_is_replaced(tmp_path: Path) -> None:
@@ -45,17 +45,18 @@ def test_a_directory_left_at_the_limits_path_is_replaced(tmp_path: Path) -> None
 
 
 def test_reallocation_leaves_the_previous_holders_files_alone(tmp_path: Path) -> None:
+    """A holder an older agent started has its region in the allocation's run dir (mounted
+    into it): a new holder of the IDs leaves it in place, set aside."""
     files = AllocationFiles(tmp_path)
     files.prepare("k")
     files.write_limits("k", "version=1\n")
+    files.run_dir("k").mkdir()
     region = files.region_path("k")
     region.write_bytes(b"old holder's region")
     with region.open("rb") as still_open:
         files.prepare("k")
         assert files.read_limits("k") is None
-        assert not files.region_path("k").exists()
-        assert files.run_dir("k").is_dir()
-        assert stat.S_IMODE(os.stat(files.run_dir("k")).st_mode) == 0o777
+        assert not files.run_dir("k").exists()  # a new holder's region is in its pod
         assert still_open.read() == b"old holder's region"
     (aside,) = files.directory("k").glob("run.old-*")
     assert (aside / "region").read_bytes() == b"old holder's region"

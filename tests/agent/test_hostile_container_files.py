@@ -23,6 +23,7 @@ from agent.metrics import AgentCollector, build_registry
 from fracgpu import shim_abi as abi
 from fracgpu.names import RESOURCE_VCUDA_CORE
 from fracgpu.shim_abi import DeviceLimits, Limits, encode_limits
+from tests.agent.regionvolume import region_in_volume
 from tests.promtext import samples
 from tests.shimregion import blank_region
 
@@ -67,19 +68,22 @@ def _container(files: AllocationFiles, pod: str, n: int) -> str:
         pod_uid=POD_UID.format(n),
     )
     files.write_limits(key, encode_limits(limits).decode())
-    files.region_path(key).write_bytes(_region_bytes(("GPU-a", 1 << 30, 0)))
+    assert files.pods_dir is not None
+    region = region_in_volume(files.pods_dir, POD_UID.format(n), "main")
+    region.write_bytes(_region_bytes(("GPU-a", 1 << 30, 0)))
     return key
 
 
 @needs_capless_root
-def test_a_container_that_locks_its_run_directory_blinds_only_itself(tmp_path: Path) -> None:
-    """The attack: root in the container runs ``chmod 000`` on its region directory, which
-    it owns through the bind mount. The agent cannot look inside; before, the error escaped
-    and every container's metrics and the slice audit of the whole node failed with it."""
-    files = AllocationFiles(tmp_path / "state")
+def test_a_container_that_locks_its_region_directory_blinds_only_itself(tmp_path: Path) -> None:
+    """The attack: root in the container runs ``chmod 000`` on its region directory (its
+    region volume, which it may write). The agent cannot look inside; before, the error
+    escaped and every container's metrics and the slice audit of the whole node failed
+    with it."""
+    files = AllocationFiles(tmp_path / "state", tmp_path / "pods")
     _container(files, "victim", 1)
-    attacker = _container(files, "attacker", 2)
-    os.chmod(files.run_dir(attacker), 0)
+    _container(files, "attacker", 2)
+    os.chmod(region_in_volume(tmp_path / "pods", POD_UID.format(2), "main").parent, 0)
     found = run_as_the_agent(
         f"""
         import json
@@ -99,7 +103,7 @@ def test_a_container_that_locks_its_run_directory_blinds_only_itself(tmp_path: P
         class Nvml:
             def compute_processes(self, uuid):
                 return []
-        files = AllocationFiles(Path({str(tmp_path / "state")!r}))
+        files = AllocationFiles(Path({str(tmp_path / "state")!r}), Path({str(tmp_path / "pods")!r}))
         def live():
             return live_containers(Kubelet(), ["{RESOURCE_VCUDA_CORE}"], files)
         SliceAudit(Nvml(), live).run_once()

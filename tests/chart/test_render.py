@@ -295,17 +295,22 @@ def test_agent_gets_host_access_it_needs_and_no_more(rendered: dict[str, Rendere
     assert host_paths == {
         "device-plugins": "/var/lib/kubelet/device-plugins",
         "pod-resources": "/var/lib/kubelet/pod-resources",
+        "kubelet-pods": "/var/lib/kubelet/pods",  # the region volumes, read
         "fracgpu-host": "/var/lib/fracgpu",
         "host-proc": "/proc",  # the slice audit maps NVML's host PIDs to pods
     }
     container = _container(daemonset, "agent")
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["pod-resources"]["readOnly"] is True
+    # Region volumes are tmpfs mounts kubelet makes after the agent started: propagated in.
+    assert mounts["kubelet-pods"]["readOnly"] is True
+    assert mounts["kubelet-pods"]["mountPropagation"] == "HostToContainer"
     assert mounts["host-proc"]["readOnly"] is True
     security = container["securityContext"]
     assert security["privileged"] is False
     assert security["allowPrivilegeEscalation"] is False
-    # FOWNER: what a container left in its region directory can be removed whoever made it.
+    # FOWNER: what a container left in an older agent's region directory can be removed
+    # whoever made it.
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["FOWNER"]}
     assert security["readOnlyRootFilesystem"] is True
     privileged = rendered["privileged-agent"].one("DaemonSet")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.boards import BoardLoop, BoardPublisher
+from agent.boards import BoardLoop, BoardPublisher, at
 from agent.context_probe import measure_gpu
 from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
 from agent.nvml_backend import PynvmlBackend
@@ -191,7 +191,7 @@ def test_high_priority_keeps_its_throughput_next_to_low_priority(tmp_path: Path,
         BoardPublisher(
             node_dir,
             lambda: [gpu.uuid],
-            lambda: [(c.root / "limits", c.root / "region") for c in (high, low)],
+            lambda: [(c.root / "limits", at(c.root / "region")) for c in (high, low)],
         ),
         0.01,
     )

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.boards import BoardLoop, BoardPublisher
+from agent.boards import BoardLoop, BoardPublisher, BoardSource, at
 from fracgpu import shim_abi
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,10 +71,10 @@ class Sandbox:
         """Priority boards; tests that want priority call publish_boards()."""
         return self.root / "node"
 
-    def board_sources(self) -> list[tuple[Path, Path]]:
+    def board_sources(self) -> list[BoardSource]:
         """Every container of this node: root/limits and root/<name>/limits, each with
         the region next to it."""
-        return [(p, p.parent / "region") for p in sorted(self.root.glob("**/limits"))]
+        return [(p, at(p.parent / "region")) for p in sorted(self.root.glob("**/limits"))]
 
     def publish_boards(self, interval_seconds: float = 0.01) -> None:
         """Run the agent's board publisher over this node, as the agent does."""

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from fracgpu.names import REGION_VOLUME_PREFIX, region_volume_name
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import CLUSTER, Webhook, cluster_state, gpu_pod, plain_pod
 from webhook.admission.shimguard import host_path_findings
@@ -192,6 +193,91 @@ async def test_only_gpu_containers_are_held_to_the_shims_paths(hook: Webhook) ->
         assert result.allowed is (index == 1), result.message
 
 
+# -- each GPU container's region volume ----------------------------------------------------------
+async def test_each_gpu_container_gets_a_memory_backed_region_volume_of_its_own(
+    hook: Webhook,
+) -> None:
+    """Where the shim keeps its accounting region: the pod's own memory, never a host directory
+    (what the container writes there counts against its pod's memory limit)."""
+    second = {"name": "second", "image": "cuda", "resources": {"limits": SHARE}}
+    side = {"name": "side", "image": "busybox"}
+    placed = await hook.admit(gpu_pod(SHARE, extra_containers=[side, second]))
+    assert placed.allowed, placed.message
+    spec = placed.pod["spec"]
+    assert [v for v in spec["volumes"] if v["name"].startswith(REGION_VOLUME_PREFIX)] == [
+        {
+            "name": region_volume_name(name),
+            "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
+        }
+        for name in ("main", "second")
+    ]
+    mounts = {c["name"]: c.get("volumeMounts") for c in spec["containers"]}
+    assert mounts == {
+        "main": [{"name": region_volume_name("main"), "mountPath": "/var/run/fracgpu"}],
+        "side": None,
+        "second": [{"name": region_volume_name("second"), "mountPath": "/var/run/fracgpu"}],
+    }
+
+
+async def test_a_region_volume_is_its_containers_alone_and_only_in_memory(
+    hook: Webhook,
+) -> None:
+    """The attacks: a tenant declares a volume of the region's name on the host, mounts a
+    GPU container's region into a sidecar (which could then write that container's
+    accounting), or mounts it a second time elsewhere. The volume of that name becomes
+    fracgpu's; the other mounts are denied."""
+    region = region_volume_name("main")
+    pod = gpu_pod(SHARE)
+    pod["spec"]["volumes"] = [{"name": region, "hostPath": {"path": "/var/tmp/region"}}]
+    placed = await hook.admit(pod)
+    assert placed.allowed, placed.message
+    assert placed.pod["spec"]["volumes"] == [
+        {"name": region, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+    ]
+    peek = {
+        "name": "side",
+        "image": "busybox",
+        "volumeMounts": [{"name": region, "mountPath": "/x"}],
+    }
+    result = await hook.admit(gpu_pod(SHARE, extra_containers=[peek]))
+    assert not result.allowed
+    assert (
+        f".spec.containers[1].volumeMounts[0].name={region} (a fracgpu region volume: only its "
+        "own container mounts it)" in result.message
+    ), result.message
+    pod = gpu_pod(SHARE)
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": region, "mountPath": "/data"}]
+    result = await hook.admit(pod)
+    assert not result.allowed
+    assert (
+        f".spec.containers[0].volumeMounts[0].name={region} (its region volume: mounted once, "
+        "at /var/run/fracgpu, and the emptyDir of medium Memory and sizeLimit 1Mi fracgpu "
+        "writes)" in result.message
+    ), result.message
+
+
+async def test_a_region_volume_changed_after_fracgpu_wrote_it_is_denied(hook: Webhook) -> None:
+    """Another mutating webhook (or a tenant's own) that turns the region volume into a host
+    directory, or lifts its size, is caught by the validating webhook."""
+    placed = await hook.admit(gpu_pod(SHARE))
+    assert placed.allowed, placed.message
+    region = region_volume_name("main")
+    for volume in (
+        {"hostPath": {"path": "/var/tmp/region"}},
+        {"emptyDir": {"sizeLimit": "1Mi"}},  # on the host's disk
+        {"emptyDir": {"medium": "Memory", "sizeLimit": "100Gi"}},
+    ):
+        pod = copy.deepcopy(placed.pod)
+        pod["spec"]["volumes"] = [
+            {"name": region, **volume} if v["name"] == region else v for v in pod["spec"]["volumes"]
+        ]
+        validated = await hook.client.review("/validate", build_review(pod, username="alice"))
+        assert not validated.allowed, volume
+        assert f".spec.containers[0].volumeMounts[0].name={region} (its region volume" in (
+            validated.message
+        ), validated.message
+
+
 # -- hostPath to the agent's and device plugins' directories ------------------------------------
 HOST_PATHS = [
     "/",
@@ -202,6 +288,9 @@ HOST_PATHS = [
     "/var/lib/kubelet/device-plugins",
     "/var/lib/kubelet/device-plugins/kubelet.sock",
     "/var/lib/kubelet/pod-resources",
+    # Every pod's volumes, every GPU container's region volume among them.
+    "/var/lib/kubelet/pods",
+    "/var/lib/kubelet/pods/uid/volumes",
     "/var/lib/fracgpu",
     "/var/lib/fracgpu/containers/x",
     "/var/lib/fracgpu/node",
@@ -223,7 +312,7 @@ def with_host_path(pod: dict[str, Any], path: str) -> dict[str, Any]:
 
 OTHER_HOST_PATHS = [
     "/var/log",
-    "/var/lib/kubelet/pods",
+    "/var/lib/kubelet/plugins",
     "/opt/data",
     "/var/lib/fracgpu2",
     "/sysroot",

@@ -12,7 +12,7 @@ from fracgpu.dialects import DialectConfig
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import A100, CLUSTER, T4, Webhook, cluster_state, gpu_pod
-from webhook.admission.mutate import decide
+from webhook.admission.mutate import decide, region_volume
 from webhook.cli.client import build_review, patch_of
 
 CORE, MEM, LIMIT = (
@@ -347,6 +347,7 @@ def test_decide_leaves_the_pod_alone_and_writes_only_into_its_own_copies() -> No
     decided = decide(pod, assignment, DialectConfig())
     assert pod == before
     assert decided == decide(copy.deepcopy(pod), assignment, DialectConfig())
-    assert decided["spec"]["volumes"] == before["spec"]["volumes"]
+    # The pod's own volumes kept, the GPU container's region volume added after them.
+    assert decided["spec"]["volumes"] == [*before["spec"]["volumes"], region_volume("main")]
     assert decided["metadata"]["annotations"]["team"] == "ml"
     assert decided["spec"]["initContainers"][0]["env"][0]["value"] == "void"

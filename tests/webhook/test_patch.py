@@ -109,9 +109,10 @@ def test_patch_turns_the_pod_into_the_mutated_one_touching_only_written_parts(
         in_container = (
             len(parts) >= 4
             and parts[1] in ("containers", "initContainers")
-            and parts[3] in ("env", "resources")
+            and parts[3] in ("env", "resources", "volumeMounts")
         )
-        assert whole or member or parts[:2] == ["spec", "affinity"] or in_container, op
+        spec_member = parts[:2] in (["spec", "affinity"], ["spec", "volumes"])
+        assert whole or member or spec_member or in_container, op
     assert make_patch(mutated, decide(mutated, placed, CONFIG)) == []  # a fixed point
 
 

@@ -124,7 +124,7 @@ ANNOTATION_VALUES = [
     ASSIGNMENT,
     "GPU-1-0",
 ]
-ALLOWED_PREFIXES = ("/metadata/annotations", "/metadata/labels", "/spec/affinity")
+ALLOWED_PREFIXES = ("/metadata/annotations", "/metadata/labels", "/spec/affinity", "/spec/volumes")
 
 
 @st.composite
@@ -252,7 +252,7 @@ def check_patch(ops: list[dict[str, Any]], review: dict[str, Any]) -> None:
             allowed = path.startswith(ALLOWED_PREFIXES) or (
                 len(parts) >= 5
                 and parts[2] in ("containers", "initContainers")
-                and parts[4] in ("env", "resources")
+                and parts[4] in ("env", "resources", "volumeMounts")
             )
             assert allowed, op
     for field in ("containers", "initContainers"):
@@ -260,8 +260,22 @@ def check_patch(ops: list[dict[str, Any]], review: dict[str, Any]) -> None:
         after = mutated["spec"].get(field, [])
         assert [c["name"] for c in before] == [c["name"] for c in after]
         for old, new in zip(before, after, strict=True):
-            strip = lambda c: {k: v for k, v in c.items() if k not in ("env", "resources")}  # noqa: E731
+            strip = lambda c: {  # noqa: E731
+                k: v for k, v in c.items() if k not in ("env", "resources", "volumeMounts")
+            }
             assert strip(old) == strip(new)
+            # The tenant's mounts stay; fracgpu adds only the container's own region mount.
+            own = names.region_volume_name(new["name"])
+            assert [m for m in old.get("volumeMounts") or [] if m.get("name") != own] == [
+                m for m in new.get("volumeMounts") or [] if m.get("name") != own
+            ]
+    region_volumes = {
+        names.region_volume_name(c["name"])
+        for f in ("containers", "initContainers")
+        for c in mutated["spec"].get(f, [])
+    }
+    for spec in (original["spec"], mutated["spec"]):
+        spec["volumes"] = [v for v in spec.get("volumes") or [] if v["name"] not in region_volumes]
     assert {
         k: v
         for k, v in original["spec"].items()

@@ -69,6 +69,12 @@ async def test_a_pod_that_does_not_fit_now_is_created_queued_with_the_contract(
         "tencent.com/vcuda-memory": "16",
     }
     assert all(e["name"] != names.ENV_VISIBLE_DEVICES for e in container.get("env", []))
+    # Its region volume, as a placed pod's: the agent reads the region there when it starts.
+    region = names.region_volume_name("main")
+    assert container["volumeMounts"] == [{"name": region, "mountPath": "/var/run/fracgpu"}]
+    assert pod["spec"]["volumes"] == [
+        {"name": region, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+    ]
     assert any(
         w.startswith("queued: no GPU has room") for w in result.mutate.response.get("warnings", [])
     )

@@ -4,8 +4,13 @@
 validating webhook relies on that to check that a pod carries exactly what fracgpu wrote.
 Patches are always a diff of before vs after (``webhook.admission.jsondiff``), never hand-written
 ops. Only the parts ``decide`` writes (metadata annotations and labels, spec.affinity and
-tolerations, containers' env and resources) are copied, written and compared: the rest of a
-pod is shared unchanged, and copying and diffing it was most of the cost of an admission.
+tolerations and volumes, containers' env, resources and volume mounts) are copied, written
+and compared: the rest of a pod is shared unchanged, and copying and diffing it was most of
+the cost of an admission.
+
+Every GPU container gets its region volume (``names.region_volume_name``): a memory-backed
+emptyDir of its pod's own at ``names.CONTAINER_REGION_DIR``, where its shim keeps the
+accounting region (a directory the container writes, so its pod's memory, not host disk).
 """
 
 import re
@@ -21,8 +26,14 @@ from webhook.rules import pod as podlib
 
 # matchFields on metadata.name pins to the Node object itself (the hostname label can differ).
 NODE_NAME_FIELD: Final = "metadata.name"
-_SPEC_WRITTEN: Final = ("affinity", "schedulerName", "tolerations", *podlib.PLACED_FIELDS)
-_CONTAINER_WRITTEN: Final = ("name", "env", "resources")
+_SPEC_WRITTEN: Final = (
+    "affinity",
+    "schedulerName",
+    "tolerations",
+    "volumes",
+    *podlib.PLACED_FIELDS,
+)
+_CONTAINER_WRITTEN: Final = ("name", "env", "resources", "volumeMounts")
 _LABEL_VALUE: Final = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 # The toleration of the GPU nodes' taint that GPU pods get (``tolerations.gpu_node_toleration``),
 # or None when GPU nodes carry none (setting gpu-node-taint).
@@ -37,8 +48,9 @@ def decide(
     toleration: Toleration = None,
 ) -> dict[str, Any]:
     """A new pod: ``assignment`` written in, or (None) only ``void`` on every container; a GPU
-    pod (``assignment`` given) also gets ``toleration``. What ``decide`` does not write is
-    shared with ``pod``: callers only read the result."""
+    pod (``assignment`` given) also gets ``toleration``, and each GPU container its region
+    volume. What ``decide`` does not write is shared with ``pod``: callers only read the
+    result."""
     written = _write_decision(_json_copy(_written_parts(pod)), assignment, config, toleration)
     return _merged(pod, written)
 
@@ -72,7 +84,8 @@ def queued_patch_for(
     charged (``held``: GPUs on no particular card) so kubelet's device manager allocates the
     agent's resources. No assignment, node pin or ``NVIDIA_VISIBLE_DEVICES`` on GPU
     containers: they are chosen at bind, and the agent hands the devices over at Allocate.
-    ``toleration``: as ``decide`` writes it, so that the pod may be bound to a GPU node."""
+    ``toleration``: as ``decide`` writes it, so that the pod may be bound to a GPU node; each
+    charged container's region volume likewise."""
     before = _written_parts(pod)
     after = _json_copy(before)
     meta_annotations = _child(_child(after, "metadata"), "annotations")
@@ -87,6 +100,7 @@ def queued_patch_for(
             set_env(container, names.ENV_VISIBLE_DEVICES, names.VISIBLE_DEVICES_NONE)
         else:
             _write_resources(container, charged, config)
+            _write_region_volume(after, container)
     return jsondiff.diff(before, after)
 
 
@@ -115,7 +129,49 @@ def _write_decision(
         else:
             _write_resources(container, held, config)
             set_env(container, names.ENV_VISIBLE_DEVICES, ",".join(d.uuid for d in held.devices))
+            _write_region_volume(parts, container)
     return parts
+
+
+def region_volume(container_name: str) -> dict[str, Any]:
+    """The region volume of the container named ``container_name``, as fracgpu writes it."""
+    return {
+        "name": names.region_volume_name(container_name),
+        "emptyDir": {
+            "medium": names.REGION_VOLUME_MEDIUM,
+            "sizeLimit": names.REGION_VOLUME_SIZE_LIMIT,
+        },
+    }
+
+
+def region_mount(container_name: str) -> dict[str, Any]:
+    """The container's mount of its region volume, as fracgpu writes it."""
+    return {
+        "name": names.region_volume_name(container_name),
+        "mountPath": names.CONTAINER_REGION_DIR,
+    }
+
+
+def _write_region_volume(parts: dict[str, Any], container: dict[str, Any]) -> None:
+    """The container's region volume and its mount, each replacing any of that name (so
+    ``decide`` stays a fixed point and a tenant's volume of the name becomes fracgpu's)."""
+    _put_named(_child_list(_child(parts, "spec"), "volumes"), region_volume(container["name"]))
+    _put_named(_child_list(container, "volumeMounts"), region_mount(container["name"]))
+
+
+def _put_named(items: list[Any], entry: dict[str, Any]) -> None:
+    """Put ``entry`` in place of the first item of its name (dropping any other), or last."""
+    matches = [
+        i
+        for i, item in enumerate(items)
+        if isinstance(item, dict) and item.get("name") == entry["name"]
+    ]
+    if not matches:
+        items.append(entry)
+        return
+    items[matches[0]] = entry
+    for i in reversed(matches[1:]):
+        del items[i]
 
 
 def _write_toleration(parts: dict[str, Any], toleration: Toleration) -> None:
@@ -258,15 +314,7 @@ def canonical_resources(held: ContainerAssignment, config: DialectConfig) -> dic
 def set_env(container: dict[str, Any], name: str, value: str) -> None:
     """Set one variable, replacing any entry of that name (explicit env beats envFrom).
     Also used for ephemeral containers (``webhook.admission.ephemeral``)."""
-    env = _child_list(container, "env")
-    entry = {"name": name, "value": value}
-    matches = [i for i, e in enumerate(env) if isinstance(e, dict) and e.get("name") == name]
-    if not matches:
-        env.append(entry)
-        return
-    env[matches[0]] = entry
-    for i in reversed(matches[1:]):
-        del env[i]
+    _put_named(_child_list(container, "env"), {"name": name, "value": value})
 
 
 def _child(obj: dict[str, Any], key: str) -> dict[str, Any]:

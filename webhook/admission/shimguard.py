@@ -3,7 +3,9 @@
 - Mounts over the shim's paths in a GPU container (the preload file, the library, the
   limits file, the region and node directories, their ``/run`` aliases) and mounts named
   like the shim's files (``ld.so.preload``, ``libfracgpu.so``), which an image's symlinks
-  could point at the real ones. ``subPath`` does not matter: the mount point does.
+  could point at the real ones. ``subPath`` does not matter: the mount point does. The one
+  mount allowed there is the container's own region volume, exactly as the mutating webhook
+  writes it; a region volume is mounted by no other container and nowhere else.
 - hostPath volumes at, inside or above a protected host directory (the device plugins',
   kubelet's pod-resources, the agent's): mounting ``/`` or ``/var/lib`` reaches them too.
   Every pod of a managed namespace, GPU or not: a writable view of the agent's directory
@@ -22,6 +24,7 @@ from typing import Any, Final
 
 from fracgpu import names
 from fracgpu.quantity import shown
+from webhook.admission.mutate import region_mount, region_volume
 from webhook.rules import pod as podlib
 
 # What the device plugin mounts into a GPU container, and the directories that are fracgpu's.
@@ -73,17 +76,62 @@ def container_findings(
         for index, container in enumerate(items):
             if container.get("securityContext"):
                 privileges.extend(_container_privileges(container, f".spec.{field}[{index}]"))
-            if ("volumeMounts" in container or "volumeDevices" in container) and is_gpu(
-                container.get("name")
-            ):
-                mounts.extend(_shim_mounts(container, f".spec.{field}[{index}]"))
+            if "volumeMounts" not in container and "volumeDevices" not in container:
+                continue
+            where = f".spec.{field}[{index}]"
+            own = _own_region_mount(container, pod_spec, where)
+            mounts.extend(_region_volume_mounts(container, where, own))
+            if is_gpu(container.get("name")):
+                mounts.extend(_shim_mounts(container, where, own))
     return mounts, privileges
 
 
-def _shim_mounts(container: Mapping[str, Any], where: str) -> list[str]:
+def _own_region_mount(container: Mapping[str, Any], pod_spec: Mapping[str, Any], where: str) -> int:
+    """The index of the container's mount of its own region volume, exactly as fracgpu writes
+    both (``mutate.region_mount``, ``mutate.region_volume``); -1 when it has none."""
+    name = container.get("name")
+    if not isinstance(name, str):
+        return -1
+    mount = region_mount(name)
+    for i, entry in enumerate(_objects(container, "volumeMounts", where)):
+        if entry == mount:
+            volume = region_volume(name)
+            return i if volume in _objects(pod_spec, "volumes", ".spec") else -1
+    return -1
+
+
+def _region_volume_mounts(container: Mapping[str, Any], where: str, own: int) -> list[str]:
+    """Mounts of region volumes but the container's own at its region directory: one
+    container's region is no other's to write, nor to be mounted anywhere else, and it is
+    the memory-backed emptyDir fracgpu writes (never the host's disk)."""
+    name = container.get("name")
+    mine = names.region_volume_name(name) if isinstance(name, str) else None
+    found = []
+    for i, entry in enumerate(_objects(container, "volumeMounts", where)):
+        volume = entry.get("name")
+        if i == own or not isinstance(volume, str):
+            continue
+        if volume == mine:
+            why = (
+                f"its region volume: mounted once, at {names.CONTAINER_REGION_DIR}, and the "
+                f"emptyDir of medium {names.REGION_VOLUME_MEDIUM} and sizeLimit "
+                f"{names.REGION_VOLUME_SIZE_LIMIT} fracgpu writes"
+            )
+        elif volume.startswith(names.REGION_VOLUME_PREFIX):
+            why = "a fracgpu region volume: only its own container mounts it"
+        else:
+            continue
+        found.append(f"{where}.volumeMounts[{i}].name={shown(volume)} ({why})")
+    return found
+
+
+def _shim_mounts(container: Mapping[str, Any], where: str, own: int) -> list[str]:
+    """Mounts at, over or inside the shim's paths, but the container's own region mount."""
     found = []
     for member, key in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
         for i, entry in enumerate(_objects(container, member, where)):
+            if member == "volumeMounts" and i == own:
+                continue
             raw = entry.get(key)
             if not isinstance(raw, str):
                 continue  # the API server requires it; nothing to mount without one
@@ -189,10 +237,11 @@ def _container_privileges(container: Mapping[str, Any], where: str) -> list[str]
 
 def mount_denial(findings: list[str]) -> str:
     return (
-        f"this pod mounts over fracgpu's shim in a GPU container: {_shown(findings)}. The "
-        f"device plugin mounts the shim there ({', '.join(_CONTAINER_OWNED[:5])}), and files "
-        f"named {' or '.join(sorted(_SHIM_FILE_NAMES))} are reserved for it: mount the volume "
-        "at another path"
+        f"this pod mounts over fracgpu's shim in a GPU container: {_shown(findings)}. "
+        f"fracgpu mounts the shim and each GPU container's region volume there "
+        f"({', '.join(_CONTAINER_OWNED[:5])}), and files named "
+        f"{' or '.join(sorted(_SHIM_FILE_NAMES))} are reserved for it: mount the volume at "
+        "another path, and leave the fracgpu-region-* volumes as fracgpu writes them"
     )
 
 

@@ -41,7 +41,7 @@ COUNTED: Final = {
     "max_gpu_containers": "containers asking for GPUs",
     "max_env_entries": "env entries (all containers together, fracgpu's own not counted)",
     "max_tolerations": "tolerations",
-    "max_volumes": "volumes",
+    "max_volumes": "volumes (fracgpu's own not counted)",
     "max_node_selector_terms": "required node-affinity nodeSelectorTerms",
     "max_node_requirements": (
         "nodeSelector entries plus required node-affinity matchExpressions and matchFields "
@@ -60,7 +60,7 @@ def problem(pod: Mapping[str, Any], limits: PodLimits) -> str | None:
     return (
         _containers(spec, limits)
         or _count(_length(spec.get("tolerations")), "max_tolerations", limits)
-        or _count(_length(spec.get("volumes")), "max_volumes", limits)
+        or _count(_tenant_volumes(spec), "max_volumes", limits)
         or _node_requirements(spec, limits)
     )
 
@@ -82,6 +82,26 @@ def _message(key: str, limits: PodLimits, count: int, *, exact: bool = True) -> 
 
 def _count(count: int, key: str, limits: PodLimits) -> str | None:
     return _message(key, limits, count) if count > getattr(limits, key) else None
+
+
+def _tenant_volumes(spec: Mapping[str, Any]) -> int:
+    """The pod's volumes but the region volumes fracgpu gives its containers (by name: at most
+    one per container, so the containers' own limit bounds them)."""
+    volumes = spec.get("volumes")
+    if not isinstance(volumes, list):
+        return _length(volumes)
+    own = {
+        names.region_volume_name(c["name"])
+        for field in podlib.ALL_FIELDS
+        if isinstance(spec.get(field), list)
+        for c in spec[field]
+        if isinstance(c, dict) and isinstance(c.get("name"), str)
+    }
+    return sum(
+        1
+        for v in volumes
+        if not (isinstance(v, dict) and isinstance(v.get("name"), str) and v["name"] in own)
+    )
 
 
 def _length(value: object) -> int:

@@ -29,6 +29,7 @@ class Agent:
         node_name: str,
         kubeconfig: Path,
         pod_resources_socket: Path,
+        kubelet_pods_dir: Path,
         driver_env: Mapping[str, str],
         env: Mapping[str, str],
     ) -> None:
@@ -45,6 +46,7 @@ class Agent:
             f"--node-name={node_name}",
             f"--device-plugin-dir={DEVICE_PLUGIN_DIR}",
             f"--pod-resources-socket={pod_resources_socket}",
+            f"--kubelet-pods-dir={kubelet_pods_dir}",
             f"--host-lib-dir={self.lib_dir}",
             f"--host-state-dir={self.state_dir}",
             f"--host-node-dir={self.node_dir}",

@@ -37,6 +37,7 @@ _TOOLS = (
     "true",
     "false",
     "stat",
+    "dd",
     "id",
     "mount",
     "sed",

@@ -255,6 +255,7 @@ class NodeTier:
             node_name=NODE_NAME,
             kubeconfig=self.plane.kubeconfig("agent"),
             pod_resources_socket=self.kubelet.pod_resources_socket,
+            kubelet_pods_dir=self.kubelet.root_dir / "pods",
             driver_env={
                 "LD_LIBRARY_PATH": str(SHIM_BUILD / "doubles"),
                 "FRACGPU_FAKE_GPU_CONFIG": str(self.gpu_config),
