@@ -16,10 +16,11 @@ from typing import Protocol
 from agent.deviceplugin.units import ResourceKind
 from agent.hostfiles import AllocationFiles, allocation_key
 from agent.limits import AllocatedTokens, LimitsError, limits_for, render_limits
-from agent.podlookup import PodLookup, PodLookupError
+from agent.podlookup import PodInfo, PodLookup, PodLookupError
 from agent.podresources import ContainerDevices, PodResourcesError, find_holder
 from agent.queuedelivery import QueueDelivery, QueueDeliveryError
 from fracgpu.model import GPUDevice
+from fracgpu.names import CONTAINER_REGION_DIR, REGION_VOLUME_MEDIUM, region_volume_name
 from fracgpu.shim_abi import Limits
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class ContainerStarter:
             for name, held in holder.devices.items()
             if name in self._resources
         }
+        self._check_region_volume(pod, holder.container, keys.values())
         try:
             self._delivery.check_start(
                 namespace=holder.namespace,
@@ -125,6 +127,23 @@ class ContainerStarter:
             },
         )
         return limits
+
+    def _check_region_volume(self, pod: PodInfo, container: str, keys: Iterable[str]) -> None:
+        """The container's shim keeps its region in its region volume, which fracgpu's
+        webhook adds: without it (a pod admitted before fracgpu did) its CUDA calls would
+        fail. A container an older agent started (a restart: kubelet keeps what Allocate
+        returned then) has its region in the run dir that agent mounted."""
+        if container in pod.region_containers:
+            return
+        if any(self._files.run_dir(key).is_dir() for key in keys):
+            return
+        raise ContainerStartError(
+            f"pod {pod.namespace}/{pod.name}: container {container} has no fracgpu region "
+            f"volume ({region_volume_name(container)}, an emptyDir of medium "
+            f"{REGION_VOLUME_MEDIUM} at {CONTAINER_REGION_DIR}), which fracgpu's mutating "
+            "webhook gives every GPU container: it was admitted before fracgpu added them, or "
+            "past the webhook. Delete the pod and create it again"
+        )
 
     def _identify(self, resource: str, ids: list[str]) -> ContainerDevices:
         last_error = ""

@@ -7,7 +7,14 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from fracgpu.names import ANNOTATION_ASSIGNMENT, ANNOTATION_QUEUED, PRIORITY_ANNOTATIONS
+from fracgpu.names import (
+    ANNOTATION_ASSIGNMENT,
+    ANNOTATION_QUEUED,
+    CONTAINER_REGION_DIR,
+    PRIORITY_ANNOTATIONS,
+    REGION_VOLUME_MEDIUM,
+    region_volume_name,
+)
 
 # The pod annotations the node side reads besides the assignment (fracgpu.names: one list,
 # which the chart's update matchCondition must cover).
@@ -32,6 +39,9 @@ class PodInfo:
     priority: Mapping[str, str] = field(default_factory=dict)
     # Queue mode: its GPUs reach the containers through Allocate (agent.queuedelivery).
     queued: bool = False
+    # The containers that mount their region volume (fracgpu.names.region_volume_name) at
+    # the region's directory: where their shim keeps its accounting region.
+    region_containers: frozenset[str] = frozenset()
 
 
 class PodLookup(Protocol):
@@ -64,4 +74,25 @@ class KubernetesPodLookup:
             assignment=annotations.get(ANNOTATION_ASSIGNMENT),
             priority={k: annotations[k] for k in _READ_ANNOTATIONS if k in annotations},
             queued=ANNOTATION_QUEUED in annotations,
+            region_containers=_region_containers(pod.spec),
         )
+
+
+def _region_containers(spec: Any) -> frozenset[str]:
+    """The containers of a pod spec (a client model) mounting their memory-backed region
+    volume at the region's directory."""
+    in_memory = {
+        v.name
+        for v in spec.volumes or ()
+        if v.empty_dir is not None and v.empty_dir.medium == REGION_VOLUME_MEDIUM
+    }
+    return frozenset(
+        c.name
+        for c in [*(spec.init_containers or ()), *(spec.containers or ())]
+        if any(
+            m.name == region_volume_name(c.name)
+            and m.name in in_memory
+            and m.mount_path == CONTAINER_REGION_DIR
+            for m in c.volume_mounts or ()
+        )
+    )

@@ -93,8 +93,10 @@ CONTAINER_REGION_PATH: Final = f"{CONTAINER_REGION_DIR}/region"
 # host disk, and no other pod's. Named from the container's name (a DNS label either way).
 REGION_VOLUME_PREFIX: Final = "fracgpu-region-"
 REGION_VOLUME_MEDIUM: Final = "Memory"
-# Room for the region (128 KiB) and the copy the shim initialises before publishing it.
-REGION_VOLUME_SIZE_LIMIT: Final = "1Mi"
+# Room for the region (128 KiB) and the copies processes starting together initialise
+# before one is published (each 128 KiB, removed at once): 127 of them. The tmpfs is this
+# size on Kubernetes 1.22+; what the container writes there is its pod's memory.
+REGION_VOLUME_SIZE_LIMIT: Final = "16Mi"
 # Where kubelet keeps a pod's emptyDir volumes, under <kubelet root>/pods/<pod UID>/.
 KUBELET_EMPTY_DIR_VOLUMES: Final = "volumes/kubernetes.io~empty-dir"
 

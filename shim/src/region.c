@@ -256,8 +256,11 @@ static int create_region(const char *path, const struct fracgpu_limits *lim, cha
         return -1;
     }
     fchmod(fd, 0666); /* processes of one container may run as different users */
-    if (ftruncate(fd, FRACGPU_REGION_SIZE) != 0) {
-        snprintf(err, errlen, "cannot size region %s: %s", tmp, strerror(errno));
+    /* Blocks taken now, not at the first write through the mapping: on a full file system
+     * (the region volume is a small tmpfs) that is an error here, not SIGBUS later. */
+    int rc_alloc = posix_fallocate(fd, 0, FRACGPU_REGION_SIZE);
+    if (rc_alloc != 0) {
+        snprintf(err, errlen, "cannot size region %s: %s", tmp, strerror(rc_alloc));
         close(fd);
         unlink(tmp);
         return -1;
@@ -289,7 +292,8 @@ struct fracgpu_region *fracgpu_region_open(const char *path, const struct fracgp
     for (int attempt = 0; attempt < 3 && fd < 0; attempt++) {
         fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0 && errno == ENOENT) {
-            if (create_region(path, lim, err, errlen) != 0)
+            /* Failing that, another process may have published the region meanwhile. */
+            if (create_region(path, lim, err, errlen) != 0 && access(path, F_OK) != 0)
                 return NULL;
             continue;
         }

@@ -99,7 +99,14 @@ def assigned_pod(
         containers=tuple(ContainerAssignment(c, tuple(devs)) for c, devs in containers.items()),
         memory_scaling=memory_scaling,
     )
-    return PodInfo(namespace, name, f"uid-{name}", NODE, encode_assignment(assignment))
+    return PodInfo(
+        namespace,
+        name,
+        f"uid-{name}",
+        NODE,
+        encode_assignment(assignment),
+        region_containers=frozenset(containers),
+    )
 
 
 @dataclass

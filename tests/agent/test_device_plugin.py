@@ -1,5 +1,6 @@
 """The device plugins against the test kubelet, over real gRPC on unix sockets."""
 
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -17,6 +18,7 @@ from fracgpu.names import (
     CONTAINER_PRELOAD_PATH,
     RESOURCE_VCUDA_CORE,
     RESOURCE_VCUDA_MEMORY,
+    region_volume_name,
 )
 from tests.agent.conftest import GPU_A, GPU_B, AgentRig, assigned_pod
 from tests.agent.kubelet import ContainerRef
@@ -148,6 +150,31 @@ def test_prestart_refuses_a_pod_without_assignment(rig: AgentRig) -> None:
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "fracgpu.io/assignment" in str(raised.value.details())
     assert not rig.files.limits_path(allocation_key(CORE, ids)).exists()
+
+
+def test_prestart_refuses_a_container_without_its_region_volume_unless_an_older_agent_ran_it(
+    rig: AgentRig,
+) -> None:
+    """A pod an older webhook admitted has no region volume: its shim would find no
+    directory for its region and fail every CUDA call. Refused at start, saying why and what
+    to do; a container an older agent started (its run dir kept) starts again."""
+    pod = assigned_pod("old", {"main": [GPUAllocation(GPU_A.uuid, 10, 512)]})
+    rig.pods.add(dataclasses.replace(pod, region_containers=frozenset()))
+    ref = ContainerRef("team-a", "old", "main")
+    ids, _ = rig.kubelet.allocate(ref, CORE, 10)
+    rig.kubelet.allocate(ref, MEM, 2)
+    with pytest.raises(grpc.RpcError) as raised:
+        rig.kubelet.pre_start(ref, CORE)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (
+        f"container main has no fracgpu region volume ({region_volume_name('main')}, an "
+        "emptyDir of medium Memory at /var/run/fracgpu)" in str(raised.value.details())
+    )
+    assert "Delete the pod and create it again" in str(raised.value.details())
+    assert not rig.files.limits_path(allocation_key(CORE, ids)).exists()
+    rig.files.run_dir(allocation_key(CORE, ids)).mkdir()  # what an older agent's Allocate made
+    rig.kubelet.pre_start(ref, CORE)
+    assert rig.files.limits_path(allocation_key(CORE, ids)).exists()
 
 
 def test_prestart_refuses_an_assignment_larger_than_what_kubelet_allocated(

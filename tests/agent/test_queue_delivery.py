@@ -38,7 +38,9 @@ def queued(
         containers=tuple(ContainerAssignment(c, tuple(d)) for c, d in containers.items()),
     )
     encoded = encode_assignment(assignment)
-    info = PodInfo(NS, name, f"uid-{name}", node, encoded, queued=True)
+    info = PodInfo(
+        NS, name, f"uid-{name}", node, encoded, queued=True, region_containers=frozenset(containers)
+    )
     on_node = NodePod(
         namespace=NS,
         name=name,

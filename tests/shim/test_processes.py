@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from pathlib import Path
 
-from tests.shim.sandbox import GiB, MiB, Sandbox, step, steps, wait_for
+import pytest
+
+from tests.shim.sandbox import BUILD, GiB, MiB, Sandbox, step, steps, wait_for
 
 OOM = "2"
 
@@ -117,3 +120,37 @@ def test_first_calls_from_a_constructor_and_racing_threads(node: Sandbox) -> Non
     # 600 MiB from the constructor leave room for exactly 4 of the 8 racing 100 MiB
     assert step(out.stdout, "threads")[1:] == ["4", "4", "0"]
     assert step(out.stdout, "info")[2] == str(GiB - 1000 * MiB)
+
+
+def test_a_full_region_volume_is_a_clear_error_not_a_crash(node: Sandbox, tmp_path: Path) -> None:
+    """The region volume is a small tmpfs (its sizeLimit on Kubernetes 1.22+) that the
+    container may fill itself. A region initialised there must not take its blocks at the
+    first write through the mapping (SIGBUS, the process killed): the shim says why."""
+    if not _can_make_mount_namespaces():
+        pytest.skip("needs a private mount namespace (unshare --mount as root)")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=256k tmpfs {volume} && "
+        f"dd if=/dev/zero of={volume}/filler bs=1k count=200 2>/dev/null && "
+        f"exec {BUILD / 'tests' / 'mem_ops'} ctx 0 alloc 1Mi info"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env=node.env(region=volume / "region"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode >= 0, f"killed by signal {-done.returncode}: {done.stderr}"
+    assert "cannot size region" in done.stderr, done.stderr
+    assert "No space left on device" in done.stderr, done.stderr
+
+
+def _can_make_mount_namespaces() -> bool:
+    probe = ["unshare", "--mount", "--propagation", "private", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0
+    except FileNotFoundError:
+        return False

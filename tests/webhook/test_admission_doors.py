@@ -207,7 +207,7 @@ async def test_each_gpu_container_gets_a_memory_backed_region_volume_of_its_own(
     assert [v for v in spec["volumes"] if v["name"].startswith(REGION_VOLUME_PREFIX)] == [
         {
             "name": region_volume_name(name),
-            "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
+            "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"},
         }
         for name in ("main", "second")
     ]
@@ -232,7 +232,7 @@ async def test_a_region_volume_is_its_containers_alone_and_only_in_memory(
     placed = await hook.admit(pod)
     assert placed.allowed, placed.message
     assert placed.pod["spec"]["volumes"] == [
-        {"name": region, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+        {"name": region, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
     ]
     peek = {
         "name": "side",
@@ -251,9 +251,51 @@ async def test_a_region_volume_is_its_containers_alone_and_only_in_memory(
     assert not result.allowed
     assert (
         f".spec.containers[0].volumeMounts[0].name={region} (its region volume: mounted once, "
-        "at /var/run/fracgpu, and the emptyDir of medium Memory and sizeLimit 1Mi fracgpu "
+        "at /var/run/fracgpu, and the emptyDir of medium Memory and sizeLimit 16Mi fracgpu "
         "writes)" in result.message
     ), result.message
+
+
+async def test_a_debug_container_may_not_mount_a_gpu_containers_region_volume(
+    hook: Webhook,
+) -> None:
+    """The attack: add a debug container to a running GPU pod that mounts the GPU
+    container's region volume, and rewrite that container's accounting from it. In both
+    shapes the update takes (a pod on 1.22+, an EphemeralContainers object on 1.20-1.21)."""
+    placed = await hook.admit(gpu_pod(SHARE))
+    assert placed.allowed, placed.message
+    region = region_volume_name("main")
+    for mounts, allowed in (([{"name": region, "mountPath": "/x"}], False), ([], True)):
+        debugger = {
+            "name": "debugger",
+            "image": "busybox",
+            "volumeMounts": mounts,
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+        }
+        debug = copy.deepcopy(placed.pod)
+        debug["spec"]["ephemeralContainers"] = [debugger]
+        reply = await hook.client.review(
+            "/validate",
+            build_review(debug, "UPDATE", old=placed.pod, sub_resource="ephemeralcontainers"),
+        )
+        assert reply.allowed is allowed, reply.message
+        meta = {"name": placed.pod["metadata"]["name"], "namespace": "team"}
+        old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": meta}
+        review = build_review(
+            {**old, "ephemeralContainers": [debugger]},
+            "UPDATE",
+            old=old,
+            sub_resource="ephemeralcontainers",
+        )
+        review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+        reply_1_20 = await hook.client.review("/validate", review)
+        assert reply_1_20.allowed is allowed, reply_1_20.message
+        if not allowed:
+            for message in (reply.message, reply_1_20.message):
+                assert (
+                    f".spec.ephemeralContainers[0].volumeMounts[0].name={region} (a fracgpu "
+                    "region volume: only its own container mounts it)" in message
+                ), message
 
 
 async def test_a_region_volume_changed_after_fracgpu_wrote_it_is_denied(hook: Webhook) -> None:
@@ -264,7 +306,7 @@ async def test_a_region_volume_changed_after_fracgpu_wrote_it_is_denied(hook: We
     region = region_volume_name("main")
     for volume in (
         {"hostPath": {"path": "/var/tmp/region"}},
-        {"emptyDir": {"sizeLimit": "1Mi"}},  # on the host's disk
+        {"emptyDir": {"sizeLimit": "16Mi"}},  # on the host's disk
         {"emptyDir": {"medium": "Memory", "sizeLimit": "100Gi"}},
     ):
         pod = copy.deepcopy(placed.pod)

@@ -73,7 +73,7 @@ async def test_a_pod_that_does_not_fit_now_is_created_queued_with_the_contract(
     region = names.region_volume_name("main")
     assert container["volumeMounts"] == [{"name": region, "mountPath": "/var/run/fracgpu"}]
     assert pod["spec"]["volumes"] == [
-        {"name": region, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+        {"name": region, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
     ]
     assert any(
         w.startswith("queued: no GPU has room") for w in result.mutate.response.get("warnings", [])

@@ -713,9 +713,15 @@ class Admission:
 
     def _debug_mounts(self, request: AdmissionRequest) -> responses.Verdict:
         """A debug container may mount the pod's volumes its own way: one mounting a host
-        directory that only read-only mounts let the pod have (/sys) writable is refused. An
-        EphemeralContainers object (Kubernetes 1.20, 1.21) carries no volumes to check."""
+        directory that only read-only mounts let the pod have (/sys) writable is refused, and
+        so is one mounting a GPU container's region volume (it could write that container's
+        accounting). An EphemeralContainers object (Kubernetes 1.20, 1.21) carries no volumes
+        to check, but its containers' mounts name them."""
         assert request.obj is not None
+        added = ephemeral.added_containers(request.obj, request.old_obj)
+        regions = shimguard.region_volume_findings(added, podlib.EPHEMERAL_CONTAINERS)
+        if regions:
+            return responses.denied(shimguard.mount_denial(regions))
         door = self._host_path_door(request.obj) if request.is_pod else None
         return responses.allowed() if door is None else responses.denied(door)
 

@@ -105,8 +105,8 @@ def queued_patch_for(
 
 
 def make_patch(original: Mapping[str, Any], mutated: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The JSONPatch from ``original`` to ``mutated``, where they can differ: metadata
-    annotations and labels, spec.affinity, and containers' env and resources."""
+    """The JSONPatch from ``original`` to ``mutated``, where they can differ: the parts
+    ``decide`` writes (``_written_parts``)."""
     return jsondiff.diff(_written_parts(original), _written_parts(mutated))
 
 

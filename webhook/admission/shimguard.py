@@ -100,6 +100,16 @@ def _own_region_mount(container: Mapping[str, Any], pod_spec: Mapping[str, Any],
     return -1
 
 
+def region_volume_findings(containers: Iterable[Mapping[str, Any]], field: str) -> list[str]:
+    """Mounts of region volumes by ``containers`` (debug containers being added, which have
+    no region volume of their own)."""
+    return [
+        finding
+        for index, container in enumerate(containers)
+        for finding in _region_volume_mounts(container, f".spec.{field}[{index}]", -1)
+    ]
+
+
 def _region_volume_mounts(container: Mapping[str, Any], where: str, own: int) -> list[str]:
     """Mounts of region volumes but the container's own at its region directory: one
     container's region is no other's to write, nor to be mounted anywhere else, and it is
