@@ -80,7 +80,7 @@ class KubernetesPodLookup:
 
 def _region_containers(spec: Any) -> frozenset[str]:
     """The containers of a pod spec (a client model) mounting their memory-backed region
-    volume at the region's directory."""
+    volume at the region's directory, writable and whole, as the webhook writes it."""
     in_memory = {
         v.name
         for v in spec.volumes or ()
@@ -93,6 +93,7 @@ def _region_containers(spec: Any) -> frozenset[str]:
             m.name == region_volume_name(c.name)
             and m.name in in_memory
             and m.mount_path == CONTAINER_REGION_DIR
+            and not (m.read_only or m.sub_path or m.sub_path_expr)
             for m in c.volume_mounts or ()
         )
     )

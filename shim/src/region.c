@@ -258,7 +258,10 @@ static int create_region(const char *path, const struct fracgpu_limits *lim, cha
     fchmod(fd, 0666); /* processes of one container may run as different users */
     /* Blocks taken now, not at the first write through the mapping: on a full file system
      * (the region volume is a small tmpfs) that is an error here, not SIGBUS later. */
-    int rc_alloc = posix_fallocate(fd, 0, FRACGPU_REGION_SIZE);
+    int rc_alloc;
+    do
+        rc_alloc = posix_fallocate(fd, 0, FRACGPU_REGION_SIZE);
+    while (rc_alloc == EINTR);
     if (rc_alloc != 0) {
         snprintf(err, errlen, "cannot size region %s: %s", tmp, strerror(rc_alloc));
         close(fd);
@@ -285,6 +288,16 @@ static int create_region(const char *path, const struct fracgpu_limits *lim, cha
     return 0;
 }
 
+static int appears(const char *path)
+{
+    for (int i = 0; i < 50; i++) {
+        if (access(path, F_OK) == 0)
+            return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
 struct fracgpu_region *fracgpu_region_open(const char *path, const struct fracgpu_limits *lim,
                                            char *err, size_t errlen)
 {
@@ -292,8 +305,9 @@ struct fracgpu_region *fracgpu_region_open(const char *path, const struct fracgp
     for (int attempt = 0; attempt < 3 && fd < 0; attempt++) {
         fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
         if (fd < 0 && errno == ENOENT) {
-            /* Failing that, another process may have published the region meanwhile. */
-            if (create_region(path, lim, err, errlen) != 0 && access(path, F_OK) != 0)
+            /* Failing that (a full volume), another process may be publishing the region:
+             * wait for it a little (up to 0.5 s) before failing closed. */
+            if (create_region(path, lim, err, errlen) != 0 && !appears(path))
                 return NULL;
             continue;
         }

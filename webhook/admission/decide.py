@@ -721,7 +721,7 @@ class Admission:
         added = ephemeral.added_containers(request.obj, request.old_obj)
         regions = shimguard.region_volume_findings(added, podlib.EPHEMERAL_CONTAINERS)
         if regions:
-            return responses.denied(shimguard.mount_denial(regions))
+            return responses.denied(shimguard.debug_region_denial(regions))
         door = self._host_path_door(request.obj) if request.is_pod else None
         return responses.allowed() if door is None else responses.denied(door)
 

@@ -102,12 +102,22 @@ def _own_region_mount(container: Mapping[str, Any], pod_spec: Mapping[str, Any],
 
 def region_volume_findings(containers: Iterable[Mapping[str, Any]], field: str) -> list[str]:
     """Mounts of region volumes by ``containers`` (debug containers being added, which have
-    no region volume of their own)."""
+    no region volume of their own), named by their names as ``container_privileges`` does."""
     return [
         finding
-        for index, container in enumerate(containers)
-        for finding in _region_volume_mounts(container, f".spec.{field}[{index}]", -1)
+        for container in containers
+        for finding in _region_volume_mounts(
+            container, f'.spec.{field}["{shown(str(container.get("name")))}"]', -1
+        )
     ]
+
+
+def debug_region_denial(findings: list[str]) -> str:
+    return (
+        f"this debug container mounts a GPU container's region volume: {_shown(findings)}. "
+        "The region volume holds that container's GPU accounting, which only it may write: "
+        "mount other volumes"
+    )
 
 
 def _region_volume_mounts(container: Mapping[str, Any], where: str, own: int) -> list[str]:
