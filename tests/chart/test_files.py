@@ -238,7 +238,7 @@ def test_the_agent_reads_only_the_annotations_named_in_fracgpu_names() -> None:
     annotations = _ReadKeys({key: "x" for key in (*AGENT_READ_ANNOTATIONS, "other/key")})
     pod = SimpleNamespace(
         metadata=SimpleNamespace(annotations=annotations, uid="u"),
-        spec=SimpleNamespace(node_name="n"),
+        spec=SimpleNamespace(node_name="n", volumes=None, init_containers=None, containers=None),
     )
     api = SimpleNamespace(read_namespaced_pod=lambda *_, **__: pod)
     KubernetesPodLookup(api).get("ns", "p")
