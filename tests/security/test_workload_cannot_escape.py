@@ -13,7 +13,17 @@ import pytest
 
 from agent.shim_install import install_shim
 from fracgpu import names, shim_abi
-from tests.shim.sandbox import BUILD, UUIDS, GiB, MiB, Sandbox, build_shim, step, steps
+from tests.shim.sandbox import (
+    BUILD,
+    UUIDS,
+    GiB,
+    MiB,
+    Sandbox,
+    build_shim,
+    can_make_mount_namespaces,
+    step,
+    steps,
+)
 
 OOM = "2"
 
@@ -97,16 +107,8 @@ def _namespace_script(root: Path, library: Path, preload: Path, preload_mounted:
     return "\n".join(lines)
 
 
-def _can_make_mount_namespaces() -> bool:
-    probe = ["unshare", "--mount", "--propagation", "private", "true"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0
-    except FileNotFoundError:
-        return False
-
-
 def test_unsetting_ld_preload_does_not_escape_the_shim(node: Sandbox, tmp_path: Path) -> None:
-    if not _can_make_mount_namespaces():
+    if not can_make_mount_namespaces():
         pytest.skip("needs a private mount namespace (unshare --mount as root)")
     # The files the agent installs and writes, in a container's mount namespace.
     installed = install_shim(BUILD / "libfracgpu.so", tmp_path / "host-lib")

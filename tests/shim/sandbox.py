@@ -187,3 +187,12 @@ def wait_for(proc: subprocess.Popen[str], word: str) -> list[str]:
         if line.startswith(word):
             return seen
     raise AssertionError(f"process ended before {word!r}: {''.join(seen)}")
+
+
+def can_make_mount_namespaces() -> bool:
+    """Whether this process may make a private mount namespace (root, and unshare there)."""
+    probe = ["unshare", "--mount", "--propagation", "private", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0
+    except FileNotFoundError:
+        return False

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.sandbox import BUILD, GiB, MiB, Sandbox, step, steps, wait_for
+from tests.shim.sandbox import (
+    BUILD,
+    GiB,
+    MiB,
+    Sandbox,
+    can_make_mount_namespaces,
+    step,
+    steps,
+    wait_for,
+)
 
 OOM = "2"
 
@@ -126,7 +135,7 @@ def test_a_full_region_volume_is_a_clear_error_not_a_crash(node: Sandbox, tmp_pa
     """The region volume is a small tmpfs (its sizeLimit on Kubernetes 1.22+) that the
     container may fill itself. A region initialised there must not take its blocks at the
     first write through the mapping (SIGBUS, the process killed): the shim says why."""
-    if not _can_make_mount_namespaces():
+    if not can_make_mount_namespaces():
         pytest.skip("needs a private mount namespace (unshare --mount as root)")
     volume = tmp_path / "volume"
     volume.mkdir()
@@ -146,11 +155,3 @@ def test_a_full_region_volume_is_a_clear_error_not_a_crash(node: Sandbox, tmp_pa
     assert done.returncode >= 0, f"killed by signal {-done.returncode}: {done.stderr}"
     assert "cannot size region" in done.stderr, done.stderr
     assert "No space left on device" in done.stderr, done.stderr
-
-
-def _can_make_mount_namespaces() -> bool:
-    probe = ["unshare", "--mount", "--propagation", "private", "true"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0
-    except FileNotFoundError:
-        return False

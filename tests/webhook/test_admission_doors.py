@@ -256,6 +256,17 @@ async def test_a_region_volume_is_its_containers_alone_and_only_in_memory(
     ), result.message
 
 
+def ephemeral_object_review(pod: str, namespace: str, debug: dict[str, Any]) -> dict[str, Any]:
+    """The review Kubernetes 1.20-1.21 send when ``debug`` is added to a pod: an update of
+    an EphemeralContainers object, which does not show the pod."""
+    meta = {"name": pod, "namespace": namespace}
+    old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": meta}
+    new = {**old, "ephemeralContainers": [debug]}
+    review = build_review(new, "UPDATE", old=old, sub_resource="ephemeralcontainers")
+    review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+    return review
+
+
 async def test_a_debug_container_may_not_mount_a_gpu_containers_region_volume(
     hook: Webhook,
 ) -> None:
@@ -279,15 +290,7 @@ async def test_a_debug_container_may_not_mount_a_gpu_containers_region_volume(
             build_review(debug, "UPDATE", old=placed.pod, sub_resource="ephemeralcontainers"),
         )
         assert reply.allowed is allowed, reply.message
-        meta = {"name": placed.pod["metadata"]["name"], "namespace": "team"}
-        old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": meta}
-        review = build_review(
-            {**old, "ephemeralContainers": [debugger]},
-            "UPDATE",
-            old=old,
-            sub_resource="ephemeralcontainers",
-        )
-        review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+        review = ephemeral_object_review(placed.pod["metadata"]["name"], "team", debugger)
         reply_1_20 = await hook.client.review("/validate", review)
         assert reply_1_20.allowed is allowed, reply_1_20.message
         if not allowed:
@@ -582,26 +585,14 @@ async def test_privileged_debug_container_in_the_1_20_object_shape_needs_a_grant
         "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
     }
     for namespace in ("team", "trusted"):
-        meta = {"name": "web", "namespace": namespace}
-        old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": meta}
-        new = {**old, "ephemeralContainers": [debug]}
-        review = build_review(new, "UPDATE", old=old, sub_resource="ephemeralcontainers")
-        review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+        review = ephemeral_object_review("web", namespace, debug)
         reply = await hook.client.review("/validate", review)
         assert reply.allowed is (namespace == "trusted"), reply.message
         if namespace == "team":
             assert "capabilities.add=SYS_ADMIN" in reply.message
     # a debug container without privileges needs no grant
-    plain = {"name": "web", "namespace": "team"}
-    old = {"apiVersion": "v1", "kind": "EphemeralContainers", "metadata": plain}
     calm = {**debug, "securityContext": {}}
-    review = build_review(
-        {**old, "ephemeralContainers": [calm]},
-        "UPDATE",
-        old=old,
-        sub_resource="ephemeralcontainers",
-    )
-    review["request"]["kind"] = {"group": "", "version": "v1", "kind": "EphemeralContainers"}
+    review = ephemeral_object_review("web", "team", calm)
     assert (await hook.client.review("/validate", review)).allowed
 
 
