@@ -29,6 +29,9 @@ from typing import Any, Final
 
 import yaml
 
+from fracgpu.dialects import GPU_LOOKALIKES
+from webhook.admission.shimguard import DEVICE_INJECTION_PREFIXES
+
 CHART_DIR: Final = Path(__file__).resolve().parents[2] / "charts" / "fracgpu"
 FILES_DIR: Final = CHART_DIR / "files"
 WEBHOOKS_FILE: Final = FILES_DIR / "webhooks.yaml"
@@ -109,6 +112,10 @@ class Scope:
         )
 
 
+def _cel_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
+
 def _filled(text: str, replacements: Mapping[str, str]) -> str:
     for placeholder, value in replacements.items():
         text = text.replace(placeholder, value)
@@ -119,13 +126,15 @@ def webhooks_document(names: Names = Names(), scope: Scope = Scope()) -> Json:
     """files/webhooks.yaml with its placeholders filled, as the template fills them."""
     exempt = ", ".join((names.release_namespace, *names.extra_exempt_namespaces))
     resources = names.resource_names or default_resource_names()
-    cel_list = "[" + ", ".join(f"'{r}'" for r in resources) + "]"
+    cel_list = _cel_list(resources)
     failure, update_failure = scope.policies()
     text = _filled(
         WEBHOOKS_FILE.read_text(),
         {
             "__EXEMPT_NAMESPACES__": exempt,
             "__GPU_RESOURCES__": cel_list,
+            "__GPU_DOMAINS__": _cel_list(f"{domain}/" for domain in GPU_LOOKALIKES),
+            "__DEVICE_INJECTION__": _cel_list(DEVICE_INJECTION_PREFIXES),
             "__UPDATE_FAILURE_POLICY__": update_failure,
             "__FAILURE_POLICY__": failure,
             "__GPU_NODE_TAINT__": scope.gpu_node_taint,

@@ -73,6 +73,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 [{{ join ", " $quoted }}]
 {{- end -}}
 
+{{/* Resource domains the webhook checks for lookalike names (fracgpu.dialects.GPU_LOOKALIKES),
+as a CEL list of prefixes for matchConditions; tests/chart holds it equal to that list. */}}
+{{- define "fracgpu.celGpuDomains" -}}
+['tencent.com/', 'nvidia.com/', 'aliyun.com/', 'fracgpu.io/']
+{{- end -}}
+
+{{/* Annotation prefixes that have the runtime inject devices
+(webhook/admission/shimguard.DEVICE_INJECTION_PREFIXES), as a CEL list for matchConditions;
+tests/chart holds it equal to that list. */}}
+{{- define "fracgpu.celDeviceInjection" -}}
+['cdi.k8s.io/', 'cdi-devices.nri.io/', 'devices.nri.io/']
+{{- end -}}
+
 {{/* The namespaces never sent to the webhooks besides the system ones (flow-list items). */}}
 {{- define "fracgpu.exemptNamespaces" -}}
 {{- join ", " (concat (list .Release.Namespace) .Values.webhooks.extraExemptNamespaces) -}}
