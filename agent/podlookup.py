@@ -7,14 +7,8 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from fracgpu.names import (
-    ANNOTATION_ASSIGNMENT,
-    ANNOTATION_QUEUED,
-    CONTAINER_REGION_DIR,
-    PRIORITY_ANNOTATIONS,
-    REGION_VOLUME_MEDIUM,
-    region_volume_name,
-)
+from fracgpu import region_volume
+from fracgpu.names import ANNOTATION_ASSIGNMENT, ANNOTATION_QUEUED, PRIORITY_ANNOTATIONS
 
 # The pod annotations the node side reads besides the assignment (fracgpu.names: one list,
 # which the chart's update matchCondition must cover).
@@ -39,8 +33,8 @@ class PodInfo:
     priority: Mapping[str, str] = field(default_factory=dict)
     # Queue mode: its GPUs reach the containers through Allocate (agent.queuedelivery).
     queued: bool = False
-    # The containers that mount their region volume (fracgpu.names.region_volume_name) at
-    # the region's directory: where their shim keeps its accounting region.
+    # The containers that mount their region volume exactly as the webhook writes it
+    # (fracgpu.region_volume): where their shim keeps its accounting region.
     region_containers: frozenset[str] = frozenset()
 
 
@@ -53,6 +47,8 @@ class KubernetesPodLookup:
 
     def __init__(self, core_api: Any) -> None:
         self._api = core_api
+        # Client models back to the API's JSON, which fracgpu.region_volume is written in.
+        self._as_json = core_api.api_client.sanitize_for_serialization
 
     def get(self, namespace: str, name: str) -> PodInfo:
         try:
@@ -74,26 +70,12 @@ class KubernetesPodLookup:
             assignment=annotations.get(ANNOTATION_ASSIGNMENT),
             priority={k: annotations[k] for k in _READ_ANNOTATIONS if k in annotations},
             queued=ANNOTATION_QUEUED in annotations,
-            region_containers=_region_containers(pod.spec),
+            region_containers=_region_containers(self._as_json(pod.spec)),
         )
 
 
-def _region_containers(spec: Any) -> frozenset[str]:
-    """The containers of a pod spec (a client model) mounting their memory-backed region
-    volume at the region's directory, writable and whole, as the webhook writes it."""
-    in_memory = {
-        v.name
-        for v in spec.volumes or ()
-        if v.empty_dir is not None and v.empty_dir.medium == REGION_VOLUME_MEDIUM
-    }
-    return frozenset(
-        c.name
-        for c in [*(spec.init_containers or ()), *(spec.containers or ())]
-        if any(
-            m.name == region_volume_name(c.name)
-            and m.name in in_memory
-            and m.mount_path == CONTAINER_REGION_DIR
-            and not (m.read_only or m.sub_path or m.sub_path_expr)
-            for m in c.volume_mounts or ()
-        )
-    )
+def _region_containers(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The containers of a pod spec (as the API's JSON) that mount their region volume at the
+    region's directory, exactly as the webhook writes both."""
+    containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
+    return frozenset(c["name"] for c in containers if region_volume.own_mount_index(c, spec) >= 0)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import kubernetes.client
 import pytest
 import yaml
 
@@ -238,9 +239,11 @@ def test_the_agent_reads_only_the_annotations_named_in_fracgpu_names() -> None:
     annotations = _ReadKeys({key: "x" for key in (*AGENT_READ_ANNOTATIONS, "other/key")})
     pod = SimpleNamespace(
         metadata=SimpleNamespace(annotations=annotations, uid="u"),
-        spec=SimpleNamespace(node_name="n", volumes=None, init_containers=None, containers=None),
+        spec=kubernetes.client.V1PodSpec(node_name="n", containers=[]),
     )
-    api = SimpleNamespace(read_namespaced_pod=lambda *_, **__: pod)
+    api = SimpleNamespace(
+        read_namespaced_pod=lambda *_, **__: pod, api_client=kubernetes.client.ApiClient()
+    )
     KubernetesPodLookup(api).get("ns", "p")
     assert annotations.read == set(AGENT_READ_ANNOTATIONS)
 

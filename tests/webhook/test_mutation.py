@@ -6,13 +6,13 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from fracgpu import names
+from fracgpu import names, region_volume
 from fracgpu.codec import decode_assignment
 from fracgpu.dialects import DialectConfig
 from fracgpu.model import Assignment, ContainerAssignment, GPUAllocation
 from tests.webhook.conftest import StartWebhook
 from tests.webhook.support import A100, CLUSTER, T4, Webhook, cluster_state, gpu_pod
-from webhook.admission.mutate import decide, region_volume
+from webhook.admission.mutate import decide
 from webhook.cli.client import build_review, patch_of
 
 CORE, MEM, LIMIT = (
@@ -348,6 +348,6 @@ def test_decide_leaves_the_pod_alone_and_writes_only_into_its_own_copies() -> No
     assert pod == before
     assert decided == decide(copy.deepcopy(pod), assignment, DialectConfig())
     # The pod's own volumes kept, the GPU container's region volume added after them.
-    assert decided["spec"]["volumes"] == [*before["spec"]["volumes"], region_volume("main")]
+    assert decided["spec"]["volumes"] == [*before["spec"]["volumes"], region_volume.volume("main")]
     assert decided["metadata"]["annotations"]["team"] == "ml"
     assert decided["spec"]["initContainers"][0]["env"][0]["value"] == "void"

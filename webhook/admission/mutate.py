@@ -8,7 +8,7 @@ tolerations and volumes, containers' env, resources and volume mounts) are copie
 and compared: the rest of a pod is shared unchanged, and copying and diffing it was most of
 the cost of an admission.
 
-Every GPU container gets its region volume (``names.region_volume_name``): a memory-backed
+Every GPU container gets its region volume (``fracgpu.region_volume``): a memory-backed
 emptyDir of its pod's own at ``names.CONTAINER_REGION_DIR``, where its shim keeps the
 accounting region (a directory the container writes, so its pod's memory, not host disk).
 """
@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from fracgpu import names
+from fracgpu import names, region_volume
 from fracgpu.codec import encode_assignment
 from fracgpu.dialects import DialectConfig, canonical_quantities
 from fracgpu.model import Assignment, ContainerAssignment
@@ -133,30 +133,12 @@ def _write_decision(
     return parts
 
 
-def region_volume(container_name: str) -> dict[str, Any]:
-    """The region volume of the container named ``container_name``, as fracgpu writes it."""
-    return {
-        "name": names.region_volume_name(container_name),
-        "emptyDir": {
-            "medium": names.REGION_VOLUME_MEDIUM,
-            "sizeLimit": names.REGION_VOLUME_SIZE_LIMIT,
-        },
-    }
-
-
-def region_mount(container_name: str) -> dict[str, Any]:
-    """The container's mount of its region volume, as fracgpu writes it."""
-    return {
-        "name": names.region_volume_name(container_name),
-        "mountPath": names.CONTAINER_REGION_DIR,
-    }
-
-
 def _write_region_volume(parts: dict[str, Any], container: dict[str, Any]) -> None:
     """The container's region volume and its mount, each replacing any of that name (so
     ``decide`` stays a fixed point and a tenant's volume of the name becomes fracgpu's)."""
-    _put_named(_child_list(_child(parts, "spec"), "volumes"), region_volume(container["name"]))
-    _put_named(_child_list(container, "volumeMounts"), region_mount(container["name"]))
+    name = container["name"]
+    _put_named(_child_list(_child(parts, "spec"), "volumes"), region_volume.volume(name))
+    _put_named(_child_list(container, "volumeMounts"), region_volume.mount(name))
 
 
 def _put_named(items: list[Any], entry: dict[str, Any]) -> None:

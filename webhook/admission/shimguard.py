@@ -22,9 +22,8 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from fracgpu import names
+from fracgpu import names, region_volume
 from fracgpu.quantity import shown
-from webhook.admission.mutate import region_mount, region_volume
 from webhook.rules import pod as podlib
 
 # What the device plugin mounts into a GPU container, and the directories that are fracgpu's.
@@ -88,16 +87,10 @@ def container_findings(
 
 def _own_region_mount(container: Mapping[str, Any], pod_spec: Mapping[str, Any], where: str) -> int:
     """The index of the container's mount of its own region volume, exactly as fracgpu writes
-    both (``mutate.region_mount``, ``mutate.region_volume``); -1 when it has none."""
-    name = container.get("name")
-    if not isinstance(name, str):
-        return -1
-    mount = region_mount(name)
-    for i, entry in enumerate(_objects(container, "volumeMounts", where)):
-        if entry == mount:
-            volume = region_volume(name)
-            return i if volume in _objects(pod_spec, "volumes", ".spec") else -1
-    return -1
+    both (``fracgpu.region_volume``); -1 when it has none. Malformed lists are refused here."""
+    _objects(container, "volumeMounts", where)
+    _objects(pod_spec, "volumes", ".spec")
+    return region_volume.own_mount_index(container, pod_spec)
 
 
 def region_volume_findings(containers: Iterable[Mapping[str, Any]], field: str) -> list[str]:
