@@ -24,7 +24,6 @@ import hashlib
 import logging
 import os
 import re
-import shutil
 import stat
 import time
 from collections.abc import Iterable
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Final
 
 from agent.atomic import write_atomically
+from agent.containertree import remove_container_tree
 from fracgpu import names
 from fracgpu.shim_abi import LIMITS_MAX_BYTES, Limits
 
@@ -57,39 +57,48 @@ class UntrustedRead:
 
 SERVED_MAX_BYTES = 4096
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+# Reopening a checked inode through /proc/self/fd: that path is a link to follow.
+_REOPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
 def open_untrusted(path: Path, max_bytes: int) -> tuple[int, os.stat_result] | None:
     """Open a file a container can write for reading, or None if it does not exist.
 
     Only a regular file is opened: never through a symbolic link (O_NOFOLLOW), never a
-    FIFO, socket or device node (checked before opening, again on the open file), never
-    blocking (O_NONBLOCK), and never one larger than max_bytes. Anything else raises
-    UntrustedFileError naming what was found. The caller closes the descriptor.
+    FIFO, socket or device node, never blocking (O_NONBLOCK), and never one larger than
+    max_bytes. Anything else raises UntrustedFileError naming what was found. The caller
+    closes the descriptor.
+
+    The name is resolved once, with O_PATH, which opens nothing (no FIFO's reader, no
+    device's driver, no lease); the inode found is checked, then opened for reading through
+    that descriptor, never by the name again: a container swapping a FIFO or device node in
+    between the check and the open (it renames in its own volume at will) gets nowhere.
     """
     try:
-        before = os.lstat(path)
+        handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as error:
         # A container may chmod its own directory: the agent runs without the capability
         # that reads past permissions, and one unreadable file must not fail the others.
         raise UntrustedFileError(f"{path} cannot be examined: {error.strerror}") from None
-    if not stat.S_ISREG(before.st_mode):
-        raise UntrustedFileError(f"{path} is a {_kind(before.st_mode)}, a regular file is read")
     try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise UntrustedFileError(f"{path} cannot be opened safely: {error.strerror}") from None
+        found = os.fstat(handle)
+        if not stat.S_ISREG(found.st_mode):
+            raise UntrustedFileError(f"{path} is a {_kind(found.st_mode)}, a regular file is read")
+        if found.st_size > max_bytes:
+            raise UntrustedFileError(
+                f"{path} has {found.st_size} bytes, at most {max_bytes} are read"
+            )
+        try:
+            fd = os.open(f"/proc/self/fd/{handle}", _REOPEN_FLAGS)
+        except OSError as error:
+            raise UntrustedFileError(f"{path} cannot be opened safely: {error.strerror}") from None
+    finally:
+        os.close(handle)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (
-            before.st_dev,
-            before.st_ino,
-        ):
+        if (st.st_dev, st.st_ino) != (found.st_dev, found.st_ino):
             raise UntrustedFileError(f"{path} changed while being opened")
         if st.st_size > max_bytes:
             raise UntrustedFileError(f"{path} has {st.st_size} bytes, at most {max_bytes} are read")
@@ -239,67 +248,3 @@ class AllocationFiles:
     def remove(self, key: str) -> bool:
         """Remove an allocation's directory; whether it is gone (else it is logged)."""
         return remove_container_tree(self.directory(key))
-
-
-# Directories a container wrote are opened this way only: never through a symlink.
-_DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# Deeper than this a container's tree is left to rmtree (and its log line): each level
-# holds one descriptor open.
-_MAX_TREE_DEPTH: Final = 256
-
-
-def _open_tree(directory: int, me: int, depth: int) -> None:
-    """Give every directory below the open ``directory`` its owner's permissions back (or,
-    not being its owner, everyone's: it is about to go), by descriptor; closes it."""
-    try:
-        with os.scandir(directory) as entries:
-            names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-        for name in names:
-            try:
-                found = os.stat(name, dir_fd=directory, follow_symlinks=False)
-                if not stat.S_ISDIR(found.st_mode):
-                    continue  # swapped since it was listed
-                mode = 0o700 if found.st_uid == me else 0o777
-                # A symlink swapped in since is refused here, never followed.
-                os.chmod(name, mode, dir_fd=directory, follow_symlinks=False)
-                child = os.open(name, _DIRECTORY_FLAGS, dir_fd=directory)
-            except (OSError, NotImplementedError):
-                continue
-            if depth < _MAX_TREE_DEPTH:
-                _open_tree(child, me, depth + 1)
-            else:
-                os.close(child)
-    except OSError:
-        pass  # rmtree reports what this leaves
-    finally:
-        os.close(directory)
-
-
-def remove_container_tree(root: Path) -> bool:
-    """Remove a directory tree a container could write into; whether it is gone.
-
-    A container may have taken permissions away inside it (``chmod 000`` on a directory)
-    and the agent runs without the capability that reads and writes past them: each
-    directory is given its owner's permissions back first, which its owner may do (root in
-    the container is the agent's uid), as may the agent with CAP_FOWNER (the chart grants
-    it) whoever made it. What still cannot be removed is logged: it holds host disk.
-
-    The container may still be writing (a previous run dir still mounted): the walk goes
-    by directory descriptor, never through a path a container could swap for a symlink,
-    so nothing outside ``root`` is touched. ``root``'s own path is the agent's."""
-    me = os.geteuid()
-    try:
-        os.chmod(root, 0o700)
-        top = os.open(root, _DIRECTORY_FLAGS)
-    except OSError:
-        top = None  # gone, or not a directory: rmtree below says what is left
-    if top is not None:
-        _open_tree(top, me, 0)
-    shutil.rmtree(root, ignore_errors=True)
-    if os.path.lexists(root):
-        log.warning(
-            "cannot remove files a container left on the host",
-            extra={"path": str(root), "hint": "give the agent CAP_FOWNER, or remove them"},
-        )
-        return False
-    return True

@@ -4,12 +4,14 @@ import os
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.hostfiles import (
     AllocationFiles,
     UntrustedFileError,
+    UntrustedRead,
     allocation_key,
     prepare_node_dir,
     read_untrusted,
@@ -109,6 +111,37 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     outcome = _read_in_thread(fifo, 1 << 20)
     assert isinstance(outcome, UntrustedFileError) and "FIFO" in str(outcome)
+
+
+def test_a_fifo_swapped_in_after_the_check_is_never_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack: the container renames a FIFO (or a device node) over its region between
+    the agent's check of the file and its open for reading, thousands of times a second;
+    now and then the open landed on the FIFO (its writer saw a reader) or ran a device's
+    driver. Made certain here: the swap happens right before each open that reads."""
+    region = tmp_path / "region"
+    region.write_bytes(b"0123456789")
+    real_open = os.open
+    opened_kinds: list[int] = []
+
+    def swap_then_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if not flags & os.O_PATH and not opened_kinds:
+            region.rename(tmp_path / "region-was")
+            os.mkfifo(region)
+        fd = real_open(path, flags, *args, **kwargs)
+        opened_kinds.append(stat.S_IFMT(os.fstat(fd).st_mode))
+        return fd
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    try:
+        outcome: object = read_untrusted(region, 10)
+    except UntrustedFileError as error:
+        outcome = error
+    monkeypatch.undo()
+    assert stat.S_IFIFO not in opened_kinds
+    # The file checked is the file read, whatever name it has by then.
+    assert isinstance(outcome, UntrustedRead) and outcome.data == b"0123456789"
 
 
 def test_a_device_node_is_refused(tmp_path: Path) -> None:

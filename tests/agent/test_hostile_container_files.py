@@ -5,6 +5,7 @@ empty bounding set; the container's moves are made on the same host files."""
 
 import json
 import os
+import resource
 import shutil
 import stat
 import struct
@@ -269,3 +270,56 @@ def test_a_container_swapping_a_symlink_in_cannot_steer_the_removal_outside(
     modes = {d.name: stat.S_IMODE(d.stat().st_mode) for d in victim.rglob("*")}
     assert modes == {"b": 0o751, "c": 0o751}
     assert stat.S_IMODE(victim.stat().st_mode) == 0o751
+
+
+def _chain(top: Path, depth: int) -> None:
+    """A chain of ``depth`` directories below ``top``, a file at its foot, as a container
+    makes one (``mkdir d; cd d`` in a loop: no path is ever that long)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for level in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            if level % 100 == 0:
+                os.chmod("d", 0, dir_fd=fd)  # locked as it is made: given back by the walk
+                os.chmod("d", 0o700, dir_fd=fd)
+            below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        with open(os.open("data", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "wb") as f:
+            f.write(b"x" * 4096)
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_deeper_than_python_recurses_is_removed_with_few_descriptors(
+    tmp_path: Path,
+) -> None:
+    """The attack: a container an older agent started (its run dir on host disk) makes a
+    chain of 1,500 directories. rmtree recursed once per level: RecursionError escaped
+    housekeeping and the agent's start (prepare_node_dir), so the agent crash-looped and
+    served no one on the node. The walk keeps its own stack, and moves what is deeper than
+    it holds open up to the top: here within 128 descriptors."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _chain(run, 1500)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    try:
+        gone = remove_container_tree(run)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert gone and not run.exists()
+
+
+def test_a_top_swapped_for_a_symlink_is_removed_not_followed(tmp_path: Path) -> None:
+    """A directory an older container could write (the node dir) is listed, then swapped
+    for a symlink before its removal starts: the removal gave the link's target new
+    permissions. Now the link goes, and the target is untouched."""
+    victim = tmp_path / "victim"
+    (victim / "b").mkdir(parents=True)
+    victim.chmod(0o751)
+    swapped = tmp_path / "swapped"
+    swapped.symlink_to(victim)
+    assert remove_container_tree(swapped)
+    assert not os.path.lexists(swapped)
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o751 and (victim / "b").is_dir()
