@@ -1,5 +1,10 @@
 """Why a pod does not fit: never (no node could hold it even empty) or not now, and a message
-that says what was asked and which GPUs came closest."""
+that says what was asked and which GPUs came closest. For a pod narrowed to some nodes, which
+of the others could have held it (``fitting_elsewhere``): the only case where the narrowing is
+worth naming in a denial."""
+
+import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -7,7 +12,7 @@ from fracgpu.model import ContainerRequest
 from fracgpu.placement.api import Constraints, NoFit, NoFitReason, PodDemand
 from fracgpu.placement.candidates import CandidateFinder, fit_on_node
 from fracgpu.placement.fit import host_room
-from fracgpu.placement.state import ClusterState
+from fracgpu.placement.state import BoolArray, ClusterState
 
 MAX_CANDIDATES_IN_MESSAGE = 3
 MAX_LEFT_OUT_IN_MESSAGE = 3
@@ -42,9 +47,13 @@ def explain(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> 
             if state.g_cont[slot] >= split
             else ""
         )
+        room = (
+            "is fully used"  # "has 0 cores and 0 MiB free" says the same, less plainly
+            if state.g_free[slot] == 0 and state.g_mem_free[slot] == 0
+            else f"has {state.g_free[slot]} cores and {state.g_mem_free[slot]} MiB free{full}"
+        )
         best.append(
-            f"{state.node_names[row]}/gpu{device.index} ({device.model}) has "
-            f"{state.g_free[slot]} cores and {state.g_mem_free[slot]} MiB free{full} "
+            f"{state.node_names[row]}/gpu{device.index} ({device.model}) {room} "
             f"(node: {state.n_cpu_free[row]}m CPU, {state.n_mem_free[row]} MiB memory free)"
         )
     return NoFit(
@@ -92,12 +101,23 @@ def _left_out(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -
 
 
 def _could_ever_fit(state: ClusterState, finder: CandidateFinder, demand: PodDemand) -> bool:
+    return next(_rows_that_could_ever_fit(state, finder, demand), None) is not None
+
+
+def _rows_that_could_ever_fit(
+    state: ClusterState, finder: CandidateFinder, demand: PodDemand, among: BoolArray | None = None
+) -> Iterator[int]:
+    """The node rows (of ``among``, when given) that could hold the pod if they were empty,
+    lazily: asking for the first one stops at it."""
     gpus, pools = finder.allowed(demand.constraints)
     cpu, memory = demand.cpu_milli, demand.memory_mib
     totals = state.n_cpu_total, state.n_mem_total
     nodes = pools & host_room(*totals, cpu_milli=cpu, memory_mib=memory)
+    if among is not None:
+        nodes &= among
     if not demand.containers:
-        return bool(nodes.any())
+        yield from (int(row) for row in np.flatnonzero(nodes))
+        return
     needs = [finder.memory_need(c) for c in demand.containers]
     # Quick bound first: nodes with enough allowed GPUs for the widest container.
     enough = np.bincount(state.g_node, weights=gpus, minlength=len(nodes)) >= max(
@@ -105,8 +125,35 @@ def _could_ever_fit(state: ClusterState, finder: CandidateFinder, demand: PodDem
     )
     for row in np.flatnonzero(nodes & enough):
         if fit_on_node(state, int(row), demand, gpus, needs, empty=True) is not None:
-            return True
-    return False
+            yield int(row)
+
+
+def fitting_elsewhere(
+    state: ClusterState, finder: CandidateFinder, demand: PodDemand, reason: NoFitReason
+) -> tuple[str, ...]:
+    """For a pod that did not fit on the nodes ``demand.constraints.nodes`` allows: the other
+    nodes that could hold it under all its other constraints (models, UUIDs, pools, shape,
+    CPU and memory), sorted; for NOT_NOW those with room now, for NEVER those that could
+    if empty. Empty when the node narrowing makes no difference (or there is none).
+
+    A placement pass over the left-out nodes: for a denial's words only, never on the path
+    that places a pod."""
+    allowed = demand.constraints.nodes
+    if allowed is None:
+        return ()
+    left_out = np.fromiter(
+        (name not in allowed for name in state.node_names), np.bool_, count=len(state.node_names)
+    )
+    if not left_out.any():
+        return ()
+    anywhere = dataclasses.replace(
+        demand, constraints=dataclasses.replace(demand.constraints, nodes=None)
+    )
+    if reason is NoFitReason.NEVER:
+        rows = list(_rows_that_could_ever_fit(state, finder, anywhere, left_out))
+    else:
+        rows = [int(row) for row in finder.find(anywhere).rows if left_out[row]]
+    return tuple(sorted({state.node_names[row] for row in rows}))
 
 
 def describe_constraints(constraints: Constraints) -> str:

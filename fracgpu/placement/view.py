@@ -10,11 +10,11 @@ from collections.abc import Iterable
 
 from fracgpu.model import GPUAllocation, MemoryRequest, NodeInventory
 from fracgpu.names import CORES_PER_GPU, MAX_MEMORY_SCALING
-from fracgpu.placement.api import NoFit, Placement, PodDemand, Policy
+from fracgpu.placement.api import NoFit, NoFitReason, Placement, PodDemand, Policy
 from fracgpu.placement.byclass import ClassChooser
 from fracgpu.placement.candidates import CandidateFinder
 from fracgpu.placement.fragmentation import FragmentationIndex
-from fracgpu.placement.nofit import explain
+from fracgpu.placement.nofit import explain, fitting_elsewhere
 from fracgpu.placement.recheck import capacity_problem
 from fracgpu.placement.scoring import choose
 from fracgpu.placement.state import ClusterState
@@ -245,6 +245,12 @@ class ClusterView:
         winner = choose(policy, cands, self._state, frag, demand)
         node = self._state.node_names[int(cands.rows[winner])]
         return Placement(node, cands.assignment(winner))
+
+    def fitting_elsewhere(self, demand: PodDemand, reason: NoFitReason) -> tuple[str, ...]:
+        """For a pod ``place`` refused with ``reason``: the nodes outside
+        ``demand.constraints.nodes`` that could have held it (``nofit.fitting_elsewhere``).
+        Costs a placement pass: call it to word a denial, never to place."""
+        return fitting_elsewhere(self._state, self._finder, demand, reason)
 
     def set_fgd_workload(self, demands: Iterable[PodDemand]) -> None:
         """Fix the FGD policy's target workload to these pods' task types, as the FGD paper's

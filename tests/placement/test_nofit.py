@@ -3,7 +3,7 @@ that says what was asked and which GPUs came closest."""
 
 from fracgpu.model import WHOLE_CARD, GPUAllocation, MemoryRequest
 from fracgpu.placement import ClusterView, Constraints, NoFit, NoFitReason, PodDemand, Policy
-from tests.placement.helpers import container, node, share
+from tests.placement.helpers import CARD_MIB, container, node, share
 
 
 def no_fit(view: ClusterView, demand: PodDemand, policy: Policy = Policy.BINPACK) -> NoFit:
@@ -127,3 +127,64 @@ def test_a_pod_without_cpu_or_memory_requests_is_described_without_them() -> Non
     message = no_fit(view, share(10, memory_mib=20000)).message
     assert 'container "main": 1 GPU x 10 cores + 20000 MiB)' in message
     assert "0m CPU" not in message
+
+
+# -- a pod narrowed to some nodes: which of the others could hold it (the denial names them) --
+
+
+def test_a_left_out_node_that_could_ever_hold_the_pod_is_named() -> None:
+    view = ClusterView([node("a", 1), node("b", 1, model="NVIDIA A100", memory_mib=81920)])
+    narrowed = share(10, memory_mib=40000, constraints=Constraints(nodes=frozenset({"a"})))
+    result = no_fit(view, narrowed)
+    assert result.reason is NoFitReason.NEVER
+    assert view.fitting_elsewhere(narrowed, result.reason) == ("b",)
+
+
+def test_a_pod_that_fits_nowhere_names_no_left_out_node() -> None:
+    view = ClusterView([node("a", 1), node("b", 1, model="NVIDIA A100", memory_mib=81920)])
+    huge = share(10, memory_mib=8 * 1024 * 1024, constraints=Constraints(nodes=frozenset({"a"})))
+    result = no_fit(view, huge)
+    assert result.reason is NoFitReason.NEVER
+    assert view.fitting_elsewhere(huge, result.reason) == ()
+
+
+def test_a_left_out_node_of_another_model_is_not_named() -> None:
+    view = ClusterView([node("a", 1), node("b", 1, model="NVIDIA A100", memory_mib=81920)])
+    view.allocate("a", [GPUAllocation("a-gpu0", 100, CARD_MIB)])
+    t4_on_a = Constraints(include_models=("T4",), nodes=frozenset({"a"}))
+    for demand in (
+        share(10, constraints=t4_on_a),
+        share(10, memory_mib=20000, constraints=t4_on_a),
+    ):
+        result = no_fit(view, demand)
+        assert view.fitting_elsewhere(demand, result.reason) == (), result.reason
+
+
+def test_not_now_names_the_left_out_nodes_with_room_now_only() -> None:
+    view = ClusterView([node("a", 1), node("b", 1), node("c", 1)])
+    for full in ("a", "c"):
+        view.allocate(full, [GPUAllocation(f"{full}-gpu0", 100, CARD_MIB)])
+    demand = share(10, constraints=Constraints(nodes=frozenset({"a"})))
+    result = no_fit(view, demand)
+    assert result.reason is NoFitReason.NOT_NOW
+    assert view.fitting_elsewhere(demand, result.reason) == ("b",)  # c could, but not now
+    view.allocate("b", [GPUAllocation("b-gpu0", 100, CARD_MIB)])
+    result = no_fit(view, demand)
+    assert view.fitting_elsewhere(demand, result.reason) == ()
+
+
+def test_a_pod_not_narrowed_by_node_names_no_left_out_node() -> None:
+    view = ClusterView([node("a", 1)])
+    demand = share(10, memory_mib=20000)
+    assert view.fitting_elsewhere(demand, no_fit(view, demand).reason) == ()
+
+
+def test_a_fully_used_gpu_among_the_best_candidates_says_so() -> None:
+    view = ClusterView([node("a", 2)])
+    view.allocate("a", [GPUAllocation("a-gpu0", 100, CARD_MIB)])
+    view.allocate("a", [GPUAllocation("a-gpu1", 30, 1024)])
+    result = no_fit(view, PodDemand((container("train", 100, WHOLE_CARD, gpus=2),)))
+    assert result.reason is NoFitReason.NOT_NOW
+    assert "a/gpu1 (Tesla T4) has 70 cores and 15360 MiB free" in result.message
+    assert "a/gpu0 (Tesla T4) is fully used (node:" in result.message
+    assert "0 cores and 0 MiB" not in result.message

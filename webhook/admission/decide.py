@@ -287,7 +287,7 @@ class Admission:
         if isinstance(restricted, str):
             self._metrics.placement_failure(NoFitReason.NEVER.value)
             return responses.denied(restricted)
-        demand, node_note = restricted
+        demand, narrowing = restricted
         quota_block: quotalib.QuotaExceeded | None = None
         if not request.dry_run:
             # Every arrival, placed or not, teaches the fragmentation policy the workload.
@@ -315,6 +315,13 @@ class Admission:
                     )
                 self._metrics.placement_failure(placed.reason.value)
                 unit_note = _unit_note(placed, ask, self._settings.dialects)
+                node_note = (
+                    ""
+                    if narrowing is None  # worded only here: placing never pays for it
+                    else narrowing.note(
+                        placed.reason, view.fitting_elsewhere(demand, placed.reason)
+                    )
+                )
                 return responses.denied(placed.message + node_note + pool_note + unit_note)
             assignment = assignments.build(
                 placed.node,
@@ -447,13 +454,15 @@ class Admission:
 
     async def _restrict_to_allowed_nodes(
         self, pod: Mapping[str, Any], demand: PodDemand, view: ClusterView
-    ) -> tuple[PodDemand, str] | str:
+    ) -> tuple[PodDemand, "_Narrowing | None"] | str:
         """Keep placement on nodes the pod's nodeSelector / required affinity allow and whose
         taints it tolerates (when the back end knows labels / taints), by narrowing the GPUs
-        it may use. The toleration fracgpu writes (gpu-node-taint) counts as the pod's."""
+        it may use, and keep how, for a denial's words. The toleration fracgpu writes
+        (gpu-node-taint) counts as the pod's."""
         allowed: set[str] | None = None
         if self._labels is not None:
             allowed = allowed_nodes(pod, await self._labels.node_labels(), self._node_index)
+        selected = allowed
         kept_off: dict[str, list[Taint]] = {}
         if self._taints is not None:
             # Most nodes carry no taint: find the few excluded ones rather than the many allowed.
@@ -463,30 +472,27 @@ class Admission:
                 everyone = {n.name for n in view.nodes()} if allowed is None else allowed
                 allowed = everyone - kept_off.keys()
         if allowed is None or view.covers_all_nodes(allowed):
-            return demand, ""  # every GPU node is allowed: nothing to narrow
+            return demand, None  # every GPU node is allowed: nothing to narrow
         wanted = frozenset(demand.constraints.include_uuids)
         usable = (
             any(d.uuid in wanted for n in view.nodes() if n.name in allowed for d in n.devices)
             if wanted
             else not allowed.isdisjoint(n.name for n in view.nodes())
         )
-        taints = _taint_note(kept_off)
         if not usable:
             return (
                 f"none of the {len(view.nodes())} GPU nodes matches this pod's nodeSelector, "
                 "required node affinity and tolerations"
                 + (" together with its GPU UUID annotation" if wanted else "")
-                + f"{taints}: fix the selector, add a toleration for the GPU nodes' taints, "
-                "or label GPU nodes to match"
+                + f"{_taint_note(kept_off)}: fix the selector, add a toleration for the GPU "
+                "nodes' taints, or label GPU nodes to match"
             )
         # Placement turns the node set into a mask once per distinct set (not per GPU per pod).
-        constraints = dataclasses.replace(demand.constraints, nodes=frozenset(allowed))
-        shown = sorted(allowed)[:MAX_NODES_NAMED]
-        note = (
-            " (its nodeSelector, required node affinity and tolerations allow only "
-            f"{', '.join(shown)}{' and more' if len(allowed) > len(shown) else ''}{taints})"
+        nodes = frozenset(allowed)
+        constraints = dataclasses.replace(demand.constraints, nodes=nodes)
+        return dataclasses.replace(demand, constraints=constraints), _Narrowing(
+            nodes, selected, kept_off
         )
-        return dataclasses.replace(demand, constraints=constraints), note
 
     def _quota_denial(self, over: quotalib.QuotaExceeded) -> responses.Verdict:
         self._metrics.placement_failure("quota")
@@ -959,6 +965,37 @@ def _best_effort(request: ContainerRequest) -> bool:
     return request.cores == 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _Narrowing:
+    """How a pod's nodeSelector, required node affinity and tolerations narrowed the nodes
+    it may use: ``allowed`` what is left, ``selected`` what the selector and affinity allow
+    (None: every node), ``kept_off`` the taints it does not tolerate, per node."""
+
+    allowed: frozenset[str]
+    selected: set[str] | None
+    kept_off: Mapping[str, Sequence[Taint]]
+
+    def note(self, reason: NoFitReason, fitting: Sequence[str]) -> str:
+        """For a denial: which of the nodes the pod is kept off could hold it (``fitting``:
+        now for NOT_NOW, if empty for NEVER) and what keeps it off them. Nothing when none
+        could: then the narrowing made no difference, and naming it misleads."""
+        if not fitting:
+            return ""
+        shown = sorted(self.allowed)[:MAX_NODES_NAMED]
+        more = " and more" if len(self.allowed) > len(shown) else ""
+        selected = self.selected
+        outside = [n for n in fitting if selected is not None and n not in selected]
+        unselected = (
+            f"; not matching its nodeSelector or node affinity: {_few(outside)}" if outside else ""
+        )
+        taints = _taint_note({n: self.kept_off[n] for n in fitting if n in self.kept_off})
+        could = "could hold it" if reason is NoFitReason.NEVER else "have room for it"
+        return (
+            f"; nodes it is kept off {could} (its nodeSelector, required node affinity and "
+            f"tolerations allow only {', '.join(shown)}{more}{unselected}{taints})"
+        )
+
+
 def _taint_note(kept_off: Mapping[str, Sequence[Taint]]) -> str:
     """The taints that keep the pod off GPU nodes (the first few nodes), for a denial."""
     nodes = sorted(kept_off)
@@ -971,3 +1008,9 @@ def _taint_note(kept_off: Mapping[str, Sequence[Taint]]) -> str:
         return ""
     more = len(nodes) - len(parts)
     return f"; not tolerated: {'; '.join(parts)}" + (f" and {more} more nodes" if more else "")
+
+
+def _few(nodes: Sequence[str]) -> str:
+    """The first few of ``nodes`` by name, and how many more."""
+    more = len(nodes) - MAX_NODES_NAMED
+    return ", ".join(nodes[:MAX_NODES_NAMED]) + (f" and {more} more nodes" if more > 0 else "")
