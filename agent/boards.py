@@ -3,8 +3,8 @@
 Every container's shim announces when it last launched work on each of its GPUs in its
 own accounting region (a file only that container can write, in its pod's region volume).
 The agent gathers those announcements, with each container's priority taken from the
-limits file the agent wrote itself, into one board per GPU in the node directory, which
-containers see read-only.
+limits file the agent wrote itself, into one board per GPU in the node directory; a
+container sees the boards of its own GPUs, read-only (``agent.boardfiles``).
 So no container ever reads what another container wrote: a neighbour cannot truncate,
 forge or grow a board, only misreport its own activity (which the agent bounds).
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from agent.boardfiles import BOARD_MODE, board_path
 from agent.hostfiles import AllocationFiles, UntrustedFileError, read_untrusted
 from agent.periodic import Periodic
 from fracgpu.errors import CodecError
@@ -49,8 +50,6 @@ BoardSource = tuple[Path, Callable[[Limits], Path | None]]
 
 # The agent's own limits file of a container is parsed again at most this often.
 _RECHECK_NS = 1_000_000_000
-# Boards are written in place by their owner, the agent, and read by everyone else.
-BOARD_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -163,14 +162,14 @@ class BoardPublisher:
         return out
 
     def _write(self, uuid: str, board: Board) -> None:
-        path = self._node_dir / uuid
         try:
+            path = board_path(self._node_dir, uuid)
             # Owner-writable: the agent runs without the capability that writes past
             # permissions, and reopens the board at every publish (boards an older agent
-            # made read-only are removed at start, prepare_node_dir). Containers see the
-            # node directory through a read-only mount.
+            # made read-only are removed at start, prepare_node_dir). Containers see their
+            # GPUs' boards through read-only file mounts (agent.boardfiles).
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, BOARD_MODE)
-        except OSError as error:
+        except (OSError, ValueError) as error:
             log.warning("cannot write a board", extra={"gpu": uuid, "error": str(error)})
             return
         try:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import grpc
 
+from agent.boardfiles import BoardNameError, ensure_board
 from agent.containerstart import ContainerStarter, ContainerStartError
 from agent.deviceplugin.proto import deviceplugin_v1beta1_pb2 as pb
 from agent.deviceplugin.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -112,6 +113,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                 )
             try:
                 key, envs = self._starter.allocation_prepared(self.resource_name, self.kind, ids)
+                boards = self._board_mounts(ids)
             except ContainerStartError as error:
                 log.error(
                     "allocation refused",
@@ -140,13 +142,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                             host_path=str(self._files.limits_path(key)),
                             read_only=True,
                         ),
-                        # Priority and burst-when-alone need the node's view of each GPU:
-                        # boards only the agent writes, read-only to every container.
-                        pb.Mount(
-                            container_path=CONTAINER_NODE_DIR,
-                            host_path=str(self._node_dir),
-                            read_only=True,
-                        ),
+                        *boards,
                     ],
                 )
             )
@@ -155,6 +151,28 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                 extra={"resource": self.resource_name, "devices": len(ids), "key": key},
             )
         return pb.AllocateResponse(container_responses=responses)
+
+    def _board_mounts(self, ids: list[str]) -> list[pb.Mount]:
+        """Priority and burst-when-alone need the node's view of each of the container's
+        GPUs: their boards, which only the agent writes, read-only; never another GPU's
+        (whose boards would tell when its tenants launch work)."""
+        mounts = []
+        gpus = {gpu_of(self.kind, d) for d in ids}  # every ID known: checked by the caller
+        for uuid in sorted(u for u in gpus if u is not None):
+            try:
+                board = ensure_board(self._node_dir, uuid)
+            except (OSError, BoardNameError) as error:
+                raise ContainerStartError(
+                    f"cannot make the priority board of GPU {uuid} in {self._node_dir}: {error}"
+                ) from None
+            mounts.append(
+                pb.Mount(
+                    container_path=f"{CONTAINER_NODE_DIR}/{uuid}",
+                    host_path=str(board),
+                    read_only=True,
+                )
+            )
+        return mounts
 
     def PreStartContainer(  # noqa: N802 (gRPC method name)
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext

@@ -178,7 +178,7 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     manager = PluginManager(plugins, state, plugin_dir, poll_seconds=0.1)
     manager.start()
     try:
-        dirs = {"plugin": plugin_dir, "pods": short_dir / "pods"}
+        dirs = {"plugin": plugin_dir, "pods": short_dir / "pods", "node": node_dir}
         yield AgentRig(kubelet, manager, state, files, shim, pods, dirs)
     finally:
         manager.stop()

@@ -66,19 +66,22 @@ def test_allocate_mounts_the_shim_without_host_paths_in_the_pod(rig: AgentRig) -
     ref = ContainerRef("team-a", "train", "main")
     ids, reply = rig.kubelet.allocate(ref, CORE, 30)
     mounts = {m.container_path: m for m in reply.mounts}
+    (gpu,) = {i.rsplit("-core-", 1)[0] for i in ids}
+    board = f"{CONTAINER_NODE_DIR}/{gpu}"
     # Everything read-only: nothing of the host the container could write (its region is in
     # its pod's own region volume, which the webhook adds).
     assert set(mounts) == {
         CONTAINER_LIBRARY_PATH,
         CONTAINER_PRELOAD_PATH,
         CONTAINER_LIMITS_PATH,
-        CONTAINER_NODE_DIR,
+        board,
     }
     assert all(m.read_only for m in mounts.values())
-    node_dir = Path(mounts[CONTAINER_NODE_DIR].host_path)
-    # The boards are the agent's: read-only to every container, writable by no one else.
-    assert mounts[CONTAINER_NODE_DIR].read_only
-    assert node_dir.stat().st_mode & 0o7777 == 0o755
+    # The board of its GPU only, made before the container starts; the boards are the
+    # agent's: read-only to every container, writable by no one else.
+    assert Path(mounts[board].host_path) == rig.dirs["node"] / gpu
+    assert (rig.dirs["node"] / gpu).is_file()
+    assert rig.dirs["node"].stat().st_mode & 0o7777 == 0o755
     assert Path(mounts[CONTAINER_LIBRARY_PATH].host_path) == rig.shim.library
     assert (
         Path(mounts[CONTAINER_PRELOAD_PATH].host_path).read_text() == CONTAINER_LIBRARY_PATH + "\n"
@@ -86,6 +89,26 @@ def test_allocate_mounts_the_shim_without_host_paths_in_the_pod(rig: AgentRig) -
     key = allocation_key(CORE, ids)
     assert sorted(p.name for p in rig.files.directory(key).iterdir()) == []  # limits at start
     assert not reply.envs  # limits never travel in the environment
+
+
+def test_a_container_gets_the_boards_of_its_gpus_and_no_other(rig: AgentRig) -> None:
+    """Every GPU's board says when each of its containers last launched work: a container
+    given the whole node directory could watch its neighbours on the node's other GPUs."""
+
+    def boards(reply: dp.ContainerAllocateResponse) -> dict[str, Path]:
+        prefix = CONTAINER_NODE_DIR + "/"
+        return {
+            m.container_path.removeprefix(prefix): Path(m.host_path)
+            for m in reply.mounts
+            if m.container_path.startswith(prefix) and m.read_only
+        }
+
+    ids, one = rig.kubelet.allocate(ContainerRef("team-a", "one", "main"), CORE, 60)
+    (gpu,) = {i.rsplit("-core-", 1)[0] for i in ids}
+    assert boards(one) == {gpu: rig.dirs["node"] / gpu}
+    assert CONTAINER_NODE_DIR not in {m.container_path for m in one.mounts}
+    _, both = rig.kubelet.allocate(ContainerRef("team-a", "both", "main"), CORE, 140)
+    assert boards(both) == {g.uuid: rig.dirs["node"] / g.uuid for g in (GPU_A, GPU_B)}
 
 
 def test_preferred_allocation_packs_one_gpu(rig: AgentRig) -> None:
