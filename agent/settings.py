@@ -5,10 +5,12 @@ it either way; a flag on the command line wins over the environment.
 """
 
 import argparse
+import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
 from agent.slice_audit import DEFAULT_TOLERANCE_BYTES, MAX_TOLERANCE_BYTES, SliceAuditSettings
@@ -83,6 +85,38 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
+def _boolean(text: str) -> bool:
+    """An on/off setting: the flag alone (true), ``--flag=true|false`` or its variable."""
+    value = _BOOLEANS.get(text.strip().lower())
+    if value is None:
+        raise ValueError("use true or false (or 1/0, yes/no), or the flag alone for true")
+    return value
+
+
+class _Setting(argparse.Action):
+    """A flag's text, kept as given: ``parse_settings`` converts it (``convert``) with every
+    other setting, flag or variable alike, so that one run reports every bad value."""
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        convert: Callable[[str], object] = str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.convert = convert
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+
+
 class AgentExit(Exception):  # noqa: N818 - not an error: --help or --version was answered
     """The command line asked for help or the version, which was printed: exit with ``code``."""
 
@@ -92,13 +126,25 @@ class AgentExit(Exception):  # noqa: N818 - not an error: --help or --version wa
 
 
 class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults shown, except a switch's: "--no-publish-inventory (default: True)" read as
-    "inventory off by default"."""
+    """Defaults shown as an operator writes them: an on/off setting's as true or false."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.nargs == 0:
-            return action.help
+        if isinstance(action.default, bool):
+            return f"{action.help} (default: {str(action.default).lower()})"
         return super()._get_help_string(action)
+
+
+def _switch(p: argparse.ArgumentParser, flag: str, default: bool, help_text: str) -> None:
+    """An on/off flag: alone it means true; ``--flag true|false`` (or ``=``) sets it."""
+    p.add_argument(
+        flag,
+        nargs="?",
+        const="true",
+        default=default,
+        convert=_boolean,
+        metavar="true|false",
+        help=help_text,
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,25 +156,28 @@ def _parser() -> argparse.ArgumentParser:
         "as JSON and exits.",
         formatter_class=_DefaultsHelpFormatter,
     )
+    # Every flag that takes a value keeps its text; parse_settings converts and checks it.
+    for name in (None, "store"):  # the default action, unnamed or by name
+        p.register("action", name, _Setting)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     d = AgentSettings(node_name="")
     p.add_argument("--node-name", help="Kubernetes node name (env NODE_NAME also accepted)")
     p.add_argument(
         "--device-plugin-dir",
-        type=Path,
+        convert=Path,
         default=d.device_plugin_dir,
         help="kubelet's device-plugin directory: kubelet.sock is there, the agent's sockets "
         "go there",
     )
     p.add_argument(
         "--pod-resources-socket",
-        type=Path,
+        convert=Path,
         default=d.pod_resources_socket,
         help="kubelet's PodResources socket, to learn which container holds which devices",
     )
     p.add_argument(
         "--kubelet-pods-dir",
-        type=Path,
+        convert=Path,
         default=d.kubelet_pods_dir,
         help="kubelet's pods directory (<kubelet root>/pods), where each GPU container's "
         "accounting region is, in its pod's region volume",
@@ -145,50 +194,50 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--memory-scaling",
-        type=float,
+        convert=float,
         default=d.memory_scaling,
         help="memory advertised = physical x this, 1-16 (the webhook's memory_scaling; "
         "a GPUNode's spec.memoryScaling overrides it)",
     )
     p.add_argument(
         "--host-lib-dir",
-        type=Path,
+        convert=Path,
         default=d.host_lib_dir,
         help="host directory the preload shim is installed into and mounted from",
     )
     p.add_argument(
         "--host-state-dir",
-        type=Path,
+        convert=Path,
         default=d.host_state_dir,
         help="host directory of the per-container limits files",
     )
     p.add_argument(
         "--host-node-dir",
-        type=Path,
+        convert=Path,
         default=d.host_node_dir,
         help="host directory of the node's priority boards, mounted into every GPU container",
     )
     p.add_argument(
         "--shim-source",
-        type=Path,
+        convert=Path,
         default=d.shim_source,
         help="the shim library in the agent's image, copied to --host-lib-dir at start",
     )
     p.add_argument(
         "--kubelet-poll-seconds",
-        type=float,
+        convert=float,
         default=d.kubelet_poll_seconds,
         help="how often kubelet's socket is checked (to register again after a restart)",
     )
     p.add_argument(
         "--health-probe-seconds",
-        type=float,
+        convert=float,
         default=d.health_probe_seconds,
         help="how often each GPU is probed through NVML",
     )
     p.add_argument(
         "--xid-recovery-seconds",
-        type=float,
+        convert=float,
         default=d.xid_recovery_seconds,
         help="how long a GPU must keep answering after a critical XID to count as healthy again",
     )
@@ -199,38 +248,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--inventory-resync-seconds",
-        type=float,
+        convert=float,
         default=d.inventory_resync_seconds,
         help="how often the GPUNode object is written again even without a change",
     )
     p.add_argument(
         "--stale-grace-seconds",
-        type=float,
+        convert=float,
         default=d.stale_grace_seconds,
         help="how old an allocation directory no running container owns must be to be removed",
     )
     p.add_argument(
         "--housekeeping-seconds",
-        type=float,
+        convert=float,
         default=d.housekeeping_seconds,
         help="how often allocation directories no running container owns are looked for",
     )
     p.add_argument(
         "--board-publish-seconds",
-        type=float,
+        convert=float,
         default=d.board_publish_seconds,
         help="how often the GPUs' priority boards are rewritten (0.005 to 1)",
     )
     p.add_argument(
         "--prestart-lookup-attempts",
-        type=int,
+        convert=int,
         default=d.prestart_lookup_attempts,
         help="PreStartContainer: how many times kubelet's PodResources is asked for the "
         "container's devices",
     )
     p.add_argument(
         "--prestart-lookup-interval-seconds",
-        type=float,
+        convert=float,
         default=d.prestart_lookup_interval_seconds,
         help="PreStartContainer: pause between those lookups",
     )
@@ -241,34 +290,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        convert=int,
         default=d.metrics_port,
         help="port of the HTTP endpoint (/metrics, /readyz, /healthz), 0 = any free port",
     )
-    p.add_argument(
+    _switch(
+        p,
         "--gpu-manager-metrics",
-        nargs="?",
-        const="true",
-        default="true" if d.gpu_manager_metrics else "false",
-        help="also export TKEStack gpu-manager's metric names: true or false "
+        d.gpu_manager_metrics,
+        "also export TKEStack gpu-manager's metric names: true or false "
         "(the flag alone means true)",
     )
     p.add_argument("--log-level", default=d.log_level, help="one of " + ", ".join(_LOG_LEVELS))
-    p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster config")
+    p.add_argument("--kubeconfig", convert=Path, default=None, help="default: in-cluster config")
     p.add_argument(
         "--slice-audit-seconds",
-        type=float,
+        convert=float,
         default=d.slice_audit_seconds,
         help="how often NVML's per-process GPU memory is checked against the pods' slices "
         "(memory taken around the shim, e.g. by a statically linked driver)",
     )
-    p.add_argument(
+    _switch(
+        p,
         "--slice-audit-kill",
-        nargs="?",
-        const="true",
-        default="true" if d.slice_audit_kill else "false",
-        help="SIGKILL a pod's processes on a GPU where they hold more than their slices: "
-        "true or false (default false: log and metrics only; the flag alone means true)",
+        d.slice_audit_kill,
+        "SIGKILL a pod's processes on a GPU where they hold more than their slices: "
+        "true or false (false: log and metrics only; the flag alone means true)",
     )
     p.add_argument(
         "--context-overhead-bytes",
@@ -280,7 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--slice-audit-tolerance-bytes",
-        type=int,
+        convert=int,
         default=d.slice_audit_tolerance_bytes,
         help="GPU memory per process allowed beyond the slice: what the process holds past "
         "the context the slice counts (driver memory the shim cannot see), at most this, "
@@ -288,17 +335,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--slice-audit-proc-dir",
-        type=Path,
+        convert=Path,
         default=d.slice_audit_proc_dir,
         help="the host's /proc (PIDs from NVML are host PIDs): the agent runs with hostPID "
         "or mounts the host's /proc here",
     )
-    p.add_argument(
+    _switch(
+        p,
         "--no-publish-inventory",
-        dest="publish_inventory",
-        action="store_false",
-        help="do not write the GPUNode object (for running outside a cluster; without this "
-        "flag the agent writes its node's)",
+        not d.publish_inventory,
+        "do not write the GPUNode object (for running outside a cluster; without this "
+        "flag the agent writes its node's): true or false (the flag alone means true)",
     )
     return p
 
@@ -340,47 +387,56 @@ def _variable(flag: str) -> str:
     return ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
 
 
-# What a variable's value must be, by the flag's type (argparse itself names only the flag).
-_TYPE_WORDS: dict[object, str] = {int: "a whole number", float: "a number"}
+# What a value must be, by its flag's conversion (int() and float() speak Python instead).
+_TYPE_WORDS: dict[object, str] = {int: "use a whole number", float: "use a number"}
 
 
-def _from_variable(action: argparse.Action, name: str, raw: str) -> object:
-    """A FRACGPU_AGENT_* value converted as its flag's would be; errors name the variable."""
-    if isinstance(action, argparse._StoreFalseAction):  # a flag without a value
-        given = _BOOLEANS.get(raw.lower())
-        if given is None:
-            raise SettingsError(f"{name}={raw!r} is not allowed: use true or false")
-        return action.const if given else action.default
-    if not callable(action.type):  # no type: the text itself
-        return raw
-    try:
-        return action.type(raw)
-    except ValueError:
-        words = _TYPE_WORDS.get(action.type, f"a value {action.option_strings[0]} accepts")
-        raise SettingsError(f"{name}={raw!r} is not allowed: use {words}") from None
+def _written(source: str, raw: str) -> str:
+    """A value as the operator wrote it: ``--flag=value`` or ``VARIABLE=value`` (quoted when
+    empty or with spaces, where it would not be seen)."""
+    shown = raw if raw and raw.strip() == raw and " " not in raw else repr(raw)
+    return f"{source}={shown}"
 
 
 def _read(
-    parser: argparse.ArgumentParser, argv: Sequence[str], env: Mapping[str, str]
-) -> tuple[argparse.Namespace, dict[str, str]]:
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    problems: list[str],
+) -> tuple[argparse.Namespace, dict[str, str], set[str]]:
     """Flags first, then FRACGPU_AGENT_* for the settings no flag gave, then the defaults;
-    with, per setting, where its value came from (flag or variable) for error messages."""
+    with, per setting, where its value came from (flag or variable) for error messages, and
+    the settings whose value could not be read (each one's problem added to ``problems``)."""
     settable = _settable(parser)
     # argparse leaves an attribute already set alone: what is still unset no flag gave.
     unset = object()
-    ns = parser.parse_args(argv, argparse.Namespace(**{a.dest: unset for a in settable}))
+    ns, extra = parser.parse_known_args(
+        argv, argparse.Namespace(**{a.dest: unset for a in settable})
+    )
+    if extra:
+        problems.append(
+            f"unrecognized argument{'s' if len(extra) > 1 else ''} {' '.join(extra)}: "
+            "see fracgpu-agent --help for the flags"
+        )
     sources: dict[str, str] = {}
+    unreadable: set[str] = set()
     for action in settable:
         sources[action.dest] = action.option_strings[0]
-        if getattr(ns, action.dest) is not unset:
-            continue
-        name = _variable(action.option_strings[0])
-        if name in env:
-            sources[action.dest] = name
-            setattr(ns, action.dest, _from_variable(action, name, env[name]))
-        else:
-            setattr(ns, action.dest, action.default)
-    return ns, sources
+        raw = getattr(ns, action.dest)
+        if raw is unset:
+            name = _variable(action.option_strings[0])
+            if name not in env:
+                setattr(ns, action.dest, action.default)
+                continue
+            sources[action.dest], raw = name, env[name]
+        convert = getattr(action, "convert", str)
+        try:
+            setattr(ns, action.dest, convert(raw))
+        except ValueError as error:
+            words = _TYPE_WORDS.get(convert, str(error))
+            problems.append(f"{_written(sources[action.dest], raw)} is not allowed: {words}")
+            unreadable.add(action.dest)
+    return ns, sources, unreadable
 
 
 def _context_overhead(source: str, raw: str) -> int | None:
@@ -399,56 +455,26 @@ def _context_overhead(source: str, raw: str) -> int | None:
     return value
 
 
-def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> AgentSettings:
-    """Build the settings from command-line flags and the environment; reject bad values,
-    naming the flag or the variable the value came from."""
-    env = os.environ if env is None else env
-    parser = _parser()
-    try:
-        ns, sources = _read(parser, argv, env)
-    except SystemExit as exit_:
-        if not exit_.code:
-            raise AgentExit(0) from None  # --help or --version: printed, nothing to run
-        raise SettingsError("invalid command line (see the message above)") from exit_
+def _given(ns: argparse.Namespace, sources: Mapping[str, str], dest: str) -> str:
+    """``--flag=value`` or ``FRACGPU_AGENT_FLAG=value``, as the operator wrote it."""
+    return f"{sources[dest]}={getattr(ns, dest)}"
 
-    def given(dest: str) -> str:
-        """``--flag=value`` or ``FRACGPU_AGENT_FLAG=value``, as the operator wrote it."""
-        return f"{sources[dest]}={getattr(ns, dest)}"
 
-    node_name = ns.node_name or env.get("NODE_NAME", "")
-    if not node_name:
-        raise SettingsError("the node name is required: pass --node-name or set NODE_NAME")
-    level = str(ns.log_level).upper()
-    if level not in _LOG_LEVELS:
-        raise SettingsError(
-            f"{given('log_level')} is not allowed: use one of {', '.join(_LOG_LEVELS)}"
-        )
-    try:
-        ignored = tuple(int(x) for x in str(ns.ignored_xids).split(",") if x.strip())
-    except ValueError:
-        raise SettingsError(
-            f"{given('ignored_xids')} is not allowed: use comma-separated integers"
-        ) from None
-    gpu_manager_metrics = _BOOLEANS.get(str(ns.gpu_manager_metrics).lower())
-    if gpu_manager_metrics is None:
-        raise SettingsError(f"{given('gpu_manager_metrics')} is not allowed: use true or false")
-    slice_audit_kill = _BOOLEANS.get(str(ns.slice_audit_kill).lower())
-    if slice_audit_kill is None:
-        raise SettingsError(f"{given('slice_audit_kill')} is not allowed: use true or false")
-    if slice_audit_kill and ns.slice_audit_proc_dir != Path("/proc"):
-        # NVML's PIDs are the host's: signalling them from another PID namespace would hit
-        # whatever process has that number there.
-        raise SettingsError(
-            "--slice-audit-kill needs the host's PID namespace: run the agent with hostPID "
-            f"and --slice-audit-proc-dir=/proc (not {ns.slice_audit_proc_dir})"
-        )
-    context_overhead_bytes = _context_overhead(
-        sources["context_overhead_bytes"], str(ns.context_overhead_bytes)
-    )
-    try:  # the audit's own settings say what is allowed
-        SliceAuditSettings(tolerance_bytes=ns.slice_audit_tolerance_bytes)
-    except ValueError as error:
-        raise SettingsError(f"{sources['slice_audit_tolerance_bytes']}: {error}") from None
+def _number_problems(
+    ns: argparse.Namespace, sources: Mapping[str, str], unreadable: set[str]
+) -> list[str]:
+    """What is wrong with the numbers that were read (each unreadable one is refused already)."""
+    problems: list[str] = []
+    given = functools.partial(_given, ns, sources)
+
+    def check(*dests: str) -> bool:
+        return not unreadable.intersection(dests)
+
+    if check("slice_audit_tolerance_bytes"):
+        try:  # the audit's own settings say what is allowed
+            SliceAuditSettings(tolerance_bytes=ns.slice_audit_tolerance_bytes)
+        except ValueError as error:
+            problems.append(f"{sources['slice_audit_tolerance_bytes']}: {error}")
     for dest in (
         "kubelet_poll_seconds",
         "health_probe_seconds",
@@ -456,36 +482,87 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         "housekeeping_seconds",
         "slice_audit_seconds",
     ):
-        if getattr(ns, dest) <= 0:
-            raise SettingsError(f"{sources[dest]} must be greater than 0, not {getattr(ns, dest)}")
-    if ns.prestart_lookup_attempts < 1:
-        raise SettingsError(
+        if check(dest) and getattr(ns, dest) <= 0:
+            problems.append(f"{sources[dest]} must be greater than 0, not {getattr(ns, dest)}")
+    if check("prestart_lookup_attempts") and ns.prestart_lookup_attempts < 1:
+        problems.append(
             f"{sources['prestart_lookup_attempts']} must be 1 or more, "
             f"not {ns.prestart_lookup_attempts}"
         )
     for dest in ("xid_recovery_seconds", "stale_grace_seconds", "prestart_lookup_interval_seconds"):
-        if getattr(ns, dest) < 0:
-            raise SettingsError(f"{sources[dest]} must be 0 or more, not {getattr(ns, dest)}")
-    if not 0.005 <= ns.board_publish_seconds <= 1.0:
+        if check(dest) and getattr(ns, dest) < 0:
+            problems.append(f"{sources[dest]} must be 0 or more, not {getattr(ns, dest)}")
+    if check("board_publish_seconds") and not 0.005 <= ns.board_publish_seconds <= 1.0:
         # A shim trusts a board for 2 s; high priority holds a GPU 50 ms past a launch.
-        raise SettingsError(f"{given('board_publish_seconds')} is not allowed: use 0.005 to 1")
-    if not 0 <= ns.metrics_port <= 65535:
-        raise SettingsError(f"{given('metrics_port')} is not allowed: use 0-65535")
+        problems.append(f"{given('board_publish_seconds')} is not allowed: use 0.005 to 1")
+    if check("metrics_port") and not 0 <= ns.metrics_port <= 65535:
+        problems.append(f"{given('metrics_port')} is not allowed: use 0-65535")
+    if check("memory_scaling") and not 1.0 <= ns.memory_scaling <= MAX_MEMORY_SCALING:
+        problems.append(
+            f"{given('memory_scaling')} is not allowed: use a factor from 1 to "
+            f"{MAX_MEMORY_SCALING:g} (1 = no oversubscription)"
+        )
+    return problems
+
+
+def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> AgentSettings:
+    """Build the settings from command-line flags and the environment; reject bad values,
+    naming the flag or the variable the value came from. Every setting is checked before
+    anything is refused, and every problem is reported in one ``SettingsError``."""
+    env = os.environ if env is None else env
+    parser = _parser()
+    problems: list[str] = []
+    try:
+        ns, sources, unreadable = _read(parser, argv, env, problems)
+    except SystemExit as exit_:
+        if not exit_.code:
+            raise AgentExit(0) from None  # --help or --version: printed, nothing to run
+        raise SettingsError("invalid command line (see the message above)") from exit_
+
+    given = functools.partial(_given, ns, sources)
+    node_name = ns.node_name or env.get("NODE_NAME", "")
+    if not node_name:
+        problems.append("the node name is required: pass --node-name or set NODE_NAME")
+    level = str(ns.log_level).upper()
+    if level not in _LOG_LEVELS:
+        problems.append(f"{given('log_level')} is not allowed: use one of {', '.join(_LOG_LEVELS)}")
+    ignored: tuple[int, ...] = ()
+    try:
+        ignored = tuple(int(x) for x in str(ns.ignored_xids).split(",") if x.strip())
+    except ValueError:
+        problems.append(f"{given('ignored_xids')} is not allowed: use comma-separated integers")
+    if (
+        not unreadable.intersection(("slice_audit_kill", "slice_audit_proc_dir"))
+        and ns.slice_audit_kill
+        and ns.slice_audit_proc_dir != Path("/proc")
+    ):
+        # NVML's PIDs are the host's: signalling them from another PID namespace would hit
+        # whatever process has that number there.
+        problems.append(
+            f"{sources['slice_audit_kill']} needs the host's PID namespace: run the agent with "
+            f"hostPID and {sources['slice_audit_proc_dir']}=/proc "
+            f"(not {ns.slice_audit_proc_dir})"
+        )
+    context_overhead_bytes = None
+    try:
+        context_overhead_bytes = _context_overhead(
+            sources["context_overhead_bytes"], str(ns.context_overhead_bytes)
+        )
+    except SettingsError as error:
+        problems.append(str(error))
+    problems.extend(_number_problems(ns, sources, unreadable))
     for dest in ("compute_resource", "memory_resource"):
         if "/" not in getattr(ns, dest):
-            raise SettingsError(
+            problems.append(
                 f"{given(dest)} is not allowed: "
                 "use a domain-qualified resource name such as tencent.com/vcuda-core"
             )
     if ns.compute_resource == ns.memory_resource:
-        raise SettingsError(
+        problems.append(
             f"{sources['compute_resource']} and {sources['memory_resource']} must differ"
         )
-    if not 1.0 <= ns.memory_scaling <= MAX_MEMORY_SCALING:
-        raise SettingsError(
-            f"{given('memory_scaling')} is not allowed: use a factor from 1 to "
-            f"{MAX_MEMORY_SCALING:g} (1 = no oversubscription)"
-        )
+    if problems:
+        raise SettingsError("; ".join(problems))
     return AgentSettings(
         node_name=node_name,
         device_plugin_dir=ns.device_plugin_dir,
@@ -510,12 +587,12 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         prestart_lookup_interval_seconds=ns.prestart_lookup_interval_seconds,
         metrics_address=ns.metrics_address,
         metrics_port=ns.metrics_port,
-        gpu_manager_metrics=gpu_manager_metrics,
+        gpu_manager_metrics=ns.gpu_manager_metrics,
         log_level=level,
         kubeconfig=ns.kubeconfig,
-        publish_inventory=ns.publish_inventory,
+        publish_inventory=not ns.no_publish_inventory,
         slice_audit_seconds=ns.slice_audit_seconds,
-        slice_audit_kill=slice_audit_kill,
+        slice_audit_kill=ns.slice_audit_kill,
         slice_audit_tolerance_bytes=ns.slice_audit_tolerance_bytes,
         slice_audit_proc_dir=ns.slice_audit_proc_dir,
         context_overhead_bytes=context_overhead_bytes,

@@ -1,7 +1,8 @@
 """The certs command line: its flags, the environment behind them, and the Settings they make.
 
 Each flag `--some-flag` may also come from the environment variable `FRACGPU_CERTS_SOME_FLAG`;
-a flag on the command line wins.
+a flag on the command line wins, and a value that cannot be used is refused naming the one of
+the two that gave it. An on/off flag is true alone, or takes true/false (`--in-cluster false`).
 """
 
 from __future__ import annotations
@@ -33,36 +34,32 @@ class Command:
 
 
 def _variable(name: str) -> str:
-    """The environment variable behind flag `--name`, without ENV_PREFIX."""
-    return name.upper().replace("-", "_")
+    """The environment variable behind flag `--name`."""
+    return ENV_PREFIX + name.upper().replace("-", "_")
 
 
-def _flag(
-    parser: argparse.ArgumentParser, env: Mapping[str, str], name: str, help_text: str
-) -> None:
-    variable = ENV_PREFIX + _variable(name)
+def _flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
     # argparse formats help with %: a literal one (30%) must be doubled.
-    parser.add_argument(
-        f"--{name}",
-        default=env.get(variable),
-        help=f"{help_text} (env {variable})".replace("%", "%%"),
-    )
+    parser.add_argument(f"--{name}", help=f"{help_text} (env {_variable(name)})".replace("%", "%%"))
 
 
 def _switch(
-    parser: argparse.ArgumentParser, env: Mapping[str, str], name: str, help_text: str
+    parser: argparse.ArgumentParser, name: str, help_text: str, *, variable: bool = True
 ) -> None:
-    """One place for an on/off flag whose default comes from its environment variable."""
-    variable = _variable(name)
+    """One place for an on/off flag: alone it means true, or it takes true/false (read by
+    ``_boolean`` with the variable behind it)."""
+    env_note = f" (env {_variable(name)})" if variable else ""
     parser.add_argument(
         f"--{name}",
-        action="store_true",
-        default=_env_bool(env, variable),
-        help=f"{help_text} (env {ENV_PREFIX}{variable})",
+        nargs="?",
+        const="true",
+        metavar="true|false",
+        help=f"{help_text}; true or false, the flag alone means true{env_note}",
     )
 
 
-def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; the variables behind its flags are read by ``parse_command_line``."""
     defaults = Settings()
     common = argparse.ArgumentParser(add_help=False)
     flags = (
@@ -103,11 +100,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         ),
     )
     for name, help_text in flags:
-        _flag(common, env, name, help_text)
-    _switch(common, env, "in-cluster", "use the Pod's service account")
+        _flag(common, name, help_text)
+    _switch(common, "in-cluster", "use the Pod's service account")
     _switch(
         common,
-        env,
         "cert-manager",
         "cert-manager issues the certificate and injects the caBundle: do nothing "
         "(see docs/certificates.md)",
@@ -130,23 +126,36 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="issue a fresh CA and serving certificate into a directory (local use, demos)",
     )
     files.add_argument("--dir", required=True, type=Path, help="directory to write into")
-    files.add_argument(
-        "--projected",
-        action="store_true",
-        help="lay the files out like a Kubernetes Secret volume (..data symlink swap)",
+    _switch(
+        files,
+        "projected",
+        "lay the files out like a Kubernetes Secret volume (..data symlink swap)",
+        variable=False,
     )
     return parser
 
 
-def _env_bool(env: Mapping[str, str], name: str) -> bool:
-    value = env.get(ENV_PREFIX + name, "").strip().lower()
-    if value in ("", "0", "false", "no"):
-        return False
-    if value in ("1", "true", "yes"):
-        return True
-    raise SettingsError(
-        f"{ENV_PREFIX}{name}={value!r} is not a boolean: allowed are true/false, 1/0, yes/no"
-    )
+# "" as false: a variable set but left empty.
+_BOOLEANS = {
+    "": False,
+    "0": False,
+    "false": False,
+    "no": False,
+    "1": True,
+    "true": True,
+    "yes": True,
+}
+
+
+def _boolean(source: str, text: str) -> bool:
+    """An on/off value from ``source`` (a flag or its variable)."""
+    value = _BOOLEANS.get(text.strip().lower())
+    if value is None:
+        raise SettingsError(
+            f"{source}={text!r} is not a boolean: allowed are true/false, 1/0, yes/no "
+            "(a flag alone means true)"
+        )
+    return value
 
 
 def _list(text: str | None) -> tuple[str, ...]:
@@ -156,24 +165,48 @@ def _list(text: str | None) -> tuple[str, ...]:
 
 
 def parse_command_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Command:
-    """The command and its Settings; SettingsError with the reason on a bad value."""
+    """The command and its Settings; SettingsError with the reason on a bad value, naming the
+    flag or the variable that gave it."""
     env = os.environ if env is None else env
-    args = build_parser(env).parse_args(list(argv))
+    args = build_parser().parse_args(list(argv))
     defaults = Settings()
 
-    def text(name: str, default: str) -> str:
+    def given(name: str) -> tuple[str, str] | None:
+        """(source, text) of setting ``name``: its flag if given, else its variable if set."""
         value: str | None = getattr(args, name)
-        return default if value is None else value.strip()
+        flag = name.replace("_", "-")
+        if value is not None:
+            return f"--{flag}", value
+        if _variable(flag) in env:
+            return _variable(flag), env[_variable(flag)]
+        return None
+
+    def text(name: str, default: str) -> str:
+        found = given(name)
+        return default if found is None else found[1].strip()
 
     def duration(name: str, default: timedelta) -> timedelta:
-        value: str | None = getattr(args, name)
-        return default if value is None else parse_duration(value, name.replace("_", "-"))
+        found = given(name)
+        return default if found is None else parse_duration(found[1], found[0])
 
     def window(name: str, default: Window) -> Window:
-        value: str | None = getattr(args, name)
-        return default if value is None else Window.parse(value, name.replace("_", "-"))
+        found = given(name)
+        return default if found is None else Window.parse(found[1], found[0])
 
-    kubeconfig: str | None = args.kubeconfig
+    def switch(name: str) -> bool | None:
+        found = given(name)
+        return None if found is None else _boolean(*found)
+
+    kubeconfig = given("kubeconfig")
+    kubeconfig_path = Path(kubeconfig[1]) if kubeconfig and kubeconfig[1] else None
+    in_cluster = switch("in_cluster")
+    if in_cluster is None:
+        # Inside a Pod without an explicit kubeconfig, the service account is the only choice.
+        in_cluster = kubeconfig_path is None and bool(env.get("KUBERNETES_SERVICE_HOST"))
+    cert_manager = bool(switch("cert_manager"))
+    uses_kubeconfig = args.command in ("ensure", "run") and not (in_cluster or cert_manager)
+    if kubeconfig is not None and kubeconfig_path is not None and uses_kubeconfig:
+        _check_kubeconfig(*kubeconfig)
     settings = Settings(
         namespace=text("namespace", defaults.namespace),
         service=text("service", defaults.service),
@@ -182,8 +215,8 @@ def parse_command_line(argv: Sequence[str], env: Mapping[str, str] | None = None
         mutating_webhook=text("mutating_webhook", defaults.mutating_webhook),
         validating_webhook=text("validating_webhook", defaults.validating_webhook),
         cluster_domain=text("cluster_domain", defaults.cluster_domain),
-        extra_dns_names=_list(args.extra_dns_names),
-        extra_ip_addresses=_list(args.extra_ip_addresses),
+        extra_dns_names=_list(text("extra_dns_names", "")),
+        extra_ip_addresses=_list(text("extra_ip_addresses", "")),
         serving_validity=duration("serving_validity", defaults.serving_validity),
         serving_renew_before=window("serving_renew_before", defaults.serving_renew_before),
         ca_validity=duration("ca_validity", defaults.ca_validity),
@@ -191,15 +224,25 @@ def parse_command_line(argv: Sequence[str], env: Mapping[str, str] | None = None
         ca_overlap=duration("ca_overlap", defaults.ca_overlap),
         interval=duration("interval", defaults.interval),
         retry_interval=duration("retry_interval", defaults.retry_interval),
-        kubeconfig=Path(kubeconfig) if kubeconfig else None,
-        # Inside a Pod without an explicit kubeconfig, the service account is the only choice.
-        in_cluster=bool(args.in_cluster)
-        or (not kubeconfig and bool(env.get("KUBERNETES_SERVICE_HOST"))),
-        cert_manager=bool(args.cert_manager),
+        kubeconfig=kubeconfig_path,
+        in_cluster=in_cluster,
+        cert_manager=cert_manager,
     )
+    projected: str | None = getattr(args, "projected", None)
     return Command(
         name=args.command,
         settings=settings,
         directory=getattr(args, "dir", None),
-        projected=bool(getattr(args, "projected", False)),
+        projected=projected is not None and _boolean("--projected", projected),
     )
+
+
+def _check_kubeconfig(source: str, path: str) -> None:
+    """The kubeconfig must exist when the command starts; the message names its source."""
+    found = Path(path)
+    if not found.is_file():
+        what = "it is not a file" if found.exists() else "the file does not exist"
+        raise SettingsError(
+            f"{source}={path!r} is not allowed: {what}; give the path of a kubeconfig file, "
+            "or --in-cluster inside a Pod"
+        )

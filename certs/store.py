@@ -22,6 +22,8 @@ import contextlib
 import copy
 import json
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +81,26 @@ class Write:
         return f"{self.verb} {self.kind} {self.name}"
 
 
+# What to do when no kubeconfig is found (kubectl-fracgpu says the same, but lives in the
+# webhook package, which certs may not import).
+NO_KUBECONFIG_HINT = (
+    "pass --kubeconfig, set KUBECONFIG or create ~/.kube/config, or inside a Pod pass --in-cluster"
+)
+
+
+def _default_kubeconfig(environ: Mapping[str, str]) -> str:
+    """The kubeconfig files kubectl would read without --kubeconfig (``:``-separated), or
+    raise StoreError, saying what to do, when none of them exists."""
+    listed = environ.get("KUBECONFIG") or ""
+    files = [p for p in listed.split(os.pathsep) if p] or ["~/.kube/config"]
+    if not any(os.path.isfile(os.path.expanduser(p)) for p in files):
+        where = f"KUBECONFIG={listed} names no file" if listed else "~/.kube/config does not exist"
+        raise StoreError(
+            f"cannot load the kubeconfig: no kubeconfig found ({where}): {NO_KUBECONFIG_HINT}"
+        )
+    return os.pathsep.join(files)
+
+
 def connect(settings: Settings) -> kubernetes.client.ApiClient:
     """An API client from the in-cluster service account or a kubeconfig."""
     configuration = kubernetes.client.Configuration()
@@ -90,9 +112,10 @@ def connect(settings: Settings) -> kubernetes.client.ApiClient:
                 client_configuration=configuration
             )
         else:
+            # KUBECONFIG as it is now (the client read it once, when it was imported).
+            config_file = settings.kubeconfig or _default_kubeconfig(os.environ)
             kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
-                client_configuration=configuration,
+                config_file=str(config_file), client_configuration=configuration
             )
     except kubernetes.config.ConfigException as error:
         source = "the in-cluster service account" if settings.in_cluster else "the kubeconfig"

@@ -13,7 +13,7 @@ Kubernetes does not overcommit extended resources, so a request must equal its l
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from types import MappingProxyType
 from typing import Final, NoReturn
@@ -139,6 +139,17 @@ class ResourceNames:
     def everything(self) -> frozenset[str]:
         """Every configured name: the GPU ones and the priority; fracgpu rewrites them all."""
         return self._everything
+
+    def shared(self) -> Mapping[str, tuple[str, ...]]:
+        """Each name configured for more than one resource, with those resources' fields in
+        declaration order (``{"nvidia.com/gpu": ("vcuda_core", "hami_gpu")}``); empty when
+        every name differs, as they must (a request could not be told apart otherwise)."""
+        fields_of: dict[str, list[str]] = {}
+        for field_ in fields(self):
+            fields_of.setdefault(getattr(self, field_.name), []).append(field_.name)
+        return MappingProxyType(
+            {name: tuple(found) for name, found in fields_of.items() if len(found) > 1}
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,11 +170,16 @@ def _accounts(text: str) -> frozenset[str]:
     return frozenset(a.strip() for a in text.split(",") if a.strip())
 
 
-_MEMORY_FORMS: Final = "use a share of the card (50%), MiB (4096) or a binary quantity (4Gi)"
+_MEMORY_FORMS: Final = (
+    "use a share of the card (50%), MiB as a plain whole number (4096) or a Kubernetes "
+    "quantity of bytes (4Gi: Gi = 2^30 bytes; 4G = 4 x 10^9 bytes, about 3815 MiB)"
+)
 
 
 def _memory(text: str) -> MemoryRequest:
-    """'100%' of the card, a MiB count ('4096') or a binary quantity ('4Gi')."""
+    """'100%' of the card, a MiB count ('4096') or a Kubernetes quantity of bytes: binary
+    suffixes (Ki..Ei) count powers of 1024, decimal ones (k..E) powers of 1000 ('4G' is
+    4 x 10^9 bytes, not 4 GiB), as Kubernetes reads them."""
     if text.endswith("%"):
         if not text[:-1].isdigit() or not 1 <= int(text[:-1]) <= 100:
             raise ValueError("use a whole 1%-100% of the card")
@@ -224,11 +229,16 @@ def _gpushare_unit(text: str) -> int:
     return _GPUSHARE_UNITS[text]
 
 
+_BOOLEANS: Final = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def _flag(text: str) -> bool:
-    lowered = text.lower()
-    if lowered not in ("true", "false", "1", "0", "yes", "no"):
-        raise ValueError("use true or false")
-    return lowered in ("true", "1", "yes")
+    """An on/off setting: ``--in-cluster`` alone, ``--in-cluster true`` or ``false`` (also
+    1/0, yes/no); every on/off option is read here, flag or variable alike."""
+    value = _BOOLEANS.get(text.lower())
+    if value is None:
+        raise ValueError("use true or false (or 1/0, yes/no), or the flag alone for true")
+    return value
 
 
 def _identity(text: str) -> str:
@@ -346,7 +356,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "default_gpu_memory",
         _memory_text(_DIALECTS.default_memory),
-        "memory per GPU when a dialect omits it: 50%, 4096 (MiB) or 4Gi",
+        "memory per GPU when a dialect omits it: 50%, 4096 (MiB) or a quantity of bytes such "
+        "as 4Gi (Gi = 2^30; G = 10^9: 4G is about 3815 MiB)",
         _memory,
     ),
     Option(
@@ -618,12 +629,12 @@ class Relation:
         low, high = values[self.lower], values[self.upper]
         return bool(low <= high if self.or_equal else low < high)
 
-    def message(self, values: Mapping[str, Any]) -> str:
+    def message(self, values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+        """Both settings named as they were given (flag or variable), with their values."""
         bound = "at most" if self.or_equal else "less than"
-        low, high = _option(self.lower), _option(self.upper)
         return (
-            f"{low.flag} ({_shown(values[self.lower])}) must be {bound} {high.flag} "
-            f"({_shown(values[self.upper])}): {self.why}"
+            f"{_with_value(self.lower, values, sources)} must be {bound} "
+            f"{_with_value(self.upper, values, sources)}: {self.why}"
         )
 
 
@@ -670,6 +681,17 @@ def add_arguments(parser: argparse.ArgumentParser, scopes: Sequence[Scope] = SER
         for option in OPTIONS:
             if option.scope is not scope:
                 continue
+            if option.parse is _flag:  # on/off: alone, or with true/false (parsed in load)
+                group.add_argument(
+                    option.flag,
+                    dest=option.key,
+                    default=None,
+                    nargs="?",
+                    const="true",
+                    metavar="true|false",
+                    help=_help(option),
+                )
+                continue
             group.add_argument(
                 option.flag,
                 dest=option.key,
@@ -689,22 +711,58 @@ def load(
     environ: Mapping[str, str],
     scopes: Sequence[Scope] = SERVE_SCOPES,
 ) -> Settings:
-    """Build the settings; every bad value raises ``SettingsError`` naming its source.
-    Options outside ``scopes`` (those the command does not read) keep their defaults."""
+    """Build the settings; every bad value raises ``SettingsError`` naming its source (the
+    flag or the variable it came from). Options outside ``scopes`` (those the command does
+    not read) keep their defaults."""
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}  # key -> the flag or variable that gave it; absent: default
     for option in OPTIONS:
-        raw, source = option.default, "default"
+        raw = option.default
         if option.scope in scopes:
             if option.env in environ:
-                raw, source = environ[option.env], option.env
+                raw, sources[option.key] = environ[option.env], option.env
             flag_value = getattr(flags, option.key, None) if flags is not None else None
             if flag_value is not None:
-                raw, source = str(flag_value), option.flag
+                raw, sources[option.key] = str(flag_value), option.flag
         try:
             values[option.key] = option.parse(raw)
         except ValueError as error:
+            source = _named(option.key, sources)
             raise SettingsError(f"{source}={raw!r} is not allowed: {_reason(error)}") from None
-    return _assemble(values)
+    _check_kubeconfig(values, sources)
+    return _assemble(values, sources)
+
+
+def _named(key: str, sources: Mapping[str, str]) -> str:
+    """The flag or variable that gave setting ``key``; its flag when it kept its default."""
+    return sources.get(key, _option(key).flag)
+
+
+def _with_value(key: str, values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    """``FRACGPU_SETTLE_SECONDS (400)``, or ``--reservation-ttl-seconds (default 300)``."""
+    shown = _shown(values[key])
+    return (
+        f"{sources[key]} ({shown})" if key in sources else f"{_option(key).flag} (default {shown})"
+    )
+
+
+def _as_written(key: str, sources: Mapping[str, str], value: object) -> str:
+    """A setting as the operator wrote it: ``--kubeconfig FILE`` or ``FRACGPU_KUBECONFIG=FILE``."""
+    source = _named(key, sources)
+    return f"{source} {value}" if source.startswith("--") else f"{source}={value}"
+
+
+def _check_kubeconfig(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """Cluster mode's kubeconfig must exist at start, not when the API is first needed; the
+    message names the flag or the variable that gave it."""
+    kubeconfig: Path | None = values["kubeconfig"]
+    if kubeconfig is None or values["in_cluster"] or kubeconfig.is_file():
+        return
+    what = "the file does not exist" if not kubeconfig.exists() else "it is not a file"
+    raise SettingsError(
+        f"{_as_written('kubeconfig', sources, kubeconfig)}: {what} (give the path of a "
+        f"kubeconfig file, or {option_flag('in_cluster')} in a pod with a service account)"
+    )
 
 
 def _reason(error: ValueError) -> str:
@@ -736,24 +794,48 @@ def from_mapping(overrides: Mapping[str, str]) -> Settings:
     return load(None, {ENV_PREFIX + k.upper(): v for k, v in overrides.items()})
 
 
-def _assemble(values: Mapping[str, Any]) -> Settings:
+def _shared_resource_names(names_: ResourceNames, sources: Mapping[str, str]) -> str:
+    """One clause per name given to several resources: which settings, and the name."""
+
+    def setting(field_name: str) -> str:
+        key = f"resource_{field_name}"
+        return sources.get(key, f"{_option(key).flag} (its default)")
+
+    clauses = []
+    for name, shared in names_.shared().items():
+        given = [setting(f) for f in shared]
+        listed = f"{', '.join(given[:-1])} and {given[-1]}"
+        clauses.append(f"{listed} are {'both' if len(given) == 2 else 'all'} {name!r}")
+    return (
+        f"{'; '.join(clauses)}: each --resource-* setting must name a different resource "
+        "(a request could not be told apart otherwise); give each its own name"
+    )
+
+
+def _assemble(values: Mapping[str, Any], sources: Mapping[str, str]) -> Settings:
     resource_names = ResourceNames(
         **{f.name: values[f"resource_{f.name}"] for f in dataclasses.fields(ResourceNames)}
     )
-    if len(resource_names.everything()) != len(dataclasses.fields(ResourceNames)):
-        raise SettingsError("resource names must all differ from each other")
+    if resource_names.shared():
+        raise SettingsError(_shared_resource_names(resource_names, sources))
     if values["cluster_file"] is not None and (values["kubeconfig"] or values["in_cluster"]):
+        modes = [k for k in ("kubeconfig", "in_cluster") if values[k]]
         raise SettingsError(
-            f"{_option('cluster_file').flag} and cluster mode ({_option('kubeconfig').flag} or "
-            f"{_option('in_cluster').flag}) exclude each other: pick one source of state"
+            f"{' and '.join(_named(k, sources) for k in ('cluster_file', *modes))} exclude each "
+            f"other: {option_flag('cluster_file')} keeps the state in a file, cluster mode "
+            f"({option_flag('kubeconfig')} or {option_flag('in_cluster')}) in the Kubernetes "
+            "API; pick one source of state"
         )
-    broken = [r.message(values) for r in RELATIONS if not r.holds(values)]
+    broken = [r.message(values, sources) for r in RELATIONS if not r.holds(values)]
     if broken:
         raise SettingsError("; ".join(broken))
     cert, key = values["tls_cert_file"], values["tls_key_file"]
     if (cert is None) != (key is None):
+        given, missing = ("tls_cert_file", "tls_key_file")[:: 1 if cert else -1]
         raise SettingsError(
-            f"{_option('tls_cert_file').flag} and {_option('tls_key_file').flag} go together"
+            f"{_named(given, sources)} is set but {option_flag(missing)} "
+            f"({_option(missing).env}) is not: {option_flag('tls_cert_file')} and "
+            f"{option_flag('tls_key_file')} go together"
         )
     return Settings(
         host=values["host"],

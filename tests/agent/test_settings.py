@@ -63,11 +63,11 @@ def test_bad_values_say_what_is_allowed(args: list[str], message: str) -> None:
     [
         (
             {"FRACGPU_AGENT_METRICS_PORT": "abc"},
-            "FRACGPU_AGENT_METRICS_PORT='abc' is not allowed: use a whole number",
+            "FRACGPU_AGENT_METRICS_PORT=abc is not allowed: use a whole number",
         ),
         (
             {"FRACGPU_AGENT_HEALTH_PROBE_SECONDS": "soon"},
-            "FRACGPU_AGENT_HEALTH_PROBE_SECONDS='soon' is not allowed: use a number",
+            "FRACGPU_AGENT_HEALTH_PROBE_SECONDS=soon is not allowed: use a number",
         ),
         (
             {"FRACGPU_AGENT_METRICS_PORT": "70000"},
@@ -79,7 +79,7 @@ def test_bad_values_say_what_is_allowed(args: list[str], message: str) -> None:
         ),
         (
             {"FRACGPU_AGENT_NO_PUBLISH_INVENTORY": "maybe"},
-            "FRACGPU_AGENT_NO_PUBLISH_INVENTORY='maybe' is not allowed: use true or false",
+            "FRACGPU_AGENT_NO_PUBLISH_INVENTORY=maybe is not allowed: use true or false",
         ),
         (
             {"FRACGPU_AGENT_CONTEXT_OVERHEAD_BYTES": "lots"},

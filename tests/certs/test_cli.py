@@ -132,13 +132,16 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_an_unusable_kubeconfig_is_one_clear_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     broken = tmp_path / "kubeconfig"
     broken.write_text("clusters: [\n")
     assert main(["ensure", f"--kubeconfig={broken}"]) == 1
     assert f"cannot load the kubeconfig: {broken}:2:1: not valid YAML" in caplog.text
     assert "Traceback" not in caplog.text
-    caplog.clear()
-    assert main(["ensure", f"--kubeconfig={tmp_path / 'absent'}"]) == 1
-    assert f"{tmp_path / 'absent'} does not exist" in caplog.text
+    capsys.readouterr()
+    # a kubeconfig that is not there is a bad setting, refused before anything runs
+    assert main(["ensure", f"--kubeconfig={tmp_path / 'absent'}"]) == 2
+    assert f"--kubeconfig='{tmp_path / 'absent'}' is not allowed: the file does not exist" in (
+        capsys.readouterr().err
+    )

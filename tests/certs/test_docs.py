@@ -24,7 +24,7 @@ def _flag_rows() -> dict[str, str]:
 
 def _parser_flags() -> set[str]:
     flags: set[str] = set()
-    for action in build_parser({})._actions:  # the subcommands share one set of flags
+    for action in build_parser()._actions:  # the subcommands share one set of flags
         choices: dict[str, Any] = getattr(action, "choices", None) or {}
         for sub in choices.values():
             flags.update(

@@ -45,7 +45,9 @@ def test_windows_are_a_share_of_the_lifetime_or_a_span() -> None:
         Window.parse("abc%")
 
 
-def test_command_line_builds_the_settings() -> None:
+def test_command_line_builds_the_settings(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text("{}\n")
     command = parse_command_line(
         [
             "run",
@@ -57,7 +59,7 @@ def test_command_line_builds_the_settings() -> None:
             "--serving-validity=90d",
             "--serving-renew-before=30d",
             "--interval=10m",
-            "--kubeconfig=/tmp/kc",
+            f"--kubeconfig={kubeconfig}",
         ],
         env={},
     )
@@ -69,7 +71,7 @@ def test_command_line_builds_the_settings() -> None:
     assert s.serving_validity == timedelta(days=90)
     assert s.serving_renew_before == Window(span=timedelta(days=30))
     assert s.interval == timedelta(minutes=10)
-    assert s.kubeconfig == Path("/tmp/kc") and not s.in_cluster
+    assert s.kubeconfig == kubeconfig and not s.in_cluster
 
 
 def test_environment_fills_in_and_flags_win() -> None:
@@ -84,10 +86,16 @@ def test_environment_fills_in_and_flags_win() -> None:
         parse_command_line(["ensure"], env={"FRACGPU_CERTS_CERT_MANAGER": "maybe"})
 
 
-def test_inside_a_pod_the_service_account_is_used_unless_a_kubeconfig_is_given() -> None:
+def test_inside_a_pod_the_service_account_is_used_unless_a_kubeconfig_is_given(
+    tmp_path: Path,
+) -> None:
+    kubeconfig = tmp_path / "k"
+    kubeconfig.write_text("{}\n")
     pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
     assert parse_command_line(["ensure"], env=pod).settings.in_cluster
-    assert not parse_command_line(["ensure", "--kubeconfig=/k"], env=pod).settings.in_cluster
+    assert not parse_command_line(
+        ["ensure", f"--kubeconfig={kubeconfig}"], env=pod
+    ).settings.in_cluster
     assert not parse_command_line(["ensure"], env={}).settings.in_cluster
 
 

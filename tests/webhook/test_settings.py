@@ -78,14 +78,20 @@ def test_service_accounts_and_resource_names() -> None:
         (
             [],
             {"FRACGPU_DEFAULT_GPU_MEMORY": "4GB"},
-            "'4GB' is none of these: use a share of the card (50%), MiB (4096) or a binary "
-            "quantity (4Gi)",
+            "'4GB' is none of these: use a share of the card (50%), MiB as a plain whole number "
+            "(4096) or a Kubernetes quantity of bytes (4Gi: Gi = 2^30 bytes; 4G = 4 x 10^9 "
+            "bytes, about 3815 MiB)",
         ),
         ([], {"FRACGPU_GPUSHARE_MEMORY_UNIT": "KiB"}, "use GiB or MiB"),
         ([], {"FRACGPU_SPLIT_COUNT": "0"}, "use a whole number of 1 or more"),
         ([], {"FRACGPU_MAX_BODY_BYTES": "many"}, "FRACGPU_MAX_BODY_BYTES='many' is not allowed"),
         (["--resource-vcuda-core", "gpu"], {}, "use a qualified extended resource name"),
-        (["--resource-vcuda-core", "nvidia.com/gpu"], {}, "resource names must all differ"),
+        (
+            ["--resource-vcuda-core", "nvidia.com/gpu"],
+            {},
+            "--resource-vcuda-core and --resource-hami-gpu (its default) are both "
+            "'nvidia.com/gpu': each --resource-* setting must name a different resource",
+        ),
         (["--tls-cert-file", "/x.crt"], {}, "--tls-cert-file and --tls-key-file go together"),
         ([], {"FRACGPU_LOG_LEVEL": "chatty"}, "use DEBUG, INFO, WARNING or ERROR"),
     ],
@@ -212,12 +218,13 @@ def test_each_relation_is_checked_at_start_with_both_settings_named(
     with pytest.raises(settings.SettingsError) as raised:
         settings.from_mapping(above)
     message = str(raised.value)
-    lower_flag, upper_flag = (
-        settings.option_flag(relation.lower),
-        settings.option_flag(relation.upper),
+    # from_mapping gives values as FRACGPU_* variables: the message names those
+    lower_env, upper_env = (
+        settings.ENV_PREFIX + relation.lower.upper(),
+        settings.ENV_PREFIX + relation.upper.upper(),
     )
-    assert f"{lower_flag} ({upper * 2}) must be" in message
-    assert f"{upper_flag} ({upper})" in message
+    assert f"{lower_env} ({upper * 2}) must be" in message
+    assert f"{upper_env} ({upper})" in message
     assert relation.why in message
 
 

@@ -2,6 +2,8 @@
 
 Each pod goes through /mutate, then (if allowed) the patched pod through /validate, as
 kube-apiserver would do; the result is printed as a table, then every patch and message.
+A workload's manifest (the kinds ``fracgpu admit`` takes, ``webhook.workloads``) is sent as
+the pod its controller would make.
 """
 
 import json
@@ -18,7 +20,7 @@ import jsonpatch
 from fracgpu import names
 from fracgpu.codec import decode_assignment
 from fracgpu.errors import FracgpuError
-from webhook import documents, settings
+from webhook import documents, settings, workloads
 from webhook.cli import selfsigned
 from webhook.cli.client import WebhookClient, build_review, patch_of
 from webhook.rules.demand import gpu_requests
@@ -36,6 +38,20 @@ EXAMPLES: Final = (
     else Path(sys.prefix) / "share" / "fracgpu" / "examples"
 )
 VALUE_WIDTH: Final = 96
+# What the demo (like `fracgpu admit`) takes, for messages.
+MANIFESTS_TAKEN: Final = (
+    f"Pod manifests, or workloads' with a pod template ({workloads.KINDS_TAKEN})"
+)
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """The pod in ``path``: a Pod manifest, or the pod a workload's manifest would make (every
+    kind ``fracgpu admit`` takes); a DocumentError naming those kinds for anything else."""
+    document = documents.load(path)
+    if isinstance(document, dict) and workloads.is_workload(document):
+        return workloads.pod_of(document, str(path))
+    also = f"or a workload with a pod template ({workloads.KINDS_TAKEN})"
+    return documents.as_pod(document, path, also=also)
 
 
 @dataclass
@@ -56,12 +72,18 @@ async def run(
 ) -> int:
     cluster = load_cluster_file(cluster_file)
     gpu_index = {d.uuid: d.index for n in cluster.nodes for d in n.devices}
+    if not pods_dir.is_dir():
+        what = "is not a directory" if pods_dir.exists() else "does not exist"
+        raise documents.DocumentError(
+            f"pod directory {pods_dir} {what}: pass --pods with a directory of manifests "
+            f"(*.yaml): {MANIFESTS_TAKEN}"
+        )
     pod_files = sorted(pods_dir.glob("*.yaml"))
     if not pod_files:
-        out.write(f"no pod manifests (*.yaml) in {pods_dir}\n")
+        out.write(f"no manifests (*.yaml) in {pods_dir}: put {MANIFESTS_TAKEN} there\n")
         return 1
     # Every mistake is found before serving.
-    pods = [(path.name, documents.load_pod(path)) for path in pod_files]
+    pods = [(path.name, load_manifest(path)) for path in pod_files]
     with tempfile.TemporaryDirectory(prefix="fracgpu-demo-") as tmp:
         authority = selfsigned.new_authority()
         ca, cert, key = selfsigned.write_files(
