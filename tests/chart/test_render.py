@@ -501,9 +501,19 @@ def test_certs_settings_are_accepted_by_fracgpu_certs(rendered: dict[str, Render
     assert parse_command_line(controller["args"], _env(controller, {})).settings == settings
 
 
+def _certs_jobs(rendered: Rendered) -> list[dict[str, Any]]:
+    """The certificate Jobs (the settings check runs in every certificate mode)."""
+    return [
+        job
+        for job in rendered.find("Job")
+        if job["metadata"]["labels"]["app.kubernetes.io/component"] == "certs"
+    ]
+
+
 def test_cert_manager_mode_replaces_the_jobs(rendered: dict[str, Rendered]) -> None:
     result = rendered["cert-manager"]
-    assert result.find("Job") == []
+    assert _certs_jobs(rendered["default"]) != []
+    assert _certs_jobs(result) == []
     certificate = result.one("Certificate", "fracgpu-webhook")
     assert certificate["spec"]["secretName"] == "fracgpu-webhook-tls"
     assert "fracgpu-webhook.fracgpu-system.svc" in certificate["spec"]["dnsNames"]
@@ -517,7 +527,7 @@ def test_cert_manager_mode_replaces_the_jobs(rendered: dict[str, Rendered]) -> N
         "kind": "ClusterIssuer",
     }
     external = rendered["external-certs"]
-    assert external.find("Job") == [] and external.find("Certificate") == []
+    assert _certs_jobs(external) == [] and external.find("Certificate") == []
 
 
 def test_monitoring_objects_use_the_shared_files(rendered: dict[str, Rendered]) -> None:

@@ -13,6 +13,9 @@ import yaml
 
 from fracgpu.placement import Policy
 from tests.chart.chartfiles import CHART_DIR
+from tests.chart.render import render
+from tests.chart.render_setup import renderer_or_skip
+from webhook import settings
 
 Values = dict[str, Any]
 
@@ -123,7 +126,7 @@ BAD_VALUES = [
     ("missing disableCoreLimit", "webhook.disableCoreLimit", None),
     ("cores above 100", "webhook.defaultGpuCores", 150),
     ("memory percentage above 100", "webhook.defaultGpuMemory", "150%"),
-    ("memory in decimal units", "webhook.defaultGpuMemory", "4GB"),
+    ("memory with a byte unit", "webhook.defaultGpuMemory", "4GB"),
     ("gpushare unit", "webhook.gpushareMemoryUnit", "GB"),
     ("log level", "webhook.logLevel", "verbose"),
     ("port out of range", "webhook.port", 70000),
@@ -247,3 +250,99 @@ def _inside_list_entry(lines: list[str], number: int, indent: int) -> bool:
         if len(previous) - len(stripped) < indent:
             return stripped.startswith("- ")
     return False
+
+
+# webhook.defaultGpuMemory feeds --default-gpu-memory (FRACGPU_DEFAULT_GPU_MEMORY): a share of
+# the card, MiB as a whole number, or a Kubernetes quantity of bytes. Each value here goes to
+# the schema and, rendered by the chart, to the webhook's settings loader: the two must agree.
+MEMORY_VALUES: list[Any] = [
+    # accepted by the webhook
+    "100%",
+    "1%",
+    "050%",
+    "4096",
+    "0004096",
+    5000,  # MiB, as docs/migration.md writes it
+    1,
+    "4Gi",
+    "4G",  # 4 x 10^9 bytes
+    "4096Mi",
+    "+4Gi",
+    "1.5Gi",
+    ".5Gi",
+    "5.",
+    "1500m",
+    "1e3",
+    "1E3",
+    "1e+018",
+    "7Ei",
+    "1k",
+    "4096Ki",
+    # refused by the webhook
+    "0%",
+    "101%",
+    "%",
+    "50.5%",
+    "+50%",
+    0,
+    -1,
+    "0",
+    "000",
+    "-4Gi",
+    "-0.5",
+    "4GB",
+    "4gi",
+    "4K",
+    "1e31",
+    "1e",
+    "0.0Gi",
+    ".0",
+    "4 Gi",
+    "",
+    "4Gi ",
+    "lots",
+    "1" + "0" * 70 + "k",  # a quantity longer than the 64 characters allowed
+]
+# What the schema cannot tell by pattern, left to the settings-check hook: quantities whose
+# bytes round down to none, or beyond 2^63-1 bytes (8 EiB). The webhook refuses them.
+MEMORY_LEFT_TO_THE_HOOK: list[Any] = ["500m", "1e-030", "0.0001Ki", "2e+30", "8Ei"]
+
+
+@pytest.fixture(scope="module")
+def renderer() -> Any:
+    return renderer_or_skip()
+
+
+def _memory_verdicts(renderer: Any, value: Any) -> tuple[bool, bool, str, str]:
+    """(the schema accepts, the webhook accepts the rendered value, that value, why)."""
+    schema_accepts = _errors(_with("webhook.defaultGpuMemory", value)) == []
+    rendered = render(renderer=renderer, values={"webhook": {"defaultGpuMemory": value}})
+    deployment = rendered.one("Deployment", "fracgpu-webhook")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (env,) = [e["value"] for e in container["env"] if e["name"] == "FRACGPU_DEFAULT_GPU_MEMORY"]
+    try:
+        loaded = settings.load(None, {"FRACGPU_DEFAULT_GPU_MEMORY": env})
+    except settings.SettingsError as error:
+        return schema_accepts, False, env, str(error)
+    return schema_accepts, True, env, str(loaded.dialects.default_memory)
+
+
+@pytest.mark.parametrize("value", MEMORY_VALUES, ids=[repr(v) for v in MEMORY_VALUES])
+def test_default_gpu_memory_schema_accepts_what_the_webhook_accepts(
+    renderer: Any, value: Any
+) -> None:
+    schema_accepts, webhook_accepts, env, why = _memory_verdicts(renderer, value)
+    assert schema_accepts == webhook_accepts, f"{value!r} rendered as {env!r}: {why}"
+    if isinstance(value, int) and webhook_accepts:
+        assert env == str(value)  # a bare number is MiB, as the webhook reads "5000"
+
+
+@pytest.mark.parametrize(
+    "value", MEMORY_LEFT_TO_THE_HOOK, ids=[repr(v) for v in MEMORY_LEFT_TO_THE_HOOK]
+)
+def test_default_gpu_memory_the_schema_lets_through_is_refused_by_the_webhook(
+    renderer: Any, value: Any
+) -> None:
+    """Never the other way round: the schema refuses nothing the webhook takes."""
+    schema_accepts, webhook_accepts, env, why = _memory_verdicts(renderer, value)
+    assert schema_accepts and not webhook_accepts, (value, env, why)

@@ -2,7 +2,8 @@
 
 - ``fracgpu`` / ``fracgpu demo``: run the webhook locally and send it the example pods;
 - ``fracgpu admit POD.yaml --cluster CLUSTER.yaml``: print the pod as fracgpu would admit it;
-- ``fracgpu serve``: serve the webhook (settings from flags or FRACGPU_* variables).
+- ``fracgpu serve``: serve the webhook (settings from flags or FRACGPU_* variables);
+  ``fracgpu serve --check-settings`` only says whether ``serve`` would start with them.
 """
 
 import argparse
@@ -14,6 +15,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 import jsonpatch
 import yaml
@@ -55,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
             mode = getattr(args, "demo_placement_mode", "immediate")
             return asyncio.run(demo.run(args.cluster, args.pods, sys.stdout, mode))
+        if getattr(args, "check_settings", False):
+            return _check_settings(args)
         scopes = settings.ADMIT_SCOPES if command == "admit" else settings.SERVE_SCOPES
         config = settings.load(args, os.environ, scopes)
         logging.basicConfig(
@@ -117,6 +121,14 @@ def _parser() -> argparse.ArgumentParser:
     admit.add_argument("--dry-run", action="store_true", help="send the request as dry-run")
     settings.add_arguments(admit, settings.ADMIT_SCOPES)
     serve = commands.add_parser("serve", help="serve the webhook over HTTPS")
+    serve.add_argument(
+        "--check-settings",
+        action="store_true",
+        help="only check the settings as serve reads them (flags, FRACGPU_* variables): print "
+        "one line, exit 0 when serve would start with them, 2 with the reason when not; "
+        "opens no connection and reads neither the TLS files nor the cluster file (the "
+        "chart's pre-install hook runs it)",
+    )
     settings.add_arguments(serve, settings.SERVE_SCOPES)
     # `fracgpu` alone runs the demo with its defaults.
     parser.set_defaults(
@@ -125,14 +137,46 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _state(config: settings.Settings) -> EmbeddedState:
+CHECK_PREFIX: Final = "fracgpu serve --check-settings"
+
+
+def _check_settings(args: argparse.Namespace) -> int:
+    """``serve --check-settings``: the settings as ``serve`` loads them, and what ``serve``
+    refuses in them before it reads a file or opens a socket; one line, exit 0 or 2."""
+    try:
+        _servable(settings.load(args, os.environ, settings.SERVE_SCOPES))
+    except settings.SettingsError as error:
+        print(f"{CHECK_PREFIX}: the webhook would not start: {error}", file=sys.stderr)
+        return 2
+    print(f"{CHECK_PREFIX}: the settings are valid: the webhook starts with them")
+    return 0
+
+
+def _servable(config: settings.Settings) -> TLSFiles:
+    """What ``serve`` needs of its settings alone (files and connections come later): the
+    serving certificate's files, and a cluster file unless in cluster mode."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        raise settings.SettingsError(
+            "serving needs --tls-cert-file and --tls-key-file (FRACGPU_TLS_CERT_FILE, "
+            "FRACGPU_TLS_KEY_FILE): the API server only calls webhooks over HTTPS"
+        )
+    if not config.cluster_mode:
+        _cluster_file(config)
+    return TLSFiles(config.tls_cert_file, config.tls_key_file)
+
+
+def _cluster_file(config: settings.Settings) -> Path:
     if config.cluster_file is None:
         raise settings.SettingsError(
             "no cluster state: pass --cluster-file (or --cluster for admit) or set "
             "FRACGPU_CLUSTER_FILE to a cluster file such as examples/cluster.yaml"
         )
+    return config.cluster_file
+
+
+def _state(config: settings.Settings) -> EmbeddedState:
     return EmbeddedState.from_file(
-        config.cluster_file,
+        _cluster_file(config),
         config.split_count,
         config.reservation_ttl_seconds,
         config.memory_scaling,
@@ -174,21 +218,15 @@ async def _admit(pod_file: Path, username: str, dry_run: bool, config: settings.
 
 
 async def _serve(config: settings.Settings) -> int:
-    if config.tls_cert_file is None or config.tls_key_file is None:
-        raise settings.SettingsError(
-            "serving needs --tls-cert-file and --tls-key-file (FRACGPU_TLS_CERT_FILE, "
-            "FRACGPU_TLS_KEY_FILE): the API server only calls webhooks over HTTPS"
-        )
+    files = _servable(config)
     for line in settings.describe(config):
         log.info("setting %s", line)
     for message in settings.unknown_variables(os.environ):
         log.warning("%s", message)
-    reloader = CertificateReloader(
-        TLSFiles(config.tls_cert_file, config.tls_key_file), config.tls_reload_seconds
-    )
+    reloader = CertificateReloader(files, config.tls_reload_seconds)
     if not config.cluster_mode:
         return await _serve_until_signal(config, _state(config), reloader)
-    forwarder = LeaderForwarder(config.tls_cert_file, config.identity)
+    forwarder = LeaderForwarder(files.cert, config.identity)
     async with kube_state(ClusterMode.from_settings(config, _endpoint(config))) as runtime:
         return await _serve_until_signal(config, runtime.state, reloader, forwarder, runtime)
 

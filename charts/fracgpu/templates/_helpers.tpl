@@ -22,6 +22,7 @@ contains the chart name ("fracgpu"), else "<release>-<chart>". */}}
 {{- define "fracgpu.agentName" -}}{{ include "fracgpu.fullname" . }}-agent{{- end -}}
 {{- define "fracgpu.certsName" -}}{{ include "fracgpu.fullname" . }}-certs{{- end -}}
 {{- define "fracgpu.certsHookName" -}}{{ include "fracgpu.fullname" . }}-certs-hook{{- end -}}
+{{- define "fracgpu.settingsCheckName" -}}{{ include "fracgpu.fullname" . }}-settings-check{{- end -}}
 {{- define "fracgpu.secretName" -}}{{ include "fracgpu.fullname" . }}-webhook-tls{{- end -}}
 {{- define "fracgpu.caSecretName" -}}{{ include "fracgpu.fullname" . }}-webhook-ca{{- end -}}
 {{- define "fracgpu.mutatingName" -}}{{ include "fracgpu.fullname" . }}-mutating{{- end -}}
@@ -142,6 +143,110 @@ alone (the pre-install Job runs before they exist and only makes the Secrets). *
 - name: FRACGPU_CERTS_IN_CLUSTER
   value: "true"
 {{- end -}}
+{{- end -}}
+
+{{/* The webhook's settings as FRACGPU_* variables (and POD_IP), for its container:
+include "fracgpu.webhookEnv" . | nindent N. The Deployment and the settings-check hook Job
+both include this one list, so the hook checks exactly what the webhook starts with. */}}
+{{- define "fracgpu.webhookEnv" -}}
+{{- $memory := .Values.webhook.defaultGpuMemory -}}
+# Every setting is a FRACGPU_* variable (docs/configuration.md).
+- name: FRACGPU_IN_CLUSTER
+  value: "true"
+- name: FRACGPU_IDENTITY
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: FRACGPU_LEASE_NAMESPACE
+  value: {{ .Release.Namespace | quote }}
+- name: FRACGPU_LEASE_NAME
+  value: {{ .Values.webhook.leaderElection.leaseName | quote }}
+- name: FRACGPU_PORT
+  value: {{ .Values.webhook.port | int64 | quote }}
+- name: FRACGPU_TLS_CERT_FILE
+  value: /etc/fracgpu/tls/tls.crt
+- name: FRACGPU_TLS_KEY_FILE
+  value: /etc/fracgpu/tls/tls.key
+- name: FRACGPU_TLS_RELOAD_SECONDS
+  value: {{ .Values.webhook.tlsReloadSeconds | quote }}
+- name: FRACGPU_POLICY
+  value: {{ .Values.webhook.placementPolicy | quote }}
+# The agent's host directories (agent-daemonset.yaml): no pod may mount them.
+- name: FRACGPU_PROTECTED_HOST_PATHS
+  value: {{ printf "%s/device-plugins,%s/pod-resources,%s/pods,%s" .Values.agent.kubeletRootDir .Values.agent.kubeletRootDir .Values.agent.kubeletRootDir .Values.agent.hostDir | quote }}
+- name: FRACGPU_GPU_NODE_TAINT
+  value: {{ .Values.webhook.gpuNodeTaint | quote }}
+- name: FRACGPU_SPLIT_COUNT
+  value: {{ .Values.webhook.splitCount | int64 | quote }}
+- name: FRACGPU_MEMORY_SCALING
+  value: {{ .Values.webhook.memoryScaling | quote }}
+- name: FRACGPU_DISABLE_CORE_LIMIT
+  value: {{ .Values.webhook.disableCoreLimit | quote }}
+- name: FRACGPU_RESERVATION_TTL_SECONDS
+  value: {{ .Values.webhook.reservationTTLSeconds | int64 | quote }}
+- name: FRACGPU_PLACEMENT_ATTEMPTS
+  value: {{ .Values.webhook.placementAttempts | int64 | quote }}
+- name: FRACGPU_SETTLE_SECONDS
+  value: {{ .Values.webhook.settleSeconds | quote }}
+- name: FRACGPU_CONTROLLER_INTERVAL_SECONDS
+  value: {{ .Values.webhook.controllerIntervalSeconds | quote }}
+# Followers forward GPU pods to the leader at the URL it writes into the Lease.
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: FRACGPU_ADVERTISE_URL
+  value: "https://$(POD_IP):{{ .Values.webhook.port | int64 }}"
+- name: FRACGPU_TAKEOVER_GRACE_SECONDS
+  value: {{ .Values.webhook.leaderElection.takeoverGraceSeconds | quote }}
+- name: FRACGPU_WRITE_BEHIND_SECONDS
+  value: {{ .Values.webhook.writeBehindSeconds | quote }}
+# A number is MiB, as the webhook reads "4096" (int64: Helm reads numbers as floats, and
+# 1e+06 would be bytes).
+- name: FRACGPU_DEFAULT_GPU_MEMORY
+  value: {{ if kindIs "string" $memory }}{{ $memory | quote }}{{ else }}{{ $memory | int64 | quote }}{{ end }}
+- name: FRACGPU_DEFAULT_GPU_CORES
+  value: {{ .Values.webhook.defaultGpuCores | int64 | quote }}
+- name: FRACGPU_DEFAULT_GPU_COUNT
+  value: {{ .Values.webhook.defaultGpuCount | int64 | quote }}
+- name: FRACGPU_GPUSHARE_MEMORY_UNIT
+  value: {{ .Values.webhook.gpushareMemoryUnit | quote }}
+- name: FRACGPU_MAX_BODY_BYTES
+  value: {{ .Values.webhook.maxBodyBytes | int64 | quote }}
+- name: FRACGPU_LOG_LEVEL
+  value: {{ .Values.webhook.logLevel | quote }}
+- name: FRACGPU_PLACEMENT_MODE
+  value: {{ ternary "queue" "immediate" .Values.webhook.queue.enabled | quote }}
+- name: FRACGPU_SCHEDULER_NAME
+  value: {{ .Values.webhook.queue.schedulerName | quote }}
+# Plain HTTP on 127.0.0.1 only: the queue mode's scheduler sidecar is its one client.
+- name: FRACGPU_EXTENDER_PORT
+  value: {{ ternary (.Values.webhook.queue.extenderPort | int64) 0 .Values.webhook.queue.enabled | quote }}
+- name: FRACGPU_SERVICE_ACCOUNTS
+  value: {{ include "fracgpu.trustedUsers" . | quote }}
+- name: FRACGPU_RESOURCE_VCUDA_CORE
+  value: {{ .Values.resourceNames.vcudaCore | quote }}
+- name: FRACGPU_RESOURCE_VCUDA_MEMORY
+  value: {{ .Values.resourceNames.vcudaMemory | quote }}
+- name: FRACGPU_RESOURCE_VCUDA_CORE_LIMIT
+  value: {{ .Values.resourceNames.vcudaCoreLimit | quote }}
+- name: FRACGPU_RESOURCE_HAMI_GPU
+  value: {{ .Values.resourceNames.hamiGpu | quote }}
+- name: FRACGPU_RESOURCE_HAMI_GPUMEM
+  value: {{ .Values.resourceNames.hamiGpumem | quote }}
+- name: FRACGPU_RESOURCE_HAMI_GPUMEM_PERCENTAGE
+  value: {{ .Values.resourceNames.hamiGpumemPercentage | quote }}
+- name: FRACGPU_RESOURCE_HAMI_GPUCORES
+  value: {{ .Values.resourceNames.hamiGpucores | quote }}
+- name: FRACGPU_RESOURCE_GPUSHARE_MEM
+  value: {{ .Values.resourceNames.gpushareMem | quote }}
+- name: FRACGPU_RESOURCE_GPUSHARE_COUNT
+  value: {{ .Values.resourceNames.gpushareCount | quote }}
+- name: FRACGPU_RESOURCE_HAMI_PRIORITY
+  value: {{ .Values.resourceNames.hamiPriority | quote }}
+{{- with .Values.webhook.extraEnv }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* Hardened container security context shared by the webhook and certs containers. */}}
