@@ -19,9 +19,9 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
+import secrets
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,91 +38,98 @@ MAX_ENTRIES: Final = 1_000_000
 
 
 @dataclass
+class _Level:
+    """One open directory of the walk: its name in its parent, its descriptor, and the
+    subdirectories still to empty (listed once, when it was opened)."""
+
+    name: str
+    fd: int
+    pending: list[str]
+
+
+@dataclass
 class _Walk:
     """One removal: the tree's top (an open descriptor), and what it has done so far."""
 
     top: int
     me: int = field(default_factory=os.geteuid)
     entries: int = 0
-    # Directories that could not be removed or opened (device, inode): never tried again.
-    stuck: set[tuple[int, int]] = field(default_factory=set)
-    moved: itertools.count[int] = field(default_factory=itertools.count)
 
     def count(self) -> bool:
         """One more entry; whether the walk may go on."""
         self.entries += 1
         return self.entries <= MAX_ENTRIES
 
-    def next_directory(self, directory: int) -> tuple[str, int] | None:
-        """Unlink every entry of ``directory`` but its subdirectories; the first of those that
-        can be opened (its owner's permissions given back first), open, or None."""
+    def subdirectories(self, directory: int) -> list[str]:
+        """Unlink every entry of ``directory`` but its subdirectories; their names."""
         try:
             with os.scandir(directory) as listing:
-                entries = list(listing)
+                names = [entry.name for entry in listing]
         except OSError:
-            return None
-        for entry in entries:
+            return []
+        found = []
+        for name in names:
             if not self.count():
-                return None
+                break
             try:
-                found = os.stat(entry.name, dir_fd=directory, follow_symlinks=False)
+                if stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
+                    found.append(name)
+                    continue
+                os.unlink(name, dir_fd=directory)
             except OSError:
-                continue
-            if not stat.S_ISDIR(found.st_mode):
-                with contextlib.suppress(OSError):  # logged with the tree if it is left
-                    os.unlink(entry.name, dir_fd=directory)
-                continue
-            if (found.st_dev, found.st_ino) in self.stuck:
-                continue
-            try:
-                mode = 0o700 if found.st_uid == self.me else 0o777
-                # A symlink swapped in since is refused here, never followed.
-                os.chmod(entry.name, mode, dir_fd=directory, follow_symlinks=False)
-                child = os.open(entry.name, _DIRECTORY_FLAGS, dir_fd=directory)
-            except (OSError, NotImplementedError):
-                self.stuck.add((found.st_dev, found.st_ino))
-                continue
-            return entry.name, child
-        return None
+                pass  # logged with the tree if it is left
+        return found
+
+    def open_child(self, directory: int, name: str) -> int | None:
+        """The subdirectory ``name``, its owner's permissions given back first, or None."""
+        try:
+            found = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            mode = 0o700 if found.st_uid == self.me else 0o777
+            # A symlink swapped in since it was listed is refused here, never followed.
+            os.chmod(name, mode, dir_fd=directory, follow_symlinks=False)
+            return os.open(name, _DIRECTORY_FLAGS, dir_fd=directory)
+        except (OSError, NotImplementedError):
+            return None
 
     def empty(self) -> None:
-        """Remove everything below the top, depth first, by descriptor."""
-        opened: list[tuple[str, int]] = []  # (name in its parent, descriptor), top down
-        while True:
-            current = opened[-1][1] if opened else self.top
-            found = self.next_directory(current)
-            if found is not None and len(opened) >= MAX_OPEN_LEVELS:
-                name, child = found
-                os.close(child)
-                self._move_to_top(current, name)
-                continue
-            if found is not None:
-                opened.append(found)
-                continue
-            if not opened or self.entries > MAX_ENTRIES:
-                break
-            name, done = opened.pop()
-            parent = opened[-1][1] if opened else self.top
-            try:
-                finished = os.fstat(done)
-                os.rmdir(name, dir_fd=parent)
-            except OSError:
-                self.stuck.add((finished.st_dev, finished.st_ino))
-            finally:
-                os.close(done)
-        for _, descriptor in opened:
-            os.close(descriptor)
-
-    def _move_to_top(self, parent: int, name: str) -> None:
-        """Move a directory too deep to open up to the top, under a name of the agent's."""
+        """Remove everything below the top, depth first, by descriptor; each directory is
+        listed once."""
+        top = _Level("", self.top, self.subdirectories(self.top))
+        levels = [top]
         try:
-            os.rename(name, f".removing-{next(self.moved)}", src_dir_fd=parent, dst_dir_fd=self.top)
+            while levels and self.entries <= MAX_ENTRIES:
+                level = levels[-1]
+                if not level.pending:
+                    levels.pop()
+                    if levels:  # the top itself is the caller's
+                        os.close(level.fd)
+                        with contextlib.suppress(OSError):  # logged with the tree if left
+                            os.rmdir(level.name, dir_fd=levels[-1].fd)
+                    continue
+                name = level.pending.pop()
+                if not self.count():
+                    break
+                if len(levels) > MAX_OPEN_LEVELS:
+                    moved = self._move_to_top(level.fd, name)
+                    if moved is not None:
+                        top.pending.append(moved)
+                    continue
+                child = self.open_child(level.fd, name)
+                if child is not None:
+                    levels.append(_Level(name, child, self.subdirectories(child)))
+        finally:
+            for level in levels[1:]:
+                os.close(level.fd)
+
+    def _move_to_top(self, parent: int, name: str) -> str | None:
+        """Move a directory too deep to open up to the top, under a name of the agent's (that
+        the container cannot take first); its new name, or None."""
+        moved = f".removing-{secrets.token_hex(8)}"
+        try:
+            os.rename(name, moved, src_dir_fd=parent, dst_dir_fd=self.top)
         except OSError:
-            try:
-                found = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                self.stuck.add((found.st_dev, found.st_ino))
-            except OSError:
-                pass
+            return None
+        return moved
 
 
 def remove_container_tree(root: Path) -> bool:

@@ -323,3 +323,25 @@ def test_a_top_swapped_for_a_symlink_is_removed_not_followed(tmp_path: Path) -> 
     assert remove_container_tree(swapped)
     assert not os.path.lexists(swapped)
     assert stat.S_IMODE(victim.stat().st_mode) == 0o751 and (victim / "b").is_dir()
+
+
+def test_a_wide_directory_is_listed_once_not_once_per_subdirectory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack: 100,000 empty directories side by side. A walk that lists a directory
+    again after emptying each subdirectory of it does quadratic work (10^10 entries read
+    here): the agent's housekeeping would spin on one pod's leftovers."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for n in range(2000):
+        (run / f"d{n}").mkdir()
+    real_scandir = os.scandir
+    listings = []
+
+    def counting(target: Any) -> Any:
+        listings.append(target)
+        return real_scandir(target)
+
+    monkeypatch.setattr(os, "scandir", counting)
+    assert remove_container_tree(run)
+    assert len(listings) == 2001  # the top once, and each directory once
