@@ -15,14 +15,13 @@ place (never truncated, never replaced), so a shim that holds one open keeps rea
 """
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from agent.boardfiles import BOARD_MODE, board_path
+from agent.boardfiles import BoardFiles, BoardNameError
 from agent.hostfiles import AllocationFiles, UntrustedFileError, read_untrusted
 from agent.periodic import Periodic
 from fracgpu.errors import CodecError
@@ -78,12 +77,12 @@ def allocation_sources(files: AllocationFiles) -> Callable[[], list[BoardSource]
 class BoardPublisher:
     def __init__(
         self,
-        node_dir: Path,
+        boards: BoardFiles,
         gpus: Callable[[], Iterable[str]],
         sources: Callable[[], Iterable[BoardSource]],
         clock_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
-        self._node_dir = node_dir
+        self._boards = boards
         self._gpus = gpus
         self._sources = sources
         self._clock_ns = clock_ns
@@ -163,20 +162,10 @@ class BoardPublisher:
 
     def _write(self, uuid: str, board: Board) -> None:
         try:
-            path = board_path(self._node_dir, uuid)
-            # Owner-writable: the agent runs without the capability that writes past
-            # permissions, and reopens the board at every publish (boards an older agent
-            # made read-only are removed at start, prepare_node_dir). Containers see their
-            # GPUs' boards through read-only file mounts (agent.boardfiles).
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, BOARD_MODE)
-        except (OSError, ValueError) as error:
-            log.warning("cannot write a board", extra={"gpu": uuid, "error": str(error)})
-            return
-        try:
             # One write of the whole board, in place: never shorter, never replaced.
-            os.pwrite(fd, encode_board(board), 0)
-        finally:
-            os.close(fd)
+            self._boards.write(uuid, encode_board(board))
+        except (OSError, BoardNameError) as error:
+            log.warning("cannot write a board", extra={"gpu": uuid, "error": str(error)})
 
 
 def _board(items: list[_Seen], now: int, sequence: int) -> Board:

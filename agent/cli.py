@@ -15,6 +15,7 @@ import yaml
 from kubernetes import client
 from kubernetes import config as kube_config
 
+from agent.boardfiles import BOARD_RECORD, BoardFiles
 from agent.boards import BoardLoop, BoardPublisher, allocation_sources
 from agent.containers import LiveContainer, live_containers, live_keys
 from agent.containerstart import ContainerStarter
@@ -26,7 +27,7 @@ from agent.deviceplugin.units import ResourceKind
 from agent.discovery import discover
 from agent.endpoint import start_http_server
 from agent.health import HealthMonitor
-from agent.hostfiles import AllocationFiles, prepare_node_dir
+from agent.hostfiles import AllocationFiles
 from agent.housekeeping import Housekeeper
 from agent.inventory import InventoryLoop, InventoryPublisher
 from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
@@ -101,13 +102,18 @@ def discover_command() -> int:
     return 0
 
 
-def _host_files(settings: AgentSettings, gpus: list[str]) -> tuple[AllocationFiles, BoardLoop]:
-    """The per-container files, and the loop that rewrites the node's priority boards from
-    every container's region (the node directory emptied first; started with the rest)."""
+def _host_files(
+    settings: AgentSettings, gpus: list[str]
+) -> tuple[AllocationFiles, BoardFiles, BoardLoop]:
+    """The per-container files, the node's priority boards (the node directory emptied of
+    all but the agent's own boards first), and the loop that rewrites the boards from every
+    container's region (started with the rest)."""
     files = AllocationFiles(settings.host_state_dir, settings.kubelet_pods_dir)
-    prepare_node_dir(settings.host_node_dir)
-    publisher = BoardPublisher(settings.host_node_dir, lambda: gpus, allocation_sources(files))
-    return files, BoardLoop(publisher, settings.board_publish_seconds)
+    # The record of the boards' inodes is in the state directory, which no container writes.
+    board_files = BoardFiles(settings.host_node_dir, settings.host_state_dir / BOARD_RECORD)
+    board_files.prepare()
+    publisher = BoardPublisher(board_files, lambda: gpus, allocation_sources(files))
+    return files, board_files, BoardLoop(publisher, settings.board_publish_seconds)
 
 
 class _Background(Protocol):
@@ -154,7 +160,7 @@ class Agent:
         )
         health.add_listener(state.set_health)
         api_client = _kube_api_client(s)
-        files, boards = _host_files(s, [d.uuid for d in gpus.devices])
+        files, board_files, boards = _host_files(s, [d.uuid for d in gpus.devices])
         resources = (s.compute_resource, s.memory_resource)
         # kubelet gives PreStartContainer 30 s: 10 lookups of at most 2 s, 0.5 s apart, fit.
         pod_resources = PodResourcesClient(s.pod_resources_socket, timeout_seconds=2.0)
@@ -185,7 +191,7 @@ class Agent:
                 starter=starter,
                 files=files,
                 shim=shim,
-                node_dir=s.host_node_dir,
+                boards=board_files,
             )
             for kind, name in zip(
                 (ResourceKind.COMPUTE, ResourceKind.MEMORY), resources, strict=True

@@ -34,7 +34,7 @@ _DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CL
 # Descriptors held open at once, one per level below the top.
 MAX_OPEN_LEVELS: Final = 64
 # Entries (files, links, directories) removed or moved before the walk gives up.
-MAX_ENTRIES: Final = 1_000_000
+MAX_ENTRIES: Final = 200_000
 
 
 @dataclass
@@ -62,22 +62,24 @@ class _Walk:
 
     def subdirectories(self, directory: int) -> list[str]:
         """Unlink every entry of ``directory`` but its subdirectories; their names."""
-        try:
-            with os.scandir(directory) as listing:
-                names = [entry.name for entry in listing]
-        except OSError:
-            return []
         found = []
-        for name in names:
-            if not self.count():
-                break
-            try:
-                if stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
-                    found.append(name)
-                    continue
-                os.unlink(name, dir_fd=directory)
-            except OSError:
-                pass  # logged with the tree if it is left
+        try:
+            # Read as it goes: a directory of millions of entries is never held in memory.
+            with os.scandir(directory) as listing:
+                for entry in listing:
+                    if not self.count():
+                        break
+                    name = entry.name
+                    try:
+                        found_mode = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                        if stat.S_ISDIR(found_mode.st_mode):
+                            found.append(name)
+                            continue
+                        os.unlink(name, dir_fd=directory)
+                    except OSError:
+                        pass  # logged with the tree if it is left
+        except OSError:
+            pass
         return found
 
     def open_child(self, directory: int, name: str) -> int | None:
@@ -164,9 +166,10 @@ def _open_top(root: Path) -> int | None:
     except OSError:
         return None
     try:
-        # The checked inode itself, by its descriptor, never by the name again.
+        # The checked inode itself, by its descriptor, never by the name again; its owner's
+        # permissions back, or everyone's when another user (an older container) made it.
         by_descriptor = f"/proc/self/fd/{handle}"
-        os.chmod(by_descriptor, 0o700)
+        os.chmod(by_descriptor, 0o700 if os.fstat(handle).st_uid == os.geteuid() else 0o777)
         return os.open(by_descriptor, _DIRECTORY_FLAGS & ~os.O_NOFOLLOW)
     except OSError:
         return None

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Final
 
 from agent.atomic import write_atomically
-from agent.boardfiles import is_own_board
 from agent.containertree import remove_container_tree
 from fracgpu import names
 from fracgpu.shim_abi import LIMITS_MAX_BYTES, Limits
@@ -135,22 +134,6 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "special file"
-
-
-def prepare_node_dir(path: Path) -> None:
-    """The directory of the node's priority boards: written by the agent only, each board
-    mounted read-only into the containers of its GPU. The agent's own boards are kept (a
-    running container's mount holds the file it was made from); anything else found there
-    (left by an older version whose containers could write it) is removed."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o755)
-    for entry in path.iterdir():
-        if is_own_board(path, entry.name):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            remove_container_tree(entry)
-        else:
-            entry.unlink(missing_ok=True)
 
 
 def allocation_key(resource: str, device_ids: Iterable[str]) -> str:

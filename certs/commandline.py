@@ -195,7 +195,8 @@ def parse_command_line(argv: Sequence[str], env: Mapping[str, str] | None = None
 
     def switch(name: str) -> bool | None:
         found = given(name)
-        return None if found is None else _boolean(*found)
+        # An empty variable is no setting (as a manifest's `value: ""` means).
+        return None if found is None or not found[1].strip() else _boolean(*found)
 
     kubeconfig = given("kubeconfig")
     kubeconfig_path = Path(kubeconfig[1]) if kubeconfig and kubeconfig[1] else None

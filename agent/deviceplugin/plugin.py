@@ -2,11 +2,10 @@
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 
-from agent.boardfiles import BoardNameError, ensure_board
+from agent.boardfiles import BoardFiles, BoardNameError
 from agent.containerstart import ContainerStarter, ContainerStartError
 from agent.deviceplugin.proto import deviceplugin_v1beta1_pb2 as pb
 from agent.deviceplugin.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -39,7 +38,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         starter: ContainerStarter,
         files: AllocationFiles,
         shim: InstalledShim,
-        node_dir: Path,
+        boards: BoardFiles,
     ) -> None:
         self.kind = kind
         self.resource_name = resource_name
@@ -47,7 +46,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self._starter = starter
         self._files = files
         self._shim = shim
-        self._node_dir = node_dir
+        self._boards = boards
         # Bumped to end the open ListAndWatch streams (server restart, shutdown).
         self._generation = 0
 
@@ -112,8 +111,9 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
                     f"expected IDs advertised by this plugin (<gpu-uuid>-{self.kind.value}-<n>)",
                 )
             try:
-                key, envs = self._starter.allocation_prepared(self.resource_name, self.kind, ids)
+                # Boards first: nothing is prepared for a container that cannot start.
                 boards = self._board_mounts(ids)
+                key, envs = self._starter.allocation_prepared(self.resource_name, self.kind, ids)
             except ContainerStartError as error:
                 log.error(
                     "allocation refused",
@@ -160,10 +160,11 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         gpus = {gpu_of(self.kind, d) for d in ids}  # every ID known: checked by the caller
         for uuid in sorted(u for u in gpus if u is not None):
             try:
-                board = ensure_board(self._node_dir, uuid)
+                board = self._boards.ensure(uuid)
             except (OSError, BoardNameError) as error:
                 raise ContainerStartError(
-                    f"cannot make the priority board of GPU {uuid} in {self._node_dir}: {error}"
+                    f"cannot make the priority board of GPU {uuid} in "
+                    f"{self._boards.node_dir}: {error}"
                 ) from None
             mounts.append(
                 pb.Mount(

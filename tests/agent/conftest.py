@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from agent.boardfiles import BoardFiles
 from agent.containerstart import ContainerStarter
 from agent.deviceplugin.plugin import DevicePlugin
 from agent.deviceplugin.server import PluginManager
 from agent.deviceplugin.state import DeviceState
 from agent.deviceplugin.units import ResourceKind
-from agent.hostfiles import AllocationFiles, prepare_node_dir
+from agent.hostfiles import AllocationFiles
 from agent.nodepods import NodePod
 from agent.nvml_backend import PynvmlBackend
 from agent.podlookup import PodInfo, PodLookupError
@@ -141,7 +142,8 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     state = DeviceState([GPU_A, GPU_B])
     files = AllocationFiles(short_dir / "state", short_dir / "pods")
     node_dir = short_dir / "node"
-    prepare_node_dir(node_dir)
+    boards = BoardFiles(node_dir)
+    boards.prepare()
     shim = install_shim(fake_shim_library(short_dir / "image" / "libfracgpu.so"), short_dir / "lib")
     pods = PodTable()
     resources = (RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY)
@@ -169,7 +171,7 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
             starter=starter,
             files=files,
             shim=shim,
-            node_dir=node_dir,
+            boards=boards,
         )
         for kind, resource in zip(
             (ResourceKind.COMPUTE, ResourceKind.MEMORY), resources, strict=True
@@ -183,3 +185,4 @@ def rig(short_dir: Path) -> Iterator[AgentRig]:
     finally:
         manager.stop()
         kubelet.close()
+        boards.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.boardfiles import BoardFiles
 from agent.boards import BoardPublisher, BoardSource, allocation_sources, at
 from agent.containers import LiveContainer, live_containers
 from agent.hostfiles import AllocationFiles, allocation_key
@@ -61,7 +62,9 @@ class Node:
         return d / "region"
 
     def publisher(self) -> BoardPublisher:
-        return BoardPublisher(self.node_dir, lambda: [GPU], lambda: self.containers, lambda: NOW)
+        return BoardPublisher(
+            BoardFiles(self.node_dir), lambda: [GPU], lambda: self.containers, lambda: NOW
+        )
 
     def board(self) -> shim_abi.Board:
         return shim_abi.decode_board((self.node_dir / GPU).read_bytes())
@@ -214,7 +217,8 @@ def test_a_region_is_read_from_its_pods_region_volume_or_an_older_agents_run_dir
     in_volume.write_bytes(_region(11, NOW - 1))
     node = tmp_path / "node"
     node.mkdir()
-    publisher = BoardPublisher(node, lambda: [GPU], allocation_sources(files), lambda: NOW)
+    boards = BoardFiles(node)
+    publisher = BoardPublisher(boards, lambda: [GPU], allocation_sources(files), lambda: NOW)
     (found,) = live_containers(_OneContainer(*resources), resources, files)
     assert found.region is not None and len(found.region) == 1
     # One container, on the board once although both its allocations lead to its region.
@@ -225,7 +229,9 @@ def test_a_region_is_read_from_its_pods_region_volume_or_an_older_agents_run_dir
     files.region_path(keys[0]).write_bytes(_region(22, NOW - 2))
     (found,) = live_containers(_OneContainer(*resources), resources, files)
     assert found.region is not None
-    entries = BoardPublisher(node, lambda: [GPU], allocation_sources(files), lambda: NOW).publish()
+    entries = BoardPublisher(
+        boards, lambda: [GPU], allocation_sources(files), lambda: NOW
+    ).publish()
     assert shim_abi.BoardEntry(22, NOW - 2) in entries[GPU].entries
     # Limits that name no pod (an older agent's) have no region volume to look in.
     assert files.region_for(keys[1], shim_abi.Limits(devices=())) is None

@@ -8,16 +8,13 @@ from typing import Any
 
 import pytest
 
-from agent.boardfiles import ensure_board
 from agent.hostfiles import (
     AllocationFiles,
     UntrustedFileError,
     UntrustedRead,
     allocation_key,
-    prepare_node_dir,
     read_untrusted,
 )
-from fracgpu.shim_abi import BOARD_SIZE
 
 
 def test_key_depends_on_resource_and_id_set_only() -> None:
@@ -169,37 +166,3 @@ def test_a_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "region").mkdir()
     outcome = _read_in_thread(tmp_path / "region", 10)
     assert isinstance(outcome, UntrustedFileError) and "directory" in str(outcome)
-
-
-def test_the_node_dir_is_the_agents_only(tmp_path: Path) -> None:
-    node = tmp_path / "node"
-    node.mkdir()
-    os.chmod(node, 0o1777)  # as an older version left it, with what containers planted
-    (node / "GPU-x").symlink_to("/etc/passwd")
-    os.mkfifo(node / "fifo")
-    (node / "planted").mkdir()
-    prepare_node_dir(node)
-    assert stat.S_IMODE(node.stat().st_mode) == 0o755
-    assert list(node.iterdir()) == []
-
-
-def test_the_agents_own_boards_outlive_its_restart_and_nothing_else_does(tmp_path: Path) -> None:
-    """A running container's mount holds the board file it was made from: a board removed
-    and made again at the agent's restart would leave that container reading a dead file.
-    Only files exactly as the agent makes boards are kept."""
-    node = tmp_path / "node"
-    prepare_node_dir(node)
-    kept = ensure_board(node, "GPU-kept")
-    before = kept.stat().st_ino
-    read_only = ensure_board(node, "GPU-read-only")  # as an older agent left its boards
-    read_only.chmod(0o444)
-    linked = ensure_board(node, "GPU-linked")
-    os.link(linked, tmp_path / "held-elsewhere")
-    grown = ensure_board(node, "GPU-grown")
-    grown.write_bytes(b"x" * (BOARD_SIZE + 1))
-    (node / "GPU-link").symlink_to(kept)
-    (node / "GPU-dir").mkdir()
-    (node / "not a board").write_bytes(b"")
-    prepare_node_dir(node)
-    assert [p.name for p in node.iterdir()] == ["GPU-kept"]
-    assert kept.stat().st_ino == before

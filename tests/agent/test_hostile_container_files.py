@@ -126,13 +126,14 @@ def test_boards_are_published_again_and_again_without_capabilities(tmp_path: Pat
         f"""
         import json
         from pathlib import Path
+        from agent.boardfiles import BoardFiles
         from agent.boards import BoardPublisher
-        from agent.hostfiles import prepare_node_dir
         from fracgpu.shim_abi import decode_board
 
         node = Path({str(node)!r})
-        prepare_node_dir(node)
-        publisher = BoardPublisher(node, lambda: ["GPU-a"], lambda: [])
+        boards = BoardFiles(node)
+        boards.prepare()
+        publisher = BoardPublisher(boards, lambda: ["GPU-a"], lambda: [])
         on_disk = []
         for _ in range(3):
             publisher.publish()
@@ -296,7 +297,7 @@ def test_a_tree_deeper_than_python_recurses_is_removed_with_few_descriptors(
 ) -> None:
     """The attack: a container an older agent started (its run dir on host disk) makes a
     chain of 1,500 directories. rmtree recursed once per level: RecursionError escaped
-    housekeeping and the agent's start (prepare_node_dir), so the agent crash-looped and
+    housekeeping and the agent's start (emptying the node directory), so the agent crash-looped and
     served no one on the node. The walk keeps its own stack, and moves what is deeper than
     it holds open up to the top: here within 128 descriptors."""
     run = tmp_path / "run"

@@ -65,6 +65,13 @@ def test_an_explicit_in_cluster_false_is_kept_inside_a_pod() -> None:
     assert not parse_command_line(["ensure", "--in-cluster=false"], env=pod).settings.in_cluster
 
 
+def test_an_empty_in_cluster_variable_is_no_setting_inside_a_pod() -> None:
+    """A manifest's `value: ""` meant "not set" before on/off values were checked: inside a
+    Pod, the service account is still the one choice."""
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "FRACGPU_CERTS_IN_CLUSTER": ""}
+    assert parse_command_line(["ensure"], env=pod).settings.in_cluster
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [

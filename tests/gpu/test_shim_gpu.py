@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.boardfiles import BoardFiles
 from agent.boards import BoardLoop, BoardPublisher, at
 from agent.context_probe import measure_gpu
 from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
@@ -189,7 +190,7 @@ def test_high_priority_keeps_its_throughput_next_to_low_priority(tmp_path: Path,
     # The agent's board publisher, over these two containers' files.
     boards = BoardLoop(
         BoardPublisher(
-            node_dir,
+            BoardFiles(node_dir),
             lambda: [gpu.uuid],
             lambda: [(c.root / "limits", at(c.root / "region")) for c in (high, low)],
         ),

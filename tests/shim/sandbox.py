@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.boardfiles import BoardFiles
 from agent.boards import BoardLoop, BoardPublisher, BoardSource, at
 from fracgpu import shim_abi
 
@@ -80,7 +81,7 @@ class Sandbox:
         """Run the agent's board publisher over this node, as the agent does."""
         self.node_dir.mkdir(exist_ok=True)
         publisher = BoardPublisher(
-            self.node_dir, lambda: UUIDS[: self.device_count], self.board_sources
+            BoardFiles(self.node_dir), lambda: UUIDS[: self.device_count], self.board_sources
         )
         publisher.publish()
         self.boards = BoardLoop(publisher, interval_seconds)
