@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fracgpu import names
+from fracgpu import codec, names
+from fracgpu.shim_abi import BOARD_SIZE
 
 from .pods import MIB, delete, pod_body, wait_running
 from .tier.tier import NodeTier, wait_for
@@ -65,6 +66,20 @@ def test_a_container_keeps_its_region_in_its_pods_memory_and_the_agent_reads_it(
     )
     seen = node_tier.exec_in(status.container_id, "ls", "-A", names.CONTAINER_REGION_DIR)
     assert sorted(seen.split()) == ["junk", "region"], seen
+
+    # The priority board of its GPU, one file mounted by runc, as the agent publishes it.
+    # (This node has one GPU; that no other GPU's board is given is
+    # tests/agent/test_device_plugin.py's.)
+    assignment = codec.decode_assignment(pod.metadata.annotations[names.ANNOTATION_ASSIGNMENT])
+    (gpu,) = {d.uuid for c in assignment.containers for d in c.devices}
+    boards = node_tier.exec_in(status.container_id, "ls", "-A", names.CONTAINER_NODE_DIR)
+    assert boards.split() == [gpu], boards
+    board = f"{names.CONTAINER_NODE_DIR}/{gpu}"
+    size = node_tier.exec_in(status.container_id, "wc", "-c", board)
+    assert size.split()[0] == str(BOARD_SIZE), size
+    mounted = {m.split()[1]: m.split()[3] for m in mounts.splitlines()}
+    assert names.CONTAINER_NODE_DIR not in mounted  # the file, not the node's directory
+    assert mounted[board].split(",")[0] == "ro", mounted[board]
 
     # On the host: the volume is kubelet's tmpfs for this pod, and the agent's directories
     # hold nothing of the container's.
