@@ -7,8 +7,10 @@ annotations, the workload's namespace, a name the API server chooses from
 """
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final
 
+from webhook import documents
 from webhook.documents import POD_TYPE, DocumentError
 
 # (apiVersion, kind) -> the keys down to the pod template.
@@ -61,3 +63,14 @@ def pod_of(document: Mapping[str, Any], source: str) -> dict[str, Any]:
             raise DocumentError(f"{source}: metadata.namespace must be a string")
         metadata["namespace"] = namespace
     return {**POD_TYPE, "metadata": metadata, "spec": dict(spec)}
+
+
+def load_manifest(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The pod in ``path``, and the workload kind that would make it (None for a Pod): a Pod
+    manifest, or the pod every kind in ``TEMPLATES`` would make; a DocumentError naming those
+    kinds for anything else. What ``fracgpu admit`` and ``fracgpu demo`` read."""
+    document = documents.load(path)
+    if isinstance(document, dict) and is_workload(document):
+        return pod_of(document, str(path)), str(document["kind"])
+    also = f"or a workload with a pod template ({KINDS_TAKEN})"
+    return documents.as_pod(document, path, also=also), None

@@ -64,7 +64,7 @@ async def test_an_empty_directory_says_what_it_should_hold(tmp_path: Path) -> No
 def test_the_demo_takes_every_kind_admit_takes(tmp_path: Path, version: str, kind: str) -> None:
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump(workload(version, kind)))
-    pod = demo.load_manifest(path)
+    pod, _ = workloads.load_manifest(path)
     assert pod == workloads.pod_of(workload(version, kind), str(path))
     assert pod["metadata"]["generateName"] == "w-"
 
@@ -73,7 +73,7 @@ def test_a_file_the_demo_refuses_names_every_kind_it_takes(tmp_path: Path) -> No
     path = tmp_path / "cm.yaml"
     path.write_text("apiVersion: v1\nkind: ConfigMap\n")
     with pytest.raises(documents.DocumentError) as raised:
-        demo.load_manifest(path)
+        workloads.load_manifest(path)
     assert str(raised.value).endswith(
         f"or a workload with a pod template ({workloads.KINDS_TAKEN})"
     ), raised.value

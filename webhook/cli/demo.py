@@ -44,16 +44,6 @@ MANIFESTS_TAKEN: Final = (
 )
 
 
-def load_manifest(path: Path) -> dict[str, Any]:
-    """The pod in ``path``: a Pod manifest, or the pod a workload's manifest would make (every
-    kind ``fracgpu admit`` takes); a DocumentError naming those kinds for anything else."""
-    document = documents.load(path)
-    if isinstance(document, dict) and workloads.is_workload(document):
-        return workloads.pod_of(document, str(path))
-    also = f"or a workload with a pod template ({workloads.KINDS_TAKEN})"
-    return documents.as_pod(document, path, also=also)
-
-
 @dataclass
 class DemoResult:
     source: str
@@ -83,7 +73,7 @@ async def run(
         out.write(f"no manifests (*.yaml) in {pods_dir}: put {MANIFESTS_TAKEN} there\n")
         return 1
     # Every mistake is found before serving.
-    pods = [(path.name, load_manifest(path)) for path in pod_files]
+    pods = [(path.name, workloads.load_manifest(path)[0]) for path in pod_files]
     with tempfile.TemporaryDirectory(prefix="fracgpu-demo-") as tmp:
         authority = selfsigned.new_authority()
         ca, cert, key = selfsigned.write_files(

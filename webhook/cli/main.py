@@ -187,13 +187,9 @@ def _state(config: settings.Settings) -> EmbeddedState:
 async def _admit(pod_file: Path, username: str, dry_run: bool, config: settings.Settings) -> int:
     """Run the pod through mutate then validate in-process; print it, or the denial (exit 1).
     A workload's manifest is taken by the pod its controller would make."""
-    document = documents.load(pod_file)
-    if isinstance(document, dict) and workloads.is_workload(document):
-        pod = workloads.pod_of(document, str(pod_file))
-        print(f"# the pod {document['kind']} would make", file=sys.stderr)
-    else:
-        also = f"or a workload with a pod template ({workloads.KINDS_TAKEN})"
-        pod = documents.as_pod(document, pod_file, also=also)
+    pod, workload = workloads.load_manifest(pod_file)
+    if workload is not None:
+        print(f"# the pod {workload} would make", file=sys.stderr)
     scheduler = pod["spec"].get("schedulerName") if isinstance(pod.get("spec"), dict) else None
     if scheduler not in (None, "default-scheduler", config.scheduler_name):
         print(
