@@ -28,6 +28,7 @@ from typing import Final
 
 from agent.atomic import write_atomically
 from agent.containertree import remove_container_tree
+from agent.inodeopen import reopen, resolve
 from fracgpu.shim_abi import BOARD_SIZE
 
 # Boards are written in place by their owner, the agent, and read by everyone else.
@@ -132,7 +133,7 @@ class BoardFiles:
         swapped in between."""
         path = self.node_dir / name
         try:
-            handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            handle = resolve(path)
         except OSError:
             return False
         try:
@@ -144,7 +145,7 @@ class BoardFiles:
                 and found.st_size <= BOARD_SIZE
             ):
                 return False
-            fd = os.open(f"/proc/self/fd/{handle}", _WRITE_FLAGS)
+            fd = reopen(handle, _WRITE_FLAGS)
         except OSError:
             return False
         finally:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from agent.inodeopen import by_descriptor, reopen, resolve
+
 log = logging.getLogger(__name__)
 
 # Directories a container wrote are opened this way only: never through a symlink.
@@ -162,15 +164,15 @@ def _open_top(root: Path) -> int | None:
     (gone, or not a directory: never through a symlink, even one swapped in since it was
     listed)."""
     try:
-        handle = os.open(root, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+        handle = resolve(root, directory=True)
     except OSError:
         return None
     try:
-        # The checked inode itself, by its descriptor, never by the name again; its owner's
-        # permissions back, or everyone's when another user (an older container) made it.
-        by_descriptor = f"/proc/self/fd/{handle}"
-        os.chmod(by_descriptor, 0o700 if os.fstat(handle).st_uid == os.geteuid() else 0o777)
-        return os.open(by_descriptor, _DIRECTORY_FLAGS & ~os.O_NOFOLLOW)
+        # The resolved inode itself, never the name again; its owner's permissions back, or
+        # everyone's when another user (an older container) made it.
+        mode = 0o700 if os.fstat(handle).st_uid == os.geteuid() else 0o777
+        os.chmod(by_descriptor(handle), mode)
+        return reopen(handle, _DIRECTORY_FLAGS)
     except OSError:
         return None
     finally:

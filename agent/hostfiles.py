@@ -33,6 +33,7 @@ from typing import Final
 
 from agent.atomic import write_atomically
 from agent.containertree import remove_container_tree
+from agent.inodeopen import reopen, resolve
 from fracgpu import names
 from fracgpu.shim_abi import LIMITS_MAX_BYTES, Limits
 
@@ -57,8 +58,7 @@ class UntrustedRead:
 
 SERVED_MAX_BYTES = 4096
 
-# Reopening a checked inode through /proc/self/fd: that path is a link to follow.
-_REOPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
 
 
 def open_untrusted(path: Path, max_bytes: int) -> tuple[int, os.stat_result] | None:
@@ -75,7 +75,7 @@ def open_untrusted(path: Path, max_bytes: int) -> tuple[int, os.stat_result] | N
     between the check and the open (it renames in its own volume at will) gets nowhere.
     """
     try:
-        handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        handle = resolve(path)
     except FileNotFoundError:
         return None
     except OSError as error:
@@ -91,7 +91,7 @@ def open_untrusted(path: Path, max_bytes: int) -> tuple[int, os.stat_result] | N
                 f"{path} has {found.st_size} bytes, at most {max_bytes} are read"
             )
         try:
-            fd = os.open(f"/proc/self/fd/{handle}", _REOPEN_FLAGS)
+            fd = reopen(handle, _READ_FLAGS)
         except OSError as error:
             raise UntrustedFileError(f"{path} cannot be opened safely: {error.strerror}") from None
     finally:
