@@ -8,10 +8,8 @@ that never start while every pod create in managed namespaces is refused.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from tests.chart.chartfiles import CHART_DIR, default_values
 from tests.chart.render import Rendered, render
 from tests.chart.render_setup import renderer_or_skip
 from tests.chart.test_render import _container, _env
+from tests.webhook.clirun import run_fracgpu
 from webhook import settings
 
 REPO = CHART_DIR.parents[1]
@@ -53,16 +52,7 @@ def _webhook(rendered: Rendered, prefix: str = "fracgpu") -> dict[str, Any]:
 def _check(rendered: Rendered) -> subprocess.CompletedProcess[str]:
     """The hook's container as kubelet would start it, with the real `fracgpu` command."""
     container = _container(_job(rendered), "settings-check")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(settings.ENV_PREFIX)}
-    return subprocess.run(
-        [sys.executable, "-m", "webhook.cli.main", *container["args"]],
-        cwd=REPO,
-        env={**base, **_env(container, DOWNWARD)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_fracgpu(container["args"], _env(container, DOWNWARD))
 
 
 PROFILES: dict[str, dict[str, Any]] = {

@@ -7,18 +7,15 @@ instead of leaving webhook pods that never start. Each case runs the real comman
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 import pytest
 
+from tests.webhook.clirun import ROOT, run_fracgpu
 from webhook import settings
 from webhook.cli.main import _parser
 
-ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_FILE = ROOT / "examples" / "cluster.yaml"
 # Never created: the check must not read the TLS files (the hook runs before the certificate
 # Secret exists) nor need them to exist.
@@ -32,16 +29,7 @@ SERVING = {
 
 def check(environ: Mapping[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
     """The command with only ``environ`` as FRACGPU_* variables (none inherited)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(settings.ENV_PREFIX)}
-    return subprocess.run(
-        [sys.executable, "-m", "webhook.cli.main", "serve", "--check-settings", *flags],
-        cwd=ROOT,
-        env={**base, **environ},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_fracgpu(["serve", "--check-settings", *flags], environ)
 
 
 def refusal(environ: Mapping[str, str], *flags: str) -> str:
