@@ -16,6 +16,7 @@ from agent.limits import MAX_CONTEXT_OVERHEAD_BYTES
 from agent.slice_audit import DEFAULT_TOLERANCE_BYTES, MAX_TOLERANCE_BYTES, SliceAuditSettings
 from fracgpu import __version__, envcheck
 from fracgpu.names import MAX_MEMORY_SCALING, RESOURCE_VCUDA_CORE, RESOURCE_VCUDA_MEMORY
+from fracgpu.switches import switch_value
 
 ENV_PREFIX = "FRACGPU_AGENT_"
 # --context-overhead-bytes: measure what a context takes at start-up.
@@ -82,12 +83,11 @@ class AgentSettings:
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 def _boolean(text: str) -> bool:
     """An on/off setting: the flag alone (true), ``--flag=true|false`` or its variable."""
-    value = _BOOLEANS.get(text.strip().lower())
+    value = switch_value(text.strip())
     if value is None:
         raise ValueError("use true or false (or 1/0, yes/no), or the flag alone for true")
     return value

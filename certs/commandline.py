@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from fracgpu import __version__
+from fracgpu.switches import switch_value
 
 from .durations import Window, parse_duration
 from .errors import SettingsError
@@ -135,21 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# "" as false: a variable set but left empty.
-_BOOLEANS = {
-    "": False,
-    "0": False,
-    "false": False,
-    "no": False,
-    "1": True,
-    "true": True,
-    "yes": True,
-}
-
-
 def _boolean(source: str, text: str) -> bool:
     """An on/off value from ``source`` (a flag or its variable)."""
-    value = _BOOLEANS.get(text.strip().lower())
+    # "" as false: a variable set but left empty.
+    value = switch_value(text.strip()) if text.strip() else False
     if value is None:
         raise SettingsError(
             f"{source}={text!r} is not a boolean: allowed are true/false, 1/0, yes/no "

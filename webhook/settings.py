@@ -27,6 +27,7 @@ from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
 from fracgpu.placement.view import DEFAULT_SPLIT_COUNT
 from fracgpu.quantity import parse_quantity
+from fracgpu.switches import switch_value
 from webhook.admission.mutate import is_label_value
 from webhook.admission.review import DEFAULT_MAX_BODY_BYTES
 from webhook.rules.podbounds import COUNTED, PodLimits
@@ -229,13 +230,10 @@ def _gpushare_unit(text: str) -> int:
     return _GPUSHARE_UNITS[text]
 
 
-_BOOLEANS: Final = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
 def _flag(text: str) -> bool:
     """An on/off setting: ``--in-cluster`` alone, ``--in-cluster true`` or ``false`` (also
     1/0, yes/no); every on/off option is read here, flag or variable alike."""
-    value = _BOOLEANS.get(text.lower())
+    value = switch_value(text)
     if value is None:
         raise ValueError("use true or false (or 1/0, yes/no), or the flag alone for true")
     return value
