@@ -8,6 +8,20 @@ workloads it was not tuned on:
 - ``multi-gpu``: a share of the GPU pods ask for 2, 4 or 8 whole GPUs,
 - ``gpu-models``: a share of the GPU pods may only run on one or two GPU models,
 - ``cpu-heavy``: CPU-only pods are added until their CPU request is ``--fraction`` x more.
+
+The ``openb-*`` kinds are built the way the published variants of the openb trace are
+(alibaba/clusterdata, cluster-trace-gpu-v2023: ``openb_pod_list_cpu250.csv`` and the like),
+as read off those files, so the bench can stand in for them without a download:
+
+- ``openb-cpu``: the CPU-only pods, drawn from the list's own, make up ``--fraction`` of the
+  pods (``cpu250`` is 0.25); the GPU pods stay as they are.
+- ``openb-gpushare``: the GPU pods are drawn again, ``--fraction`` of them from the sharing
+  pods and the rest from the other GPU pods (``gpushare80`` is 0.8).
+- ``openb-multigpu``: multi-GPU pods drawn from the list's own are added until they ask for
+  ``--fraction`` of the GPU request (``multigpu50`` is 0.5).
+- ``openb-gpuspec``: ``--fraction`` of the GPU pods are limited to GPU models, each to a set
+  drawn by how often production pods asked for it (``GPUSPEC_FREQUENCY``; ``gpuspec33`` is
+  0.33, and its pods are limited the same way).
 """
 
 import argparse
@@ -29,8 +43,37 @@ from bench.placement.trace import (
     write_pods,
 )
 
-KINDS = ("sharing", "multi-gpu", "gpu-models", "cpu-heavy")
+KINDS = (
+    "sharing",
+    "multi-gpu",
+    "gpu-models",
+    "cpu-heavy",
+    "openb-cpu",
+    "openb-gpushare",
+    "openb-multigpu",
+    "openb-gpuspec",
+)
 _MULTI_GPU_COUNTS = (2, 4, 8)
+# The model sets the 2,388 limited pods of openb_pod_list_gpuspec33.csv ask for, and how many
+# ask for each (the trace's production constraints: T4 is 13.5 % of the cluster's GPUs but
+# more than half of these pods want it).
+GPUSPEC_FREQUENCY: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("T4",), 1291),
+    (("G2",), 331),
+    (("P100",), 279),
+    (("V100M16", "V100M32"), 163),
+    (("P100", "V100M16", "V100M32"), 103),
+    (("G3",), 86),
+    (("G2", "P100", "T4", "V100M16", "V100M32"), 39),
+    (("P100", "T4", "V100M16", "V100M32"), 33),
+    (("A10", "G2", "T4", "V100M16", "V100M32"), 24),
+    (("V100M32",), 20),
+    (("A10", "T4"), 6),
+    (("P100", "V100M16"), 4),
+    (("A10", "G2", "P100", "T4", "V100M16", "V100M32"), 3),
+    (("T4", "V100M16", "V100M32"), 3),
+    (("V100M16",), 3),
+)
 
 
 def synthesize(
@@ -62,6 +105,8 @@ def synthesize(
             k = 1 + int(rng.integers(2))
             chosen = rng.choice(models, size=min(k, len(models)), replace=False, p=weights)
             out[i] = replace(out[i], gpu_spec=tuple(sorted(str(m) for m in chosen)))
+    elif kind.startswith("openb-"):
+        out = _openb_variant(kind, out, fraction, rng)
     elif kind == "cpu-heavy":
         cpu_only = [p for p in out if p.num_gpu == 0]
         if not cpu_only:
@@ -76,6 +121,66 @@ def synthesize(
     else:
         raise TraceError(f"unknown kind {kind!r}: choose from {', '.join(KINDS)}")
     return out
+
+
+def _openb_variant(
+    kind: str, pods: list[TracePod], fraction: float, rng: np.random.Generator
+) -> list[TracePod]:
+    cpu_only = [p for p in pods if p.num_gpu == 0]
+    gpu = [p for p in pods if p.num_gpu > 0]
+    if not gpu:
+        raise TraceError(f"{kind} needs GPU pods in the source pod list")
+    if kind == "openb-cpu":
+        if not cpu_only:
+            raise TraceError("openb-cpu needs CPU-only pods in the source pod list")
+        if fraction >= 1:
+            raise TraceError("openb-cpu: --fraction is the CPU-only pods' share, below 1")
+        count = round(fraction / (1 - fraction) * len(gpu))
+        return _renamed(_draw(rng, cpu_only, count) + gpu)
+    if kind == "openb-gpushare":
+        sharing = [p for p in gpu if p.num_gpu == 1 and p.gpu_milli < MILLI_PER_GPU]
+        other = [p for p in gpu if p not in sharing]
+        want = round(min(fraction, 1.0) * len(gpu))
+        if (want and not sharing) or (want < len(gpu) and not other):
+            raise TraceError("openb-gpushare needs both sharing and other GPU pods to draw from")
+        drawn = _draw(rng, sharing, want) + _draw(rng, other, len(gpu) - want)
+        order = rng.permutation(len(drawn))
+        return _renamed(cpu_only + [drawn[int(i)] for i in order])
+    if kind == "openb-multigpu":
+        multi = [p for p in gpu if p.num_gpu > 1]
+        if not multi:
+            raise TraceError("openb-multigpu needs multi-GPU pods in the source pod list")
+        if fraction >= 1:
+            raise TraceError("openb-multigpu: --fraction is their GPU request's share, below 1")
+        total = sum(p.gpu_request for p in gpu)
+        wide = sum(p.gpu_request for p in multi)
+        out = list(pods)
+        while wide < fraction * total:
+            added = multi[int(rng.integers(len(multi)))]
+            out.append(added)
+            wide += added.gpu_request
+            total += added.gpu_request
+        return _renamed(out)
+    if kind == "openb-gpuspec":
+        sets = [models for models, _ in GPUSPEC_FREQUENCY]
+        weights = np.array([count for _, count in GPUSPEC_FREQUENCY], dtype=np.float64)
+        indices = [i for i, p in enumerate(pods) if p.num_gpu > 0]
+        out = list(pods)
+        for i in _pick(rng, indices, int(min(fraction, 1.0) * len(indices))):
+            chosen = sets[int(rng.choice(len(sets), p=weights / weights.sum()))]
+            out[i] = replace(out[i], gpu_spec=chosen)
+        return out
+    raise TraceError(f"unknown kind {kind!r}: choose from {', '.join(KINDS)}")
+
+
+def _draw(rng: np.random.Generator, pods: Sequence[TracePod], count: int) -> list[TracePod]:
+    """``count`` pods drawn from ``pods`` with replacement."""
+    return [pods[int(i)] for i in rng.integers(len(pods), size=count)] if count > 0 else []
+
+
+def _renamed(pods: Sequence[TracePod]) -> list[TracePod]:
+    """Names made unique again after drawing (one pod may be drawn many times)."""
+    return [replace(p, name=f"openb-pod-{i:04d}") for i, p in enumerate(pods)]
 
 
 def _pick(rng: np.random.Generator, indices: Sequence[int], count: int) -> list[int]:

@@ -8,7 +8,7 @@ import pytest
 from bench.cli import main as bench_main
 from bench.placement.cli import DEFAULT_NODES, DEFAULT_PODS, build_parser, default_path
 from bench.placement.replay import arrival_order, bin_x, replay
-from bench.placement.synth import synthesize
+from bench.placement.synth import GPUSPEC_FREQUENCY, synthesize
 from bench.placement.trace import (
     TraceError,
     TraceNode,
@@ -247,6 +247,83 @@ def test_synthetic_traces_change_what_they_say() -> None:
     assert extra_cpu >= 3 * sum(p.cpu_milli for p in pods if p.num_gpu == 0)
     with pytest.raises(TraceError, match="unknown kind"):
         synthesize("other", pods, NODES, 0.5, seed=1)
+
+
+def _openb_like() -> list[TracePod]:
+    """A small default-like list: whole, sharing, multi-GPU and CPU-only pods."""
+    pods = [pod(f"w{i}", 1000, cpu=4000) for i in range(60)]
+    pods += [pod(f"s{i}", 250 + 10 * i) for i in range(30)]
+    pods += [pod(f"m{i}", 1000, num_gpu=2 * (i + 1), cpu=16000) for i in range(4)]
+    return pods + [pod(f"c{i}", 0, cpu=2000 + 1000 * i) for i in range(10)]
+
+
+def _gpu_shapes(pods: list[TracePod]) -> list[tuple[int, int, int]]:
+    return sorted((p.cpu_milli, p.num_gpu, p.gpu_milli) for p in pods if p.num_gpu)
+
+
+def _wide_share(pods: list[TracePod]) -> float:
+    """The multi-GPU pods' share of the GPU request."""
+    return sum(p.gpu_request for p in pods if p.num_gpu > 1) / sum(p.gpu_request for p in pods)
+
+
+def test_openb_cpu_makes_cpu_only_pods_the_share_asked_and_keeps_gpu_pods() -> None:
+    pods = _openb_like()
+    out = synthesize("openb-cpu", pods, NODES, 0.25, seed=1)
+    gpu = [p for p in pods if p.num_gpu]
+    assert sum(p.num_gpu == 0 for p in out) == round(0.25 / 0.75 * len(gpu))
+    assert _gpu_shapes(out) == _gpu_shapes(gpu)
+    cpu_shapes = {p.cpu_milli for p in pods if p.num_gpu == 0}
+    assert {p.cpu_milli for p in out if p.num_gpu == 0} <= cpu_shapes
+    assert len({p.name for p in out}) == len(out)
+
+
+def test_openb_gpushare_redraws_gpu_pods_with_the_sharing_share_asked() -> None:
+    pods = _openb_like()
+    for fraction in (0.0, 0.6, 1.0):
+        out = synthesize("openb-gpushare", pods, NODES, fraction, seed=2)
+        gpu = [p for p in out if p.num_gpu]
+        assert len(gpu) == sum(p.num_gpu > 0 for p in pods)
+        assert sum(0 < p.gpu_milli < 1000 for p in gpu) == round(fraction * len(gpu))
+        assert sum(p.num_gpu == 0 for p in out) == 10
+
+
+def test_openb_multigpu_adds_wide_pods_until_they_hold_the_share_of_gpus() -> None:
+    pods = _openb_like()
+    out = synthesize("openb-multigpu", pods, NODES, 0.5, seed=3)
+    assert [(p.cpu_milli, p.gpu_request) for p in out[: len(pods)]] == [
+        (p.cpu_milli, p.gpu_request) for p in pods
+    ]
+    added = out[len(pods) :]
+    assert added and all(p.num_gpu > 1 for p in added)
+    assert _wide_share(out) >= 0.5 > _wide_share(out[:-1])
+
+
+def test_openb_gpuspec_limits_the_share_asked_to_production_model_sets() -> None:
+    pods = _openb_like()
+    out = synthesize("openb-gpuspec", pods, NODES, 0.5, seed=4)
+    limited = [p for p in out if p.gpu_spec]
+    assert len(limited) == int(0.5 * sum(p.num_gpu > 0 for p in pods))
+    assert all(p.num_gpu > 0 for p in limited)
+    assert {p.gpu_spec for p in limited} <= {models for models, _ in GPUSPEC_FREQUENCY}
+    assert sum(count for _, count in GPUSPEC_FREQUENCY) == 2388  # the limited pods of gpuspec33
+
+
+@pytest.mark.parametrize(
+    ("kind", "pods", "fraction", "message"),
+    [
+        ("openb-cpu", [pod("w", 1000)], 0.2, "needs CPU-only pods"),
+        ("openb-cpu", [pod("w", 1000), pod("c", 0)], 1.0, "below 1"),
+        ("openb-multigpu", [pod("w", 1000)], 0.3, "needs multi-GPU pods"),
+        ("openb-multigpu", [pod("m", 1000, num_gpu=2)], 1.0, "below 1"),
+        ("openb-gpushare", [pod("w", 1000), pod("v", 1000)], 0.5, "both sharing and other"),
+        ("openb-gpuspec", [pod("c", 0)], 0.5, "needs GPU pods"),
+    ],
+)
+def test_openb_kinds_say_what_the_source_list_lacks(
+    kind: str, pods: list[TracePod], fraction: float, message: str
+) -> None:
+    with pytest.raises(TraceError, match=message):
+        synthesize(kind, pods, NODES, fraction, seed=1)
 
 
 def test_pod_lists_without_gpu_spec_are_read_as_any_model(tmp_path: Path) -> None:
