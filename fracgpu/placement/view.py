@@ -73,7 +73,10 @@ class ClusterView:
         # when it is used; ``observe`` only counts task types for it (at most
         # DEFAULT_MAX_TRACKED of them, like the fragmentation policy's shapes).
         self._fgd_workload = WorkloadModel(
-            half_life=FGD_HALF_LIFE, max_shapes=FGD_MAX_SHAPES, keep_wide=False
+            half_life=FGD_HALF_LIFE,
+            max_shapes=FGD_MAX_SHAPES,
+            max_limited_extra=0,
+            keep_wide=False,
         )
         self._fgd = FragmentationIndex(stranding=False, whole_node_penalty=0.0, model_rarity=0.0)
         self._fgd_seen = 0
@@ -264,6 +267,7 @@ class ClusterView:
         workload = WorkloadModel(
             half_life=FGD_HALF_LIFE,
             max_shapes=max(1, len(demands)),
+            max_limited_extra=0,
             keep_wide=False,
             max_tracked=max(DEFAULT_MAX_TRACKED, len(demands)),
         )

@@ -65,6 +65,7 @@ def test_typical_covers_the_requested_share_and_rescales() -> None:
         ({"half_life": 0}, "half_life=0"),
         ({"coverage": 0}, "coverage=0"),
         ({"max_shapes": 0}, "max_shapes=0"),
+        ({"max_limited_extra": -1}, "max_limited_extra=-1"),
     ],
 )
 def test_bad_settings(kwargs: dict[str, float], message: str) -> None:
@@ -159,6 +160,29 @@ def test_the_model_tracks_a_bounded_number_of_shapes() -> None:
         assert set(model._largest) == set(model._weights)
         (first, _), *_ = model.typical()
         assert first == common
+
+
+def test_shapes_limited_to_models_get_room_past_the_bound() -> None:
+    """Limited pods split into many light shapes; past ``max_shapes`` only they may join
+    (up to ``max_limited_extra``), so a workload with no limited pods scores no more shapes."""
+    t4 = Constraints(include_models=("T4",))
+    anywhere = [_shape(share(10 + i)) for i in range(3)]
+    limited = [
+        _shape(PodDemand((container("c", 20 + i, MemoryRequest(mib=1)),), constraints=t4))
+        for i in range(3)
+    ]
+    counts = list(zip((9, 8, 7, 3, 2, 1), [*anywhere, *limited], strict=True))
+
+    def typical(**kwargs: int) -> list[Shape]:
+        model = WorkloadModel(max_shapes=2, coverage=1.0, half_life=10**12, **kwargs)
+        for count, shape in counts:
+            for _ in range(count):
+                model.observe(shape)
+        return [s for s, _ in model.typical()]
+
+    assert typical(max_limited_extra=0) == anywhere[:2]
+    # The third shape any model can take is passed over; the two heaviest limited ones join.
+    assert typical(max_limited_extra=2) == [*anywhere[:2], *limited[:2]]
 
 
 def test_a_small_bound_keeps_the_heaviest_shapes() -> None:
