@@ -123,39 +123,58 @@ def synthesize(
     return out
 
 
+# An openb-* kind writes at most this many times the source list's pods: the count grows as
+# 1 / (1 - fraction), and a fraction just below 1 would otherwise fill memory.
+MAX_GROWTH = 10
+
+
 def _openb_variant(
     kind: str, pods: list[TracePod], fraction: float, rng: np.random.Generator
 ) -> list[TracePod]:
+    if fraction > 1 or (fraction == 1 and kind in ("openb-cpu", "openb-multigpu")):
+        allowed = "[0, 1)" if kind in ("openb-cpu", "openb-multigpu") else "[0, 1]"
+        raise TraceError(f"{kind}: --fraction {fraction} is a share: use a number in {allowed}")
     cpu_only = [p for p in pods if p.num_gpu == 0]
     gpu = [p for p in pods if p.num_gpu > 0]
     if not gpu:
-        raise TraceError(f"{kind} needs GPU pods in the source pod list")
+        raise TraceError(f"{kind} needs GPU pods in the source pod list; it has none")
+    limit = MAX_GROWTH * len(pods)
     if kind == "openb-cpu":
         if not cpu_only:
-            raise TraceError("openb-cpu needs CPU-only pods in the source pod list")
-        if fraction >= 1:
-            raise TraceError("openb-cpu: --fraction is the CPU-only pods' share, below 1")
+            raise TraceError("openb-cpu needs CPU-only pods in the source pod list; it has none")
         count = round(fraction / (1 - fraction) * len(gpu))
+        if count + len(gpu) > limit:
+            raise TraceError(
+                f"openb-cpu: --fraction {fraction} would write {count + len(gpu)} pods, more "
+                f"than {MAX_GROWTH} x the {len(pods)} of the source list: use a smaller share"
+            )
         return _renamed(_draw(rng, cpu_only, count) + gpu)
     if kind == "openb-gpushare":
-        sharing = [p for p in gpu if p.num_gpu == 1 and p.gpu_milli < MILLI_PER_GPU]
-        other = [p for p in gpu if p not in sharing]
-        want = round(min(fraction, 1.0) * len(gpu))
-        if (want and not sharing) or (want < len(gpu) and not other):
-            raise TraceError("openb-gpushare needs both sharing and other GPU pods to draw from")
+        sharing = [p for p in gpu if _is_sharing(p)]
+        other = [p for p in gpu if not _is_sharing(p)]
+        want = round(fraction * len(gpu))
+        if want and not sharing:
+            raise TraceError("openb-gpushare needs sharing pods in the source pod list to draw")
+        if want < len(gpu) and not other:
+            raise TraceError(
+                "openb-gpushare needs whole-GPU or multi-GPU pods in the source pod list to draw"
+            )
         drawn = _draw(rng, sharing, want) + _draw(rng, other, len(gpu) - want)
         order = rng.permutation(len(drawn))
         return _renamed(cpu_only + [drawn[int(i)] for i in order])
     if kind == "openb-multigpu":
-        multi = [p for p in gpu if p.num_gpu > 1]
+        multi = [p for p in gpu if p.num_gpu > 1 and p.gpu_request > 0]
         if not multi:
             raise TraceError("openb-multigpu needs multi-GPU pods in the source pod list")
-        if fraction >= 1:
-            raise TraceError("openb-multigpu: --fraction is their GPU request's share, below 1")
         total = sum(p.gpu_request for p in gpu)
         wide = sum(p.gpu_request for p in multi)
         out = list(pods)
         while wide < fraction * total:
+            if len(out) >= limit:
+                raise TraceError(
+                    f"openb-multigpu: --fraction {fraction} needs more than {MAX_GROWTH} x the "
+                    f"{len(pods)} pods of the source list: use a smaller share"
+                )
             added = multi[int(rng.integers(len(multi)))]
             out.append(added)
             wide += added.gpu_request
@@ -166,11 +185,15 @@ def _openb_variant(
         weights = np.array([count for _, count in GPUSPEC_FREQUENCY], dtype=np.float64)
         indices = [i for i, p in enumerate(pods) if p.num_gpu > 0]
         out = list(pods)
-        for i in _pick(rng, indices, int(min(fraction, 1.0) * len(indices))):
+        for i in _pick(rng, indices, round(fraction * len(indices))):
             chosen = sets[int(rng.choice(len(sets), p=weights / weights.sum()))]
             out[i] = replace(out[i], gpu_spec=chosen)
         return out
     raise TraceError(f"unknown kind {kind!r}: choose from {', '.join(KINDS)}")
+
+
+def _is_sharing(pod: TracePod) -> bool:
+    return pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU
 
 
 def _draw(rng: np.random.Generator, pods: Sequence[TracePod], count: int) -> list[TracePod]:
@@ -192,7 +215,10 @@ def _pick(rng: np.random.Generator, indices: Sequence[int], count: int) -> list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="fracgpu-bench placement-synth", description=__doc__.split("\n\n")[0]
+        prog="fracgpu-bench placement-synth",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]).replace("``", "'"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--fraction", type=float, required=True, help="see the kind's description")

@@ -24,6 +24,9 @@ DEFAULT_MAX_SHAPES = 32
 # 64 for all shapes did as well there but scored twice the shapes on the default trace (decision
 # p99 1.2 -> 2.7 ms, past the 2 ms target), where no pod is limited.
 DEFAULT_MAX_LIMITED_EXTRA = 32
+# ...each with at least this share of the (decayed) arrivals: a tenant's one-off pods with a
+# made-up model list do not take that room (with no floor, 40 such pods once each filled it).
+LIMITED_MIN_SHARE = 1e-3
 # The most distinct shapes a model remembers: tenants choose shapes (GPU memory, CPU, model
 # names), so memory must not grow with what they send. Real workloads have far fewer (the
 # openb trace: 90 shapes, 91 FGD task types). Past twice this many, the lowest-weight shapes
@@ -192,7 +195,8 @@ class WorkloadModel:
         extra = 0
         for shape, weight in ranked:
             if len(chosen) >= self._max_shapes:
-                if extra >= self._max_limited_extra:
+                # Ranked by weight: past the floor, so are all the rest.
+                if extra >= self._max_limited_extra or weight < LIMITED_MIN_SHARE * total:
                     break
                 if not (shape.include_models or shape.exclude_models):
                     continue

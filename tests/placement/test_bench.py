@@ -312,14 +312,18 @@ def test_openb_gpuspec_limits_the_share_asked_to_production_model_sets() -> None
     ("kind", "pods", "fraction", "message"),
     [
         ("openb-cpu", [pod("w", 1000)], 0.2, "needs CPU-only pods"),
-        ("openb-cpu", [pod("w", 1000), pod("c", 0)], 1.0, "below 1"),
+        ("openb-cpu", [pod("w", 1000), pod("c", 0)], 1.0, r"--fraction 1.0 is a share: .*\[0, 1\)"),
+        ("openb-cpu", [pod("w", 1000), pod("c", 0)], 0.96, "would write 25 pods, more than 10 x"),
         ("openb-multigpu", [pod("w", 1000)], 0.3, "needs multi-GPU pods"),
-        ("openb-multigpu", [pod("m", 1000, num_gpu=2)], 1.0, "below 1"),
-        ("openb-gpushare", [pod("w", 1000), pod("v", 1000)], 0.5, "both sharing and other"),
+        ("openb-multigpu", [pod("m", 1000, num_gpu=2)], 1.0, r"use a number in \[0, 1\)"),
+        ("openb-multigpu", [pod("w", 1000), pod("m", 1000, num_gpu=2)], 0.99, "more than 10 x"),
+        ("openb-gpushare", [pod("w", 1000), pod("v", 1000)], 0.5, "needs sharing pods"),
+        ("openb-gpushare", [pod("s", 300)], 0.0, "needs whole-GPU or multi-GPU pods"),
+        ("openb-gpushare", [pod("s", 300)], 2.0, r"use a number in \[0, 1\]"),
         ("openb-gpuspec", [pod("c", 0)], 0.5, "needs GPU pods"),
     ],
 )
-def test_openb_kinds_say_what_the_source_list_lacks(
+def test_openb_kinds_say_what_is_wrong_and_what_is_allowed(
     kind: str, pods: list[TracePod], fraction: float, message: str
 ) -> None:
     with pytest.raises(TraceError, match=message):

@@ -183,6 +183,9 @@ def test_shapes_limited_to_models_get_room_past_the_bound() -> None:
     assert typical(max_limited_extra=0) == anywhere[:2]
     # The third shape any model can take is passed over; the two heaviest limited ones join.
     assert typical(max_limited_extra=2) == [*anywhere[:2], *limited[:2]]
+    # Limited shapes lighter than LIMITED_MIN_SHARE of the arrivals do not (one-offs).
+    counts[0] = (20_000, anywhere[0])
+    assert typical(max_limited_extra=2) == anywhere[:2]
 
 
 def test_a_small_bound_keeps_the_heaviest_shapes() -> None:
