@@ -87,7 +87,7 @@ class ClassChooser:
                 kind = self._kind(pair[0], slot, state, frag)
                 if kind != NOT_UNTOUCHED:
                     loss += frag.scarce_cost_of_kind(state, kind)
-                    reserved = 1.0 if frag.kind_reserved(state, kind) else 0.0
+                    reserved = frag.kind_reserved(state, kind)
             options.append((slot, (need, (reserved, loss, free_after, gpu_left))))
         if not options:
             return None

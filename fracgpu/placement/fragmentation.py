@@ -19,13 +19,14 @@ of the cluster's free GPUs are, as much as the workload has pods limited to mode
 (``MODEL_RARITY_GPUS``).
 """
 
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from fracgpu.placement.candidates import Candidates
 from fracgpu.placement.classes import StateClasses
-from fracgpu.placement.scarcity import ScarcityTable
+from fracgpu.placement.scarcity import Kind, ScarcityTable
 from fracgpu.placement.state import BoolArray, ClusterState, FloatArray, IntArray
 from fracgpu.placement.workload import Shape
 
@@ -52,6 +53,11 @@ MODEL_RARITY_GPUS = 0.33
 # workload is (every ``REFRESH_EVERY`` arrivals, ``view``) and kept unless some model's moved
 # by more than this: a change re-scores every class (``byclass``).
 RARITY_STEP = 0.01
+# The policy's first key (``reserved``): a pod takes from a node that the multi-GPU pods still
+# expected need only when no other node fits it, and from the last node of a rare kind only
+# when nothing else does either.
+NEEDED_RANK = 1.0
+LAST_OF_KIND_RANK = 2.0
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -87,6 +93,9 @@ class FragmentationIndex:
         self.version = 0
         # Untouched nodes by kind: kept whenever the index is current, read by every score.
         self.scarcity = ScarcityTable()
+        # ``kept_for_demand`` by kind id, and what it was counted from.
+        self._kept: BoolArray = np.zeros(1, np.bool_)
+        self._kept_key: tuple[int, int, int, int] | None = None
         self._empty_state()
 
     def _empty_state(self) -> None:
@@ -499,26 +508,93 @@ class FragmentationIndex:
         return result
 
     def reserved(self, state: ClusterState, rows: IntArray, *, takes: bool = True) -> FloatArray:
-        """Per row: 1 where the pod would take from one of the last nodes of a reserved kind
-        (``scarcity.reserved``) that a typical multi-GPU shape could have whole, else 0; the
-        first key of the policy, before ``loss``. Without multi-GPU shapes no node is kept:
-        what is rare then is judged by the capacity lost alone. ``takes``: whether the pod
+        """Per row: ``LAST_OF_KIND_RANK`` where the pod would take from one of the last nodes
+        of a reserved kind (``scarcity.reserved``) that a typical multi-GPU shape could have
+        whole, ``NEEDED_RANK`` where from a node that the multi-GPU pods still expected need
+        (``kept_for_demand``), else 0; the first key of the policy, before ``loss``. Without
+        multi-GPU shapes no node is kept: what is rare then is judged by the capacity lost
+        alone. ``takes``: whether the pod
         takes anything from the node at all (a pod without GPUs asking for no CPU or memory
         leaves its kind as it is)."""
         if not takes or not self._reserve_gpus or not self.scarce_costs_apply():
             return np.zeros(len(rows))
         wide_enough = state.n_unit_capacity[rows] >= self._reserve_gpus * state.gpu_units
-        result: FloatArray = (self.scarcity.reserved_rows(rows) & wide_enough).astype(np.float64)
+        last = self.scarcity.reserved_rows(rows)
+        needed = self.kept_for_demand(state)[self.scarcity.row_kind[rows]]
+        result: FloatArray = np.where(last, LAST_OF_KIND_RANK, needed * NEEDED_RANK) * wide_enough
         return result
 
-    def kind_reserved(self, state: ClusterState, kind_id: int) -> bool:
+    def kind_reserved(self, state: ClusterState, kind_id: int) -> float:
         """``reserved`` for an untouched node of kind ``kind_id`` (``ScarcityTable`` id), for
         a pod with GPUs."""
         if not self._reserve_gpus or not self.scarce_costs_apply():
-            return False
+            return 0.0
         capacity = self.scarcity.kinds[kind_id][2]
-        wide_enough = capacity >= self._reserve_gpus * state.gpu_units
-        return wide_enough and self.scarcity.kind_reserved(kind_id)
+        if capacity < self._reserve_gpus * state.gpu_units:
+            return 0.0
+        if self.scarcity.kind_reserved(kind_id):
+            return LAST_OF_KIND_RANK
+        return NEEDED_RANK if self.kept_for_demand(state)[kind_id] else 0.0
+
+    def kept_for_demand(self, state: ClusterState) -> BoolArray:
+        """By ``ScarcityTable`` kind id (one more entry for NOT_UNTOUCHED, never kept): the
+        untouched kinds that the typical multi-GPU shapes they can host whole are expected to
+        need, every node of them, before the cluster fills; ``reserved`` keeps them from pods
+        that fit elsewhere.
+
+        For a multi-GPU shape s, its hosts are the untouched kinds with the CPU, memory, GPUs
+        and model it needs. The pods expected to need them are those of the shapes whose hosts
+        are among s's (they can go nowhere else), at their arrival rate (the workload's
+        frequency over the root of the GPU count, ``arrival_weight``) times the arrivals the
+        free GPUs still hold. When s's hosts are no more than that expectation plus its square
+        root (one standard deviation, as for Poisson arrivals), all of them are kept. On the
+        openb multigpu50 variant the 39 nodes of 128 CPUs are the only hosts of the 120-CPU
+        8-GPU pods, about 23 of which were still to come with 24 of those nodes untouched; 4-GPU
+        pods that would strand a 96-CPU node's other GPUs opened them instead, and the first
+        8-GPU pod was refused 1.4 points before best-fit's (benchmarks.md, fourteenth session).
+        Recounted when a node enters or leaves the untouched table, or the workload changes."""
+        table = self.scarcity
+        key = (self.version, table.version, table.changes, len(table.kinds))
+        if key == self._kept_key:
+            return self._kept
+        kept = np.zeros(len(table.kinds) + 1, np.bool_)
+        self._kept, self._kept_key = kept, key
+        if len(self.weights) != len(self.shapes) or not (self.s_gpus > 1).any():
+            return kept
+        rate = self.weights / np.sqrt(np.maximum(self.s_gpus, 1))
+        if rate.sum() <= 0:
+            return kept
+        rate = rate / rate.sum()
+        per_arrival = float((rate * self.s_units * self.s_gpus).sum())
+        free = float(np.maximum(state.g_free, 0)[state.g_live].sum())
+        arrivals = free / max(per_arrival, 1.0)
+        untouched = table.untouched_kinds()
+        hosts: dict[int, frozenset[int]] = {}
+        for j in np.flatnonzero((self.s_gpus > 1) & (rate > 0)).tolist():
+            hosts[j] = frozenset(
+                kind_id
+                for kind_id in untouched
+                if self._hosts_whole(state, j, table.kinds[kind_id])
+            )
+        for kinds in hosts.values():
+            if not kinds:
+                continue
+            needing = sum(float(rate[t]) for t, other in hosts.items() if other <= kinds)
+            expected = arrivals * needing
+            if sum(untouched[k] for k in kinds) <= expected + math.sqrt(expected):
+                kept[list(kinds)] = True
+        return kept
+
+    def _hosts_whole(self, state: ClusterState, shape: int, kind: Kind) -> bool:
+        """Whether an untouched node of ``kind`` could host a pod of typical shape ``shape``."""
+        cpu, memory, capacity, model = kind
+        if cpu < self.s_cpu[shape] or memory < self.s_mem[shape]:
+            return False
+        if capacity < self.shapes[shape].gpus * state.gpu_units:
+            return False
+        if model < 0:  # a node of mixed models: only for shapes that take any model
+            return not bool(self.s_limited[shape])
+        return self.shapes[shape].allows_model(state.models[model])
 
     def scarce_costs_apply(self) -> bool:
         """Whether scores include ``scarcity_cost``."""

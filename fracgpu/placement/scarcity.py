@@ -117,6 +117,9 @@ class ScarcityTable:
         self._reserved: BoolArray | None = None  # ``reserved`` by kind id, likewise
         self._reserved_list: list[bool] | None = None  # the same as a list
         self.untouched = 0  # U
+        # Bumped whenever a node enters or leaves the table (or changes kind): what is derived
+        # from the counts (``FragmentationIndex.kept_for_demand``) compares it.
+        self.changes = 0
 
     def rebuild(self, state: ClusterState) -> None:
         """From scratch, over every node (after a topology change): grouped with numpy, not
@@ -173,6 +176,7 @@ class ScarcityTable:
         return found
 
     def _move(self, kind_id: int, delta: int) -> None:
+        self.changes += 1
         # U changed: every kind's costs did
         self._cost = self._cost_list = self._cost_kept = None
         self._reserved = self._reserved_list = None
@@ -236,6 +240,10 @@ class ScarcityTable:
         if costs is None:
             costs = self._cost_list = self._costs_by_kind().tolist()
         return costs[kind_id]
+
+    def untouched_kinds(self) -> dict[int, int]:
+        """Untouched nodes per kind id, for the kinds that have any (read only)."""
+        return self._count
 
     def covering(self) -> dict[Kind, int]:
         """D per kind with untouched nodes (for tests against a recount)."""
