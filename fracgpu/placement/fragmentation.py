@@ -28,7 +28,7 @@ from fracgpu.placement.candidates import Candidates
 from fracgpu.placement.classes import StateClasses
 from fracgpu.placement.scarcity import Kind, ScarcityTable
 from fracgpu.placement.state import BoolArray, ClusterState, FloatArray, IntArray
-from fracgpu.placement.workload import Shape
+from fracgpu.placement.workload import Shape, arrival_weight
 
 # Float noise below this (in units x frequency) is not a difference between candidates.
 TIE_TOLERANCE = 1e-7
@@ -116,6 +116,8 @@ class FragmentationIndex:
         self.s_cpu_nudge = np.zeros(s)
         self.s_mem_nudge = np.zeros(s)
         self.s_limited = np.zeros(s, np.bool_)  # shapes limited to (or away from) models
+        self.s_arrival = np.ones(s)  # ``arrival_weight``: what one pod adds to its frequency
+        self.model_ok: BoolArray = np.zeros((0, s), np.bool_)  # [model id, shape]
         self.g_rarity: FloatArray = np.zeros(0)  # per GPU slot: ``free_model_rarity``
         self.usable_now: BoolArray = np.zeros((0, s), np.bool_)
         self.pods_now: FloatArray = np.zeros((0, s))
@@ -246,14 +248,15 @@ class FragmentationIndex:
         ).reshape(len(cards), len(self.shapes))
         need = need_by_card[card_of_slot]
         self.need_mem = np.where(exclusive[None, :], state.g_mem_total[:, None], need)
-        model_ok = np.array(
+        self.s_arrival = np.array([arrival_weight(s) for s in self.shapes], dtype=np.float64)
+        self.model_ok = np.array(
             [[s.allows_model(m) for s in self.shapes] for m in state.models], dtype=np.bool_
         ).reshape(len(state.models), len(self.shapes))
         # A shape without GPUs (FGD's CPU-only task types) can use no GPU.
         self.elig = (
             (self.s_gpus > 0)[None, :]
             & state.g_live[:, None]
-            & model_ok[state.g_model]
+            & self.model_ok[state.g_model]
             & (self.need_mem <= state.g_mem_total[:, None])
         )
         self.s_limited = np.array(
@@ -513,9 +516,8 @@ class FragmentationIndex:
         whole, ``NEEDED_RANK`` where from a node that the multi-GPU pods still expected need
         (``kept_for_demand``), else 0; the first key of the policy, before ``loss``. Without
         multi-GPU shapes no node is kept: what is rare then is judged by the capacity lost
-        alone. ``takes``: whether the pod
-        takes anything from the node at all (a pod without GPUs asking for no CPU or memory
-        leaves its kind as it is)."""
+        alone. ``takes``: whether the pod takes anything from the node at all (a pod without
+        GPUs asking for no CPU or memory leaves its kind as it is)."""
         if not takes or not self._reserve_gpus or not self.scarce_costs_apply():
             return np.zeros(len(rows))
         wide_enough = state.n_unit_capacity[rows] >= self._reserve_gpus * state.gpu_units
@@ -561,7 +563,7 @@ class FragmentationIndex:
         self._kept, self._kept_key = kept, key
         if len(self.weights) != len(self.shapes) or not (self.s_gpus > 1).any():
             return kept
-        rate = self.weights / np.sqrt(np.maximum(self.s_gpus, 1))
+        rate = self.weights / self.s_arrival
         if rate.sum() <= 0:
             return kept
         rate = rate / rate.sum()
@@ -590,11 +592,11 @@ class FragmentationIndex:
         cpu, memory, capacity, model = kind
         if cpu < self.s_cpu[shape] or memory < self.s_mem[shape]:
             return False
-        if capacity < self.shapes[shape].gpus * state.gpu_units:
+        if capacity < self.s_gpus[shape] * state.gpu_units:
             return False
         if model < 0:  # a node of mixed models: only for shapes that take any model
             return not bool(self.s_limited[shape])
-        return self.shapes[shape].allows_model(state.models[model])
+        return bool(self.model_ok[model, shape])
 
     def scarce_costs_apply(self) -> bool:
         """Whether scores include ``scarcity_cost``."""
