@@ -25,7 +25,8 @@ from fracgpu.dialects import MAX_GPUS_PER_CONTAINER, DialectConfig, ResourceName
 from fracgpu.errors import QuantityError
 from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
-from fracgpu.placement.view import DEFAULT_SPLIT_COUNT
+from fracgpu.placement.fragmentation import HELD_WHOLE_NODES
+from fracgpu.placement.view import DEFAULT_SPLIT_COUNT, MAX_HELD_WHOLE_NODES
 from fracgpu.quantity import parse_quantity
 from fracgpu.switches import switch_value
 from webhook.admission.mutate import is_label_value
@@ -103,6 +104,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError("use a whole number of 1 or more")
+    return value
+
+
+def _held_whole_nodes(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_HELD_WHOLE_NODES:
+        raise ValueError(f"use a whole number from 0 (hold none) to {MAX_HELD_WHOLE_NODES}")
     return value
 
 
@@ -318,6 +326,14 @@ OPTIONS: Final[tuple[Option, ...]] = (
         f"default placement policy, one of {_one_of(Policy)} (fragmentation learns the "
         "workload and keeps room for it)",
         _enum_of(Policy),
+    ),
+    Option(
+        "held_whole_nodes",
+        str(HELD_WHOLE_NODES),
+        "fragmentation policy: once this many or fewer untouched nodes are left that the "
+        "multi-GPU pods still expected need, narrower pods that fit only there wait (are "
+        f"refused without the queue); 0 holds none, at most {MAX_HELD_WHOLE_NODES}",
+        _held_whole_nodes,
     ),
     Option(
         "service_accounts",
@@ -570,6 +586,7 @@ class Settings:
     tls_reload_seconds: float = _default("tls_reload_seconds")
     cluster_file: Path | None = _default("cluster_file")
     policy: Policy = _default("policy")
+    held_whole_nodes: int = _default("held_whole_nodes")
     service_accounts: frozenset[str] = _default("service_accounts")
     max_body_bytes: int = _default("max_body_bytes")
     # The pod limits, dialect defaults and resource names have their defaults in their own
@@ -843,6 +860,7 @@ def _assemble(values: Mapping[str, Any], sources: Mapping[str, str]) -> Settings
         tls_reload_seconds=values["tls_reload_seconds"],
         cluster_file=values["cluster_file"],
         policy=values["policy"],
+        held_whole_nodes=values["held_whole_nodes"],
         service_accounts=values["service_accounts"],
         max_body_bytes=values["max_body_bytes"],
         pod_limits=PodLimits(**{f.name: values[f.name] for f in dataclasses.fields(PodLimits)}),

@@ -58,6 +58,13 @@ RARITY_STEP = 0.01
 # when nothing else does either.
 NEEDED_RANK = 1.0
 LAST_OF_KIND_RANK = 2.0
+# When no more than this many untouched nodes are left of the kinds the expected multi-GPU
+# pods need (``kept_for_demand``), they are held: a narrower pod that fits nowhere else is
+# refused now (in queue mode it waits) instead of opening one. Holding every kept node cost
+# multigpu50 1.1 points of allocation; holding none let a stream of 1-GPU pods open the last
+# hosts at 96-97 % arrived on gpuspec10, where best-fit still had room (benchmarks.md,
+# fifteenth session). 0 turns holding off.
+HELD_WHOLE_NODES = 2
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -73,10 +80,12 @@ class FragmentationIndex:
         stranding: bool = True,
         whole_node_penalty: float = WHOLE_NODE_PENALTY,
         model_rarity: float = MODEL_RARITY_GPUS,
+        held_whole_nodes: int = 0,
     ) -> None:
         self.stranding = stranding
         self.whole_node_penalty = whole_node_penalty
         self.model_rarity = model_rarity
+        self.held_whole_nodes = held_whole_nodes  # ``held_rows``; 0: none held
         # model_rarity x the frequency of model-limited shapes: what a GPU unit of a rare
         # model costs, per unit of ln(live GPUs / live GPUs of the model); 0 turns it off.
         self._rarity_scale = 0.0
@@ -586,6 +595,33 @@ class FragmentationIndex:
             if sum(untouched[k] for k in kinds) <= expected + math.sqrt(expected):
                 kept[list(kinds)] = True
         return kept
+
+    def narrowest_wide_shape(self) -> int:
+        """The fewest GPUs a typical multi-GPU shape asks for (0: none is typical)."""
+        return self._reserve_gpus
+
+    def held_rows(self, state: ClusterState, gpus: int) -> IntArray:
+        """Node rows held from a pod whose containers ask at most ``gpus`` GPUs each: the
+        untouched nodes of the kinds ``kept_for_demand``, once no more than
+        ``held_whole_nodes`` of them are left; none for a pod as wide as the narrowest typical
+        multi-GPU shape (it is what they are kept for). A pod without GPUs is held off them
+        too: its CPU and memory are what the multi-GPU pods would need there."""
+        none: IntArray = np.zeros(0, np.int64)
+        if self.held_whole_nodes <= 0 or not self.active or self._reserve_gpus <= 1:
+            return none
+        if gpus >= self._reserve_gpus:
+            return none
+        kept = self.kept_for_demand(state)
+        if not kept.any():
+            return none
+        counts = self.scarcity.untouched_kinds()
+        if sum(n for kind_id, n in counts.items() if kept[kind_id]) > self.held_whole_nodes:
+            return none
+        # NOT_UNTOUCHED (-1) reads kept's last entry, which is never set.
+        row_kind = self.scarcity.row_kind
+        n = min(len(row_kind), len(state.n_live))
+        rows: IntArray = np.flatnonzero(kept[row_kind[:n]] & state.n_live[:n])
+        return rows
 
     def _hosts_whole(self, state: ClusterState, shape: int, kind: Kind) -> bool:
         """Whether an untouched node of ``kind`` could host a pod of typical shape ``shape``."""

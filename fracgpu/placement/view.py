@@ -13,7 +13,7 @@ from fracgpu.names import CORES_PER_GPU, MAX_MEMORY_SCALING
 from fracgpu.placement.api import NoFit, NoFitReason, Placement, PodDemand, Policy
 from fracgpu.placement.byclass import ClassChooser
 from fracgpu.placement.candidates import CandidateFinder
-from fracgpu.placement.fragmentation import FragmentationIndex
+from fracgpu.placement.fragmentation import HELD_WHOLE_NODES, FragmentationIndex
 from fracgpu.placement.nofit import explain, fitting_elsewhere
 from fracgpu.placement.recheck import capacity_problem
 from fracgpu.placement.scoring import choose
@@ -29,6 +29,8 @@ from fracgpu.placement.workload import (
 DEFAULT_SPLIT_COUNT = 10
 # What one pod or reservation holds on a node: GPU allocations, CPU milli, memory MiB.
 Usage = tuple[Iterable[GPUAllocation], int, int]
+# The most untouched nodes ``held_whole_nodes`` may hold from narrower pods.
+MAX_HELD_WHOLE_NODES = 64
 # The typical shapes are re-ranked after 1, 2, 4, ... 64 arrivals, then every 64.
 REFRESH_EVERY = 64
 # The FGD policy's workload: task types counted without decay (the paper reads them from the
@@ -43,6 +45,8 @@ class ClusterView:
     ``gpu_units`` is how many compute units make one GPU (100 = TKEStack cores; a trace
     replay may use 1000 to keep thousandths exact). Every ``cores`` value passed in or out
     is in these units. ``observe`` teaches the fragmentation policy what pods look like.
+    ``held_whole_nodes``: the fragmentation policy holds the last this many untouched nodes
+    that the multi-GPU pods still expected need from narrower pods (``held_from``).
     """
 
     def __init__(
@@ -53,7 +57,12 @@ class ClusterView:
         default_memory_scaling: float = 1.0,
         gpu_units: int = CORES_PER_GPU,
         workload: WorkloadModel | None = None,
+        held_whole_nodes: int = HELD_WHOLE_NODES,
     ) -> None:
+        if not 0 <= held_whole_nodes <= MAX_HELD_WHOLE_NODES:
+            raise ValueError(
+                f"held_whole_nodes={held_whole_nodes}: use 0 (hold none) to {MAX_HELD_WHOLE_NODES}"
+            )
         if default_split_count < 1:
             raise ValueError(f"default_split_count={default_split_count}: use 1 or more")
         if gpu_units < 1:
@@ -67,7 +76,7 @@ class ClusterView:
         self._state = ClusterState(gpu_units)
         self._finder = CandidateFinder(self._state)
         self._workload = workload if workload is not None else WorkloadModel()
-        self._frag = FragmentationIndex()
+        self._frag = FragmentationIndex(held_whole_nodes=held_whole_nodes)
         self._by_class = ClassChooser()
         # The FGD policy (kept to compare against): its own workload and index, set up only
         # when it is used; ``observe`` only counts task types for it (at most
@@ -239,7 +248,7 @@ class ClusterView:
             self._frag.sync(self._state)
             placed = self._by_class.place(self._state, self._frag, demand)
             if placed is not None:
-                return placed
+                return self._unless_held(placed, demand)
         elif policy is Policy.FGD:
             frag = self._fgd_index()
         cands = self._finder.find(demand, prefer_most_free=policy is Policy.SPREAD)
@@ -247,7 +256,34 @@ class ClusterView:
             return explain(self._state, self._finder, demand)
         winner = choose(policy, cands, self._state, frag, demand)
         node = self._state.node_names[int(cands.rows[winner])]
-        return Placement(node, cands.assignment(winner))
+        chosen = Placement(node, cands.assignment(winner))
+        return self._unless_held(chosen, demand) if policy is Policy.FRAGMENTATION else chosen
+
+    def held_from(self, demand: PodDemand, policy: Policy) -> frozenset[str]:
+        """The nodes ``place`` holds from this pod under ``policy``: with the fragmentation
+        policy, the last untouched nodes that the multi-GPU pods still expected need, once
+        ``held_whole_nodes`` or fewer are left (``FragmentationIndex.held_rows``); none with
+        the others. A queue head must not wait on them."""
+        if policy is not Policy.FRAGMENTATION:
+            return frozenset()
+        self._frag.sync(self._state)
+        rows = self._frag.held_rows(self._state, _widest(demand))
+        return frozenset(self._state.node_names[int(r)] for r in rows)
+
+    def _unless_held(self, placed: Placement, demand: PodDemand) -> Placement | NoFit:
+        """``placed``, or NOT_NOW when it is on a node held from this pod (``held_from``):
+        the policy chose a held node only because no other node fits (``reserved``)."""
+        rows = self._frag.held_rows(self._state, _widest(demand))
+        if not len(rows) or self._state.row(placed.node) not in set(rows.tolist()):
+            return placed
+        wide = self._frag.narrowest_wide_shape()
+        return NoFit(
+            NoFitReason.NOT_NOW,
+            f"no node has room for this pod now except the last {len(rows)} untouched "
+            f"node(s), kept whole for the pods of {wide} or more GPUs that are still "
+            f"expected; it fits once room frees elsewhere or such pods stop arriving "
+            f"(held_whole_nodes is {self._frag.held_whole_nodes}; 0 holds none)",
+        )
 
     def fitting_elsewhere(self, demand: PodDemand, reason: NoFitReason) -> tuple[str, ...]:
         """For a pod ``place`` refused with ``reason``: the nodes outside
@@ -287,6 +323,11 @@ class ClusterView:
             self._fgd_seen = seen
         self._fgd.sync(self._state)
         return self._fgd
+
+
+def _widest(demand: PodDemand) -> int:
+    """The most GPUs one of the pod's containers asks for (0 without GPUs)."""
+    return max((c.gpus for c in demand.containers), default=0)
 
 
 def fgd_task_type(demand: PodDemand, shape: Shape | None) -> Shape:

@@ -9,6 +9,7 @@ from fracgpu.model import (
     NodeInventory,
 )
 from fracgpu.placement import ClusterView, Constraints, Placement, PodDemand
+from fracgpu.placement.fragmentation import HELD_WHOLE_NODES
 
 CARD_MIB = 16384
 ANYWHERE = Constraints()
@@ -67,12 +68,12 @@ def allocations(placement: Placement) -> list[GPUAllocation]:
     return [a for c in placement.containers for a in c.devices]
 
 
-def reserve_cluster() -> ClusterView:
+def reserve_cluster(held_whole_nodes: int = HELD_WHOLE_NODES) -> ClusterView:
     """One node of 128 CPUs, the only one its kind; two of 96 CPUs, covered by all three.
     One-GPU pods of 4 CPUs are the usual shape; some pods take a node's 8 GPUs."""
     big = node("big", 8, cpu_milli=128000, host_memory_mib=786432)
     small = [node(f"s{i}", 8, cpu_milli=96000, host_memory_mib=393216) for i in (1, 2)]
-    view = ClusterView([big, *small])
+    view = ClusterView([big, *small], held_whole_nodes=held_whole_nodes)
     for _ in range(5):
         view.observe(PodDemand((container("main", 100, WHOLE_CARD, gpus=8),), cpu_milli=88000))
     for _ in range(100):

@@ -258,8 +258,8 @@ def test_pair_by_pair_keeps_the_reserved_node_like_every_candidate() -> None:
     """The reserve is read per node class when options are compared, not cached with the
     scores: a one-GPU pod of 90 CPUs goes to s1 while "big" is the last node of its kind,
     by either path; once s1 and s2 are open nothing is rare and both paths send the next
-    one to "big"."""
-    fast, full = reserve_cluster(), reserve_cluster()
+    one to "big" (holding the last hosts off: ``test_held_nodes`` covers that)."""
+    fast, full = reserve_cluster(held_whole_nodes=0), reserve_cluster(held_whole_nodes=0)
     got: list[str] = []
     for cpu in (90000, 90000, 4000, 90000):
         demand = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=cpu)

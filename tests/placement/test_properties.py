@@ -107,11 +107,16 @@ def check_feasible(view: ClusterView, demand: PodDemand, placement: Placement, s
             assert gpu.containers <= (inventory.split_count or split)
 
 
-def feasible_single(view: ClusterView, demand: PodDemand, split: int) -> bool:
-    """Brute force for one container: some node with room and enough fitting GPUs."""
+def feasible_single(
+    view: ClusterView, demand: PodDemand, split: int, skip: frozenset[str] = frozenset()
+) -> bool:
+    """Brute force for one container: some node (not in ``skip``) with room and enough
+    fitting GPUs."""
     (request,) = demand.containers
     gpus, hosts = snapshot(view)
     for inventory in view.nodes():
+        if inventory.name in skip:
+            continue
         cpu, mem = hosts[inventory.name]
         if demand.cpu_milli > cpu or demand.memory_mib > mem:
             continue
@@ -170,8 +175,17 @@ def test_refuses_single_container_pods_only_when_nothing_fits(
     for demand, policy in pods:
         view.observe(demand)
         result = view.place(demand, policy)
+        # The fragmentation policy holds the last hosts of the multi-GPU pods still expected.
+        held = view.held_from(demand, policy)
+        if isinstance(result, Placement):
+            assert result.node not in held
         if len(demand.containers) == 1:
-            assert isinstance(result, Placement) == feasible_single(view, demand, 3)
+            fits = feasible_single(view, demand, 3)
+            if isinstance(result, NoFit) and fits:
+                assert result.reason is NoFitReason.NOT_NOW
+                assert held and not feasible_single(view, demand, 3, skip=held)
+            else:
+                assert isinstance(result, Placement) == fits
         if isinstance(result, NoFit) and result.reason is NoFitReason.NEVER:
             empty = ClusterView(inventories, default_split_count=3)
             assert isinstance(empty.place(demand, policy), NoFit)

@@ -8,6 +8,7 @@ import pytest
 
 from fracgpu.errors import CodecError
 from fracgpu.model import (
+    WHOLE_CARD,
     ContainerRequest,
     GPUAllocation,
     GPUDevice,
@@ -15,10 +16,12 @@ from fracgpu.model import (
     NodeInventory,
 )
 from fracgpu.placement import ClusterView, Constraints, PodDemand, Policy
+from tests.placement.helpers import reserve_cluster
 from webhook.queue import entry as queued
 from webhook.queue.order import Waiter, asked, ordered, ordinal, target_node
 
 KEY = b"k" * 32
+FRAG = Policy.FRAGMENTATION
 
 
 def entry(
@@ -123,10 +126,27 @@ def test_the_head_holds_the_node_with_most_of_its_ask_free_and_keeps_it() -> Non
     view.allocate("a", [view_allocation("a-0", 70)])
     view.allocate("b", [view_allocation("b-0", 30)])
     # b has more free; t4 has more GPUs but not the model the pod may use.
-    assert target_node(view, whole, ["a", "b", "t4"], "") == "b"
-    assert target_node(view, whole, ["a", "b", "t4"], "a") == "a", "sticky while it qualifies"
-    assert target_node(view, whole, ["a", "b", "t4"], "t4") == "b", "not a node it can use"
-    assert target_node(view, whole, ["t4"], "") == "", "no node it could ever use"
+    assert target_node(view, whole, FRAG, ["a", "b", "t4"], "") == "b"
+    assert target_node(view, whole, FRAG, ["a", "b", "t4"], "a") == "a", "sticky while it qualifies"
+    assert target_node(view, whole, FRAG, ["a", "b", "t4"], "t4") == "b", "not a node it can use"
+    assert target_node(view, whole, FRAG, ["t4"], "") == "", "no node it could ever use"
+
+
+def test_the_head_never_holds_a_node_kept_whole_for_wider_pods() -> None:
+    """Only "big" has room for a 1-GPU pod, and it is the last host of the 8-GPU pods still
+    expected (tests/placement/test_held_nodes.py): placement holds it from the pod. Were the
+    waiting pod to hold it in turn, the 8-GPU pods behind would be shut out of it too, and
+    neither would start; it waits on a full node instead. Policies that hold nothing may
+    take "big"."""
+    view = reserve_cluster()
+    for name in ("s1", "s2"):
+        cpu, _ = view.node_free(name)
+        used = [GPUAllocation(f"{name}-gpu{i}", 100, 0) for i in range(8)]
+        view.allocate(name, used, cpu)
+    one_gpu = PodDemand((ContainerRequest("main", 1, 100, WHOLE_CARD),), cpu_milli=4000)
+    assert target_node(view, one_gpu, FRAG, ["big", "s1", "s2"], "") == "s1"
+    assert target_node(view, one_gpu, FRAG, ["big", "s1", "s2"], "big") == "s1"
+    assert target_node(view, one_gpu, Policy.BEST_FIT, ["big", "s1", "s2"], "") == "big"
 
 
 def view_allocation(uuid: str, cores: int) -> GPUAllocation:

@@ -323,3 +323,11 @@ def test_a_misspelt_setting_variable_is_named_with_the_one_meant() -> None:
         "ignored",
         "FRACGPU_POLCY is not a setting (did you mean FRACGPU_POLICY?): it is ignored",
     ]
+
+
+def test_held_whole_nodes_is_bounded_and_0_turns_it_off() -> None:
+    assert parse([], {}).held_whole_nodes == 2
+    assert parse(["--held-whole-nodes", "0"], {}).held_whole_nodes == 0
+    for bad in ("-1", "65"):
+        with pytest.raises(settings.SettingsError, match="from 0 \\(hold none\\) to 64"):
+            parse([], {"FRACGPU_HELD_WHOLE_NODES": bad})

@@ -95,6 +95,7 @@ async def run(
             config.reservation_ttl_seconds,
             memory_scaling=config.memory_scaling,
             admission_window_s=config.admission_window_seconds,
+            held_whole_nodes=config.held_whole_nodes,
         )
         reloader = CertificateReloader(TLSFiles(cert, key), config.tls_reload_seconds)
         running = await server.start(config, state, reloader)

@@ -181,6 +181,7 @@ def _state(config: settings.Settings) -> EmbeddedState:
         config.reservation_ttl_seconds,
         config.memory_scaling,
         admission_window_s=config.admission_window_seconds,
+        held_whole_nodes=config.held_whole_nodes,
     )
 
 

@@ -72,6 +72,7 @@ class KubeStateSettings:
     # The operator's settings (``from_settings``; their defaults live in webhook.settings).
     split_count: int
     memory_scaling: float
+    held_whole_nodes: int
     reservation_ttl_s: int
     # How long a reservation outlives its pod's appearance (covers the replicas' watch lag).
     settle_s: float
@@ -93,6 +94,7 @@ class KubeStateSettings:
         return cls(
             split_count=config.split_count,
             memory_scaling=config.memory_scaling,
+            held_whole_nodes=config.held_whole_nodes,
             reservation_ttl_s=config.reservation_ttl_seconds,
             settle_s=config.settle_seconds,
             write_behind_s=config.write_behind_seconds,
@@ -141,6 +143,7 @@ class KubeState:
             ledger=self.ledger,
             split_count=settings.split_count,
             memory_scaling=settings.memory_scaling,
+            held_whole_nodes=settings.held_whole_nodes,
             clock=clock,
         )
         self.writer = WriteBehind(

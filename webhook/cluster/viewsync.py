@@ -43,6 +43,7 @@ class ViewSync:
         ledger: ClaimLedger,
         split_count: int,
         memory_scaling: float,
+        held_whole_nodes: int,
         clock: Callable[[], float],
     ) -> None:
         self._pods = pods
@@ -52,7 +53,10 @@ class ViewSync:
         self._ledger = ledger
         self._clock = clock
         self._view = ClusterView(
-            (), default_split_count=split_count, default_memory_scaling=memory_scaling
+            (),
+            default_split_count=split_count,
+            default_memory_scaling=memory_scaling,
+            held_whole_nodes=held_whole_nodes,
         )
         self._dirty: set[str] = set()  # nodes to recount in the view
         # Nodes changed since the controllers last summarised; None = all (nothing taken yet).

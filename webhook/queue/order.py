@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from fracgpu.model import GPUDevice
-from fracgpu.placement import ClusterView, PodDemand
+from fracgpu.placement import ClusterView, PodDemand, Policy
 from fracgpu.placement.nofit import describe, describe_constraints
 from webhook.queue.entry import QueuedEntry
 
@@ -68,12 +68,19 @@ def asked(entry: QueuedEntry) -> str:
     return " + ".join(parts) + (f" ({limited})" if limited else "")
 
 
-def target_node(view: ClusterView, demand: PodDemand, allowed: Sequence[str], previous: str) -> str:
+def target_node(
+    view: ClusterView, demand: PodDemand, policy: Policy, allowed: Sequence[str], previous: str
+) -> str:
     """The node the head holds: where the most of its ask is free now, among the nodes it
-    may use that could hold it when empty. Sticky: the previous choice while it qualifies."""
+    may use that could hold it when empty. Sticky: the previous choice while it qualifies.
+    Never a node placement holds from it (``ClusterView.held_from``): those are kept whole
+    for wider pods, which the head's hold would then shut out too, and neither would start."""
     best, best_score = "", (-1, -1)
     need = max((r.gpus for r in demand.containers), default=1)
+    held_off = view.held_from(demand, policy)
     for name in allowed:
+        if name in held_off:
+            continue
         node = view.inventory(name)
         if node is None or not demand.constraints.allows_pool(node.pool):
             continue

@@ -153,9 +153,15 @@ class QueueScheduler:
             what = f"no GPU on the offered nodes can ever hold {asked(waiter.entry)}"
         else:
             what = f"waiting for {asked(waiter.entry)}"
+            if view.held_from(alone, waiter.entry.policy):
+                what += f": {on_its_own.message}"  # room there, kept for wider pods
             if head is None:  # the head: it holds the node where it will fit soonest
                 target = target_node(
-                    view, alone, sorted(candidates), self._held.get(waiter.uid, "")
+                    view,
+                    alone,
+                    waiter.entry.policy,
+                    sorted(candidates),
+                    self._held.get(waiter.uid, ""),
                 )
                 self._held = {waiter.uid: target} if target else {}
         summary = f"{what}; {where}"
@@ -190,7 +196,9 @@ class QueueScheduler:
                     taken.append((placed.node, used, wanted.cpu_milli, wanted.memory_mib))
                     continue
                 offered = sorted(wanted.constraints.nodes or ())
-                held = target_node(view, wanted, offered, self._held.get(other.uid, ""))
+                held = target_node(
+                    view, wanted, other.entry.policy, offered, self._held.get(other.uid, "")
+                )
                 self._held = {other.uid: held} if held else {}
                 head = other
                 break

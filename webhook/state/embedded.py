@@ -17,6 +17,7 @@ from pathlib import Path
 from fracgpu import names
 from fracgpu.model import GPUAllocation, Quota, Reservation, ResourceAmounts
 from fracgpu.placement import ClusterView
+from fracgpu.placement.fragmentation import HELD_WHOLE_NODES
 from webhook.rules import quota as quotalib
 from webhook.rules.tolerations import Taint
 from webhook.state.backend import Claim, RejectKind, ReserveRejected
@@ -36,9 +37,13 @@ class EmbeddedState:
         *,
         memory_scaling: float = 1.0,
         admission_window_s: float | None = None,
+        held_whole_nodes: int = HELD_WHOLE_NODES,
     ) -> None:
         self._view = ClusterView(
-            cluster.nodes, default_split_count=split_count, default_memory_scaling=memory_scaling
+            cluster.nodes,
+            default_split_count=split_count,
+            default_memory_scaling=memory_scaling,
+            held_whole_nodes=held_whole_nodes,
         )
         self._split_count = split_count
         self._ttl = reservation_ttl_seconds
@@ -74,6 +79,7 @@ class EmbeddedState:
         memory_scaling: float = 1.0,
         *,
         admission_window_s: float | None = None,
+        held_whole_nodes: int = HELD_WHOLE_NODES,
     ) -> "EmbeddedState":
         return cls(
             load_cluster_file(path),
@@ -81,6 +87,7 @@ class EmbeddedState:
             reservation_ttl_seconds,
             memory_scaling=memory_scaling,
             admission_window_s=admission_window_s,
+            held_whole_nodes=held_whole_nodes,
         )
 
     def ready(self) -> bool:

@@ -171,6 +171,8 @@ both include this one list, so the hook checks exactly what the webhook starts w
   value: {{ .Values.webhook.tlsReloadSeconds | quote }}
 - name: FRACGPU_POLICY
   value: {{ .Values.webhook.placementPolicy | quote }}
+- name: FRACGPU_HELD_WHOLE_NODES
+  value: {{ .Values.webhook.heldWholeNodes | quote }}
 # The agent's host directories (agent-daemonset.yaml): no pod may mount them.
 - name: FRACGPU_PROTECTED_HOST_PATHS
   value: {{ printf "%s/device-plugins,%s/pod-resources,%s/pods,%s" .Values.agent.kubeletRootDir .Values.agent.kubeletRootDir .Values.agent.kubeletRootDir .Values.agent.hostDir | quote }}
