@@ -26,7 +26,11 @@ from fracgpu.errors import QuantityError
 from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
 from fracgpu.placement.fragmentation import HELD_WHOLE_NODES
-from fracgpu.placement.view import DEFAULT_SPLIT_COUNT, MAX_HELD_WHOLE_NODES
+from fracgpu.placement.view import (
+    DEFAULT_SPLIT_COUNT,
+    MAX_HELD_WHOLE_NODES,
+    held_whole_nodes_problem,
+)
 from fracgpu.quantity import parse_quantity
 from fracgpu.switches import switch_value
 from webhook.admission.mutate import is_label_value
@@ -109,8 +113,9 @@ def _positive_int(text: str) -> int:
 
 def _held_whole_nodes(text: str) -> int:
     value = int(text)
-    if not 0 <= value <= MAX_HELD_WHOLE_NODES:
-        raise ValueError(f"use a whole number from 0 (hold none) to {MAX_HELD_WHOLE_NODES}")
+    problem = held_whole_nodes_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -334,6 +339,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "multi-GPU pods still expected need, narrower pods that fit only there wait (are "
         f"refused without the queue); 0 holds none, at most {MAX_HELD_WHOLE_NODES}",
         _held_whole_nodes,
+    ),
+    Option(
+        "held_wait_seconds",
+        "300",
+        "queue mode: a pod held off the last whole nodes (--held-whole-nodes) may take one "
+        "once it has waited this long",
+        _non_negative_float,
     ),
     Option(
         "service_accounts",
@@ -587,6 +599,7 @@ class Settings:
     cluster_file: Path | None = _default("cluster_file")
     policy: Policy = _default("policy")
     held_whole_nodes: int = _default("held_whole_nodes")
+    held_wait_seconds: float = _default("held_wait_seconds")
     service_accounts: frozenset[str] = _default("service_accounts")
     max_body_bytes: int = _default("max_body_bytes")
     # The pod limits, dialect defaults and resource names have their defaults in their own
@@ -861,6 +874,7 @@ def _assemble(values: Mapping[str, Any], sources: Mapping[str, str]) -> Settings
         cluster_file=values["cluster_file"],
         policy=values["policy"],
         held_whole_nodes=values["held_whole_nodes"],
+        held_wait_seconds=values["held_wait_seconds"],
         service_accounts=values["service_accounts"],
         max_body_bytes=values["max_body_bytes"],
         pod_limits=PodLimits(**{f.name: values[f.name] for f in dataclasses.fields(PodLimits)}),

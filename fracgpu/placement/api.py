@@ -102,3 +102,5 @@ class NoFitReason(StrEnum):
 class NoFit:
     reason: NoFitReason
     message: str
+    # NOT_NOW only because the nodes with room are held for wider pods (``ClusterView.held_from``).
+    held: bool = False

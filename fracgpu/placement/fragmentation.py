@@ -601,11 +601,11 @@ class FragmentationIndex:
         return self._reserve_gpus
 
     def held_rows(self, state: ClusterState, gpus: int) -> IntArray:
-        """Node rows held from a pod whose containers ask at most ``gpus`` GPUs each: the
-        untouched nodes of the kinds ``kept_for_demand``, once no more than
-        ``held_whole_nodes`` of them are left; none for a pod as wide as the narrowest typical
-        multi-GPU shape (it is what they are kept for). A pod without GPUs is held off them
-        too: its CPU and memory are what the multi-GPU pods would need there."""
+        """Node rows held from a pod of ``gpus`` GPUs in all: the untouched nodes of the kinds
+        ``kept_for_demand``, once no more than ``held_whole_nodes`` of them are left; none for
+        a pod as wide as the narrowest typical multi-GPU shape (it is what they are kept
+        for). A pod without GPUs is held off them too: its CPU and memory are what the
+        multi-GPU pods would need there."""
         none: IntArray = np.zeros(0, np.int64)
         if self.held_whole_nodes <= 0 or not self.active or self._reserve_gpus <= 1:
             return none

@@ -6,6 +6,7 @@ the view. The fragmentation policy reads a ``FragmentationIndex`` built from the
 the view has seen through ``observe``.
 """
 
+import dataclasses
 from collections.abc import Iterable
 
 from fracgpu.model import GPUAllocation, MemoryRequest, NodeInventory
@@ -31,6 +32,15 @@ DEFAULT_SPLIT_COUNT = 10
 Usage = tuple[Iterable[GPUAllocation], int, int]
 # The most untouched nodes ``held_whole_nodes`` may hold from narrower pods.
 MAX_HELD_WHOLE_NODES = 64
+
+
+def held_whole_nodes_problem(value: int) -> str | None:
+    """What is wrong with a ``held_whole_nodes`` value (None: nothing)."""
+    if 0 <= value <= MAX_HELD_WHOLE_NODES:
+        return None
+    return f"use a whole number from 0 (hold none) to {MAX_HELD_WHOLE_NODES}"
+
+
 # The typical shapes are re-ranked after 1, 2, 4, ... 64 arrivals, then every 64.
 REFRESH_EVERY = 64
 # The FGD policy's workload: task types counted without decay (the paper reads them from the
@@ -59,10 +69,9 @@ class ClusterView:
         workload: WorkloadModel | None = None,
         held_whole_nodes: int = HELD_WHOLE_NODES,
     ) -> None:
-        if not 0 <= held_whole_nodes <= MAX_HELD_WHOLE_NODES:
-            raise ValueError(
-                f"held_whole_nodes={held_whole_nodes}: use 0 (hold none) to {MAX_HELD_WHOLE_NODES}"
-            )
+        problem = held_whole_nodes_problem(held_whole_nodes)
+        if problem is not None:
+            raise ValueError(f"held_whole_nodes={held_whole_nodes}: {problem}")
         if default_split_count < 1:
             raise ValueError(f"default_split_count={default_split_count}: use 1 or more")
         if gpu_units < 1:
@@ -194,6 +203,10 @@ class ClusterView:
         return self._workload.observations
 
     @property
+    def held_whole_nodes(self) -> int:
+        return self._frag.held_whole_nodes
+
+    @property
     def gpu_units(self) -> int:
         return self._state.gpu_units
 
@@ -240,15 +253,45 @@ class ClusterView:
             self._state, node, allocations, cpu_milli=cpu_milli, memory_mib=memory_mib
         )
 
-    def place(self, demand: PodDemand, policy: Policy = Policy.BINPACK) -> Placement | NoFit:
-        """The best node and GPU(s) for the pod under ``policy``; never changes the view."""
+    def place(
+        self, demand: PodDemand, policy: Policy = Policy.BINPACK, *, hold: bool = True
+    ) -> Placement | NoFit:
+        """The best node and GPU(s) for the pod under ``policy``; never changes the view.
+        ``hold=False`` lets the pod onto nodes ``held_from`` it (a queued pod that has waited
+        long enough)."""
         _check(demand, self._state.gpu_units)
+        chosen = self._choose(demand, policy)
+        if policy is not Policy.FRAGMENTATION or not hold or isinstance(chosen, NoFit):
+            return chosen
+        held = self.held_from(demand, policy)
+        if chosen.node not in held:
+            return chosen
+        # A held node ranks below the last node of a rare kind (``reserved``), but that one
+        # is no more held than any other: choose again among the rest.
+        mine = demand.constraints.nodes
+        rest = (mine if mine is not None else self._state.live_node_names()) - held
+        off = dataclasses.replace(
+            demand, constraints=dataclasses.replace(demand.constraints, nodes=frozenset(rest))
+        )
+        elsewhere = self._choose(off, policy) if rest else None
+        if isinstance(elsewhere, Placement):
+            return elsewhere
+        return NoFit(
+            NoFitReason.NOT_NOW,
+            f"no node has room for this pod now except the last {len(held)} untouched "
+            f"node(s), kept whole for the pods of {self._frag.narrowest_wide_shape()} or more "
+            "GPUs that are still expected; it fits once room frees elsewhere or such pods stop "
+            f"arriving (held_whole_nodes is {self._frag.held_whole_nodes}; 0 holds none)",
+            held=True,
+        )
+
+    def _choose(self, demand: PodDemand, policy: Policy) -> Placement | NoFit:
         frag = self._frag
         if policy is Policy.FRAGMENTATION:
             self._frag.sync(self._state)
             placed = self._by_class.place(self._state, self._frag, demand)
             if placed is not None:
-                return self._unless_held(placed, demand)
+                return placed
         elif policy is Policy.FGD:
             frag = self._fgd_index()
         cands = self._finder.find(demand, prefer_most_free=policy is Policy.SPREAD)
@@ -256,34 +299,20 @@ class ClusterView:
             return explain(self._state, self._finder, demand)
         winner = choose(policy, cands, self._state, frag, demand)
         node = self._state.node_names[int(cands.rows[winner])]
-        chosen = Placement(node, cands.assignment(winner))
-        return self._unless_held(chosen, demand) if policy is Policy.FRAGMENTATION else chosen
+        return Placement(node, cands.assignment(winner))
 
     def held_from(self, demand: PodDemand, policy: Policy) -> frozenset[str]:
         """The nodes ``place`` holds from this pod under ``policy``: with the fragmentation
         policy, the last untouched nodes that the multi-GPU pods still expected need, once
-        ``held_whole_nodes`` or fewer are left (``FragmentationIndex.held_rows``); none with
-        the others. A queue head must not wait on them."""
+        ``held_whole_nodes`` or fewer are left (``FragmentationIndex.held_rows``), unless the
+        pod itself takes as many GPUs as those pods; none with the others. A queue head must
+        not wait on them."""
         if policy is not Policy.FRAGMENTATION:
             return frozenset()
         self._frag.sync(self._state)
-        rows = self._frag.held_rows(self._state, _widest(demand))
+        gpus = sum(c.gpus for c in demand.containers)
+        rows = self._frag.held_rows(self._state, gpus)
         return frozenset(self._state.node_names[int(r)] for r in rows)
-
-    def _unless_held(self, placed: Placement, demand: PodDemand) -> Placement | NoFit:
-        """``placed``, or NOT_NOW when it is on a node held from this pod (``held_from``):
-        the policy chose a held node only because no other node fits (``reserved``)."""
-        rows = self._frag.held_rows(self._state, _widest(demand))
-        if not len(rows) or self._state.row(placed.node) not in set(rows.tolist()):
-            return placed
-        wide = self._frag.narrowest_wide_shape()
-        return NoFit(
-            NoFitReason.NOT_NOW,
-            f"no node has room for this pod now except the last {len(rows)} untouched "
-            f"node(s), kept whole for the pods of {wide} or more GPUs that are still "
-            f"expected; it fits once room frees elsewhere or such pods stop arriving "
-            f"(held_whole_nodes is {self._frag.held_whole_nodes}; 0 holds none)",
-        )
 
     def fitting_elsewhere(self, demand: PodDemand, reason: NoFitReason) -> tuple[str, ...]:
         """For a pod ``place`` refused with ``reason``: the nodes outside
@@ -323,11 +352,6 @@ class ClusterView:
             self._fgd_seen = seen
         self._fgd.sync(self._state)
         return self._fgd
-
-
-def _widest(demand: PodDemand) -> int:
-    """The most GPUs one of the pod's containers asks for (0 without GPUs)."""
-    return max((c.gpus for c in demand.containers), default=0)
 
 
 def fgd_task_type(demand: PodDemand, shape: Shape | None) -> Shape:

@@ -19,6 +19,7 @@ from webhook.cluster.apiclient import endpoint_from_kubeconfig
 from webhook.cluster.leader import LeaseSettings
 from webhook.cluster.runtime import ClusterMode, kube_state
 from webhook.metrics import Metrics
+from webhook.settings import Settings
 from webhook.state.backend import Claim
 
 from .fixtures import NodeFactory
@@ -39,6 +40,7 @@ def cluster_mode(kubeconfig: Path, namespace: str, self_check_s: float) -> Clust
             handover_wait_s=0,
         ),
         controller_interval_s=3600,  # only the self-check may repair here
+        held_wait_s=Settings().held_wait_seconds,
     )
 
 

@@ -8,7 +8,15 @@ leaves "big" as the last untouched node, kept for those pods (``kept_for_demand`
 import pytest
 
 from fracgpu.model import WHOLE_CARD, GPUAllocation
-from fracgpu.placement import ClusterView, NoFit, NoFitReason, Placement, PodDemand, Policy
+from fracgpu.placement import (
+    ClusterView,
+    Constraints,
+    NoFit,
+    NoFitReason,
+    Placement,
+    PodDemand,
+    Policy,
+)
 from fracgpu.placement.view import MAX_HELD_WHOLE_NODES
 from tests.placement.helpers import container, node, reserve_cluster
 
@@ -100,5 +108,54 @@ def test_a_flood_of_wide_pods_holds_no_more_nodes_than_the_setting() -> None:
 
 @pytest.mark.parametrize("value", [-1, MAX_HELD_WHOLE_NODES + 1])
 def test_held_whole_nodes_out_of_range_is_refused_with_the_range(value: int) -> None:
-    with pytest.raises(ValueError, match=f"held_whole_nodes={value}: use 0 .* to 64"):
+    with pytest.raises(
+        ValueError, match=f"held_whole_nodes={value}: use a whole number from 0 .hold none. to 64"
+    ):
         ClusterView([node("a", 1)], held_whole_nodes=value)
+
+
+def test_a_node_that_is_not_held_is_taken_before_the_pod_is_refused() -> None:
+    """ "odd" (V100s, 64 CPUs) is the last of its kind, so the policy ranks it after the kept
+    "big1" and "big2" (``reserved``); but it is not held, and the 1-GPU pod goes there
+    rather than being refused for lack of room."""
+    nodes = [
+        node("big1", 8, cpu_milli=128000, host_memory_mib=786432),
+        node("big2", 8, cpu_milli=128000, host_memory_mib=786432),
+        node("odd", 8, model="Tesla V100", cpu_milli=64000, host_memory_mib=393216),
+        node("s1", 8, cpu_milli=96000, host_memory_mib=393216),
+    ]
+    view = wide_pods_expected(ClusterView(nodes))
+    fill(view, "s1")
+    assert view.held_from(ONE_GPU, Policy.FRAGMENTATION) == {"big1", "big2"}
+    result = view.place(ONE_GPU, Policy.FRAGMENTATION)
+    assert isinstance(result, Placement) and result.node == "odd"
+    # Only held nodes left: refused, marked so.
+    off = PodDemand(
+        ONE_GPU.containers,
+        cpu_milli=4000,
+        constraints=Constraints(nodes=frozenset({"big1", "big2", "s1"})),
+    )
+    refused = view.place(off, Policy.FRAGMENTATION)
+    assert isinstance(refused, NoFit) and refused.held
+    assert "last 2 untouched node(s)" in refused.message
+
+
+def test_a_pod_as_wide_in_all_as_the_kept_ones_is_not_held() -> None:
+    """Two containers of 4 GPUs take a whole node like the 8-GPU pods it is kept for."""
+    view = reserve_cluster()
+    fill(view, "s1", "s2")
+    two_by_four = PodDemand(
+        (container("a", 100, WHOLE_CARD, gpus=4), container("b", 100, WHOLE_CARD, gpus=4)),
+        cpu_milli=88000,
+    )
+    assert view.held_from(two_by_four, Policy.FRAGMENTATION) == frozenset()
+    result = view.place(two_by_four, Policy.FRAGMENTATION)
+    assert isinstance(result, Placement) and result.node == "big"
+
+
+def test_only_a_refusal_for_held_nodes_is_marked_held() -> None:
+    view = reserve_cluster()
+    fill(view, "s1", "s2", "big")
+    refused = view.place(ONE_GPU, Policy.FRAGMENTATION)
+    assert isinstance(refused, NoFit) and refused.reason is NoFitReason.NOT_NOW
+    assert not refused.held

@@ -15,10 +15,18 @@ from fracgpu.model import (
     MemoryRequest,
     NodeInventory,
 )
-from fracgpu.placement import ClusterView, Constraints, PodDemand, Policy
+from fracgpu.placement import ClusterView, Constraints, NoFit, Placement, PodDemand, Policy
 from tests.placement.helpers import reserve_cluster
 from webhook.queue import entry as queued
-from webhook.queue.order import Waiter, asked, ordered, ordinal, target_node
+from webhook.queue.order import (
+    Waiter,
+    asked,
+    head_target,
+    ordered,
+    ordinal,
+    still_held,
+    target_node,
+)
 
 KEY = b"k" * 32
 FRAG = Policy.FRAGMENTATION
@@ -126,27 +134,57 @@ def test_the_head_holds_the_node_with_most_of_its_ask_free_and_keeps_it() -> Non
     view.allocate("a", [view_allocation("a-0", 70)])
     view.allocate("b", [view_allocation("b-0", 30)])
     # b has more free; t4 has more GPUs but not the model the pod may use.
-    assert target_node(view, whole, FRAG, ["a", "b", "t4"], "") == "b"
-    assert target_node(view, whole, FRAG, ["a", "b", "t4"], "a") == "a", "sticky while it qualifies"
-    assert target_node(view, whole, FRAG, ["a", "b", "t4"], "t4") == "b", "not a node it can use"
-    assert target_node(view, whole, FRAG, ["t4"], "") == "", "no node it could ever use"
+    assert target_node(view, whole, ["a", "b", "t4"], "") == "b"
+    assert target_node(view, whole, ["a", "b", "t4"], "a") == "a", "sticky while it qualifies"
+    assert target_node(view, whole, ["a", "b", "t4"], "t4") == "b", "not a node it can use"
+    assert target_node(view, whole, ["t4"], "") == "", "no node it could ever use"
 
 
-def test_the_head_never_holds_a_node_kept_whole_for_wider_pods() -> None:
-    """Only "big" has room for a 1-GPU pod, and it is the last host of the 8-GPU pods still
-    expected (tests/placement/test_held_nodes.py): placement holds it from the pod. Were the
-    waiting pod to hold it in turn, the 8-GPU pods behind would be shut out of it too, and
-    neither would start; it waits on a full node instead. Policies that hold nothing may
-    take "big"."""
+def held_out_entry(policy: Policy = FRAG, at: int = 1000) -> queued.QueuedEntry:
+    """A queued 1-GPU pod, in ``reserve_cluster`` with s1 and s2 full: only "big" has room,
+    and it is the last host of the 8-GPU pods still expected (test_held_nodes.py)."""
+    demand = PodDemand((ContainerRequest("main", 1, 100, WHOLE_CARD),), cpu_milli=4000)
+    return queued.new_entry(
+        demand, policy, high_priority=False, pod_priority=0, queued_at_ms=at, charged_mib=[0]
+    )
+
+
+def full_but_big() -> ClusterView:
     view = reserve_cluster()
     for name in ("s1", "s2"):
         cpu, _ = view.node_free(name)
         used = [GPUAllocation(f"{name}-gpu{i}", 100, 0) for i in range(8)]
         view.allocate(name, used, cpu)
-    one_gpu = PodDemand((ContainerRequest("main", 1, 100, WHOLE_CARD),), cpu_milli=4000)
-    assert target_node(view, one_gpu, FRAG, ["big", "s1", "s2"], "") == "s1"
-    assert target_node(view, one_gpu, FRAG, ["big", "s1", "s2"], "big") == "s1"
-    assert target_node(view, one_gpu, Policy.BEST_FIT, ["big", "s1", "s2"], "") == "big"
+    return view
+
+
+def test_the_head_never_holds_a_node_kept_whole_for_wider_pods() -> None:
+    """Placement holds "big" from the 1-GPU pod. Were the waiting pod to hold it in turn, the
+    8-GPU pods behind would be shut out of it too, and neither would start: it holds a full
+    node instead, one kube-scheduler offered, else any it may use (kube-scheduler offers
+    only nodes with CPU free, here just "big"), so newer pods still keep off the room it
+    waits for. Once it may take held nodes, or under a policy that holds nothing, "big"."""
+    view, waiting = full_but_big(), held_out_entry()
+    demand = waiting.demand()
+    everything = ["big", "s1", "s2"]
+    assert head_target(view, waiting, demand, everything, previous="", held=True) == "s1"
+    assert head_target(view, waiting, demand, everything, previous="big", held=True) == "s1"
+    assert head_target(view, waiting, demand, ["big"], previous="", held=True) == "s1"
+    assert head_target(view, waiting, demand, everything, previous="", held=False) == "big"
+    plain = held_out_entry(Policy.BEST_FIT)
+    assert head_target(view, plain, demand, everything, previous="", held=True) == "big"
+
+
+def test_a_held_pod_waits_held_wait_seconds_at_most() -> None:
+    """In a quiet cluster nothing lowers the expectation of wide pods, so the hold lasts as
+    long as the pod has waited less than the setting; then ``place(hold=False)`` lets it on."""
+    view, waiting = full_but_big(), held_out_entry(at=1_000_000)
+    assert still_held(waiting, 1_000 + 299.9, 300)
+    assert not still_held(waiting, 1_000 + 300, 300)
+    refused = view.place(waiting.demand(), FRAG)
+    assert isinstance(refused, NoFit) and refused.held
+    placed = view.place(waiting.demand(), FRAG, hold=False)
+    assert isinstance(placed, Placement) and placed.node == "big"
 
 
 def view_allocation(uuid: str, cores: int) -> GPUAllocation:

@@ -194,10 +194,17 @@ def test_sub_settings_take_operator_settings_without_defaults_of_their_own(
 
 def test_cluster_mode_is_built_from_the_settings() -> None:
     config = settings.from_mapping(
-        {"reservation_ttl_seconds": "120", "settle_seconds": "7", "takeover_grace_seconds": "9"}
+        {
+            "reservation_ttl_seconds": "120",
+            "settle_seconds": "7",
+            "takeover_grace_seconds": "9",
+            "held_whole_nodes": "5",
+            "held_wait_seconds": "60",
+        }
     )
     mode = ClusterMode.from_settings(config, Endpoint("https://127.0.0.1:1"))
     assert mode.state.reservation_ttl_s == 120
+    assert (mode.state.held_whole_nodes, mode.held_wait_s) == (5, 60)
     assert (mode.lease.handover_wait_s, mode.lease.takeover_grace_s) == (7, 9)
     assert mode.controller_interval_s == config.controller_interval_seconds
 
@@ -331,3 +338,11 @@ def test_held_whole_nodes_is_bounded_and_0_turns_it_off() -> None:
     for bad in ("-1", "65"):
         with pytest.raises(settings.SettingsError, match="from 0 \\(hold none\\) to 64"):
             parse([], {"FRACGPU_HELD_WHOLE_NODES": bad})
+
+
+async def test_held_whole_nodes_reaches_the_embedded_view() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
+    for value in ("0", "7"):
+        config = settings.from_mapping({"held_whole_nodes": value, "cluster_file": str(example)})
+        view = await cli._state(config).view()
+        assert view.held_whole_nodes == int(value)

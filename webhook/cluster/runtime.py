@@ -23,6 +23,8 @@ class ClusterMode:
     state: KubeStateSettings
     lease: LeaseSettings
     controller_interval_s: float
+    # Queue mode: how long a pod waits off the nodes placement holds for wider pods.
+    held_wait_s: float
     # How long a leader shutting down may take to write what it holds before handing over.
     handover_timeout_s: float = 10.0
     # Queue mode: the node default placement applies when it binds queued pods.
@@ -43,6 +45,7 @@ class ClusterMode:
             ),
             controller_interval_s=config.controller_interval_seconds,
             disable_core_limit=config.disable_core_limit,
+            held_wait_s=config.held_wait_seconds,
         )
 
 
@@ -91,7 +94,9 @@ async def kube_state(mode: ClusterMode) -> AsyncIterator[ClusterRuntime]:
         )
         controllers = Controllers(api, state, mode.controller_interval_s)
         caches = asyncio.create_task(state.run(), name="watch-caches")
-        queue = QueueScheduler(state, api, disable_core_limit=mode.disable_core_limit)
+        queue = QueueScheduler(
+            state, api, disable_core_limit=mode.disable_core_limit, held_wait_s=mode.held_wait_s
+        )
         status = QueueStatus(api, queue, interval_s=mode.controller_interval_s)
         runtime = ClusterRuntime(state, elector, controllers, queue, status)
         try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from fracgpu.model import GPUDevice
-from fracgpu.placement import ClusterView, PodDemand, Policy
+from fracgpu.placement import ClusterView, PodDemand
 from fracgpu.placement.nofit import describe, describe_constraints
 from webhook.queue.entry import QueuedEntry
 
@@ -69,15 +69,20 @@ def asked(entry: QueuedEntry) -> str:
 
 
 def target_node(
-    view: ClusterView, demand: PodDemand, policy: Policy, allowed: Sequence[str], previous: str
+    view: ClusterView,
+    demand: PodDemand,
+    allowed: Sequence[str],
+    previous: str,
+    held_off: frozenset[str] | None = None,
 ) -> str:
     """The node the head holds: where the most of its ask is free now, among the nodes it
     may use that could hold it when empty. Sticky: the previous choice while it qualifies.
-    Never a node placement holds from it (``ClusterView.held_from``): those are kept whole
-    for wider pods, which the head's hold would then shut out too, and neither would start."""
+    Never one of ``held_off``, the nodes placement holds from it (``ClusterView.held_from``):
+    those are kept whole for wider pods, which the head's hold would shut out too, and
+    neither would start."""
     best, best_score = "", (-1, -1)
     need = max((r.gpus for r in demand.containers), default=1)
-    held_off = view.held_from(demand, policy)
+    held_off = held_off or frozenset()
     for name in allowed:
         if name in held_off:
             continue
@@ -98,3 +103,34 @@ def target_node(
 
 def _usable(device: GPUDevice, demand: PodDemand) -> bool:
     return device.healthy and not device.mig_enabled and demand.constraints.allows(device)
+
+
+def still_held(entry: QueuedEntry, now_s: float, held_wait_s: float) -> bool:
+    """Whether placement may still hold nodes from this queued pod for wider pods
+    (``ClusterView.held_from``): until it has waited ``held_wait_s``, so that in a quiet
+    cluster, where no arrival lowers the expectation of wide pods, it does not wait forever
+    beside an empty node."""
+    return now_s * 1000 - entry.queued_at_ms < held_wait_s * 1000
+
+
+def head_target(
+    view: ClusterView,
+    entry: QueuedEntry,
+    demand: PodDemand,
+    offered: Sequence[str],
+    *,
+    previous: str,
+    held: bool,
+) -> str:
+    """The node the queue head holds (``target_node``): among the nodes kube-scheduler
+    offered it (``demand`` is narrowed to them), never one placement holds from it while
+    ``held``. When the offered ones are all held from it (kube-scheduler offers only nodes
+    with CPU and memory free, often just those), among every node it may use, so that newer
+    pods still keep off the room it waits for."""
+    held_off = view.held_from(demand, entry.policy) if held else None
+    target = target_node(view, demand, offered, previous, held_off)
+    if target or not held_off:
+        return target
+    own = entry.constraints.nodes
+    usable = own if own is not None else {n.name for n in view.nodes()}
+    return target_node(view, demand, sorted(usable - held_off), previous, held_off)

@@ -34,10 +34,11 @@ from webhook.queue.order import (
     HEAD_SEARCH,
     Waiter,
     asked,
+    head_target,
     ordered,
     ordinal,
     place_in_line,
-    target_node,
+    still_held,
 )
 from webhook.rules import quota as quotalib
 from webhook.state.backend import Claim, ReserveRejected
@@ -68,11 +69,13 @@ class QueueScheduler:
         api: KubeApi,
         *,
         disable_core_limit: bool = False,
+        held_wait_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._state = state
         self._api = api
         self._disable_core_limit = disable_core_limit
+        self._held_wait_s = held_wait_s
         self._clock = clock
         self._waiting: dict[str, Waiter] = {}
         # Pod UID -> nodes kube-scheduler last offered it (its own checks passed there).
@@ -146,23 +149,17 @@ class QueueScheduler:
             if over is None:
                 return Decision(placed, {}, f"placed on {placed.node}")
             return self._waits(waiter, candidates, f"waiting for quota: {over}", where)
-        on_its_own = view.place(alone, waiter.entry.policy)
+        on_its_own = view.place(alone, waiter.entry.policy, hold=self._holds(waiter))
         if isinstance(on_its_own, Placement):
             what = "waiting for pods ahead in the queue to start first"
         elif on_its_own.reason is NoFitReason.NEVER:
             what = f"no GPU on the offered nodes can ever hold {asked(waiter.entry)}"
         else:
             what = f"waiting for {asked(waiter.entry)}"
-            if view.held_from(alone, waiter.entry.policy):
-                what += f": {on_its_own.message}"  # room there, kept for wider pods
+            if on_its_own.held:  # room there, kept for wider pods
+                what += f": {on_its_own.message}"
             if head is None:  # the head: it holds the node where it will fit soonest
-                target = target_node(
-                    view,
-                    alone,
-                    waiter.entry.policy,
-                    sorted(candidates),
-                    self._held.get(waiter.uid, ""),
-                )
+                target = self._target(view, waiter, alone, candidates)
                 self._held = {waiter.uid: target} if target else {}
         summary = f"{what}; {where}"
         reasons = dict.fromkeys(candidates, PREFIX + summary)
@@ -189,16 +186,13 @@ class QueueScheduler:
         head, held = None, ""
         try:
             for other, wanted in ahead:
-                placed = view.place(wanted, other.entry.policy)
+                placed = view.place(wanted, other.entry.policy, hold=self._holds(other))
                 if isinstance(placed, Placement):
                     used = tuple(a for c in placed.containers for a in c.devices)
                     view.allocate(placed.node, used, wanted.cpu_milli, wanted.memory_mib)
                     taken.append((placed.node, used, wanted.cpu_milli, wanted.memory_mib))
                     continue
-                offered = sorted(wanted.constraints.nodes or ())
-                held = target_node(
-                    view, wanted, other.entry.policy, offered, self._held.get(other.uid, "")
-                )
+                held = self._target(view, other, wanted, sorted(wanted.constraints.nodes or ()))
                 self._held = {other.uid: held} if held else {}
                 head = other
                 break
@@ -206,10 +200,21 @@ class QueueScheduler:
             narrowed = dataclasses.replace(
                 demand, constraints=dataclasses.replace(demand.constraints, nodes=allowed)
             )
-            return head, held, view.place(narrowed, waiter.entry.policy)
+            return head, held, view.place(narrowed, waiter.entry.policy, hold=self._holds(waiter))
         finally:
             for node, used, cpu, memory in taken:
                 view.release(node, used, cpu, memory)
+
+    def _holds(self, waiter: Waiter) -> bool:
+        return still_held(waiter.entry, self._clock(), self._held_wait_s)
+
+    def _target(
+        self, view: ClusterView, waiter: Waiter, demand: PodDemand, offered: Sequence[str]
+    ) -> str:
+        previous = self._held.get(waiter.uid, "")
+        return head_target(
+            view, waiter.entry, demand, offered, previous=previous, held=self._holds(waiter)
+        )
 
     def _waits(self, waiter: Waiter, candidates: Sequence[str], what: str, where: str) -> Decision:
         self.last_reason[waiter.key] = what

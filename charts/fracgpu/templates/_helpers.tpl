@@ -221,6 +221,8 @@ both include this one list, so the hook checks exactly what the webhook starts w
   value: {{ ternary "queue" "immediate" .Values.webhook.queue.enabled | quote }}
 - name: FRACGPU_SCHEDULER_NAME
   value: {{ .Values.webhook.queue.schedulerName | quote }}
+- name: FRACGPU_HELD_WAIT_SECONDS
+  value: {{ .Values.webhook.queue.heldWaitSeconds | quote }}
 # Plain HTTP on 127.0.0.1 only: the queue mode's scheduler sidecar is its one client.
 - name: FRACGPU_EXTENDER_PORT
   value: {{ ternary (.Values.webhook.queue.extenderPort | int64) 0 .Values.webhook.queue.enabled | quote }}
