@@ -104,6 +104,7 @@ class FragmentationIndex:
         self.scarcity = ScarcityTable()
         # ``kept_for_demand`` by kind id, and what it was counted from.
         self._kept: BoolArray = np.zeros(1, np.bool_)
+        self._held_for: IntArray = np.zeros(1, np.int64)
         self._kept_key: tuple[int, int, int, int] | None = None
         self._empty_state()
 
@@ -569,7 +570,9 @@ class FragmentationIndex:
         if key == self._kept_key:
             return self._kept
         kept = np.zeros(len(table.kinds) + 1, np.bool_)
-        self._kept, self._kept_key = kept, key
+        # By kind: the GPU count of the widest shape it is held for (``held_rows``), else 0.
+        held_for = np.zeros(len(table.kinds) + 1, np.int64)
+        self._kept, self._held_for, self._kept_key = kept, held_for, key
         if len(self.weights) != len(self.shapes) or not (self.s_gpus > 1).any():
             return kept
         rate = self.weights / self.s_arrival
@@ -587,40 +590,43 @@ class FragmentationIndex:
                 for kind_id in untouched
                 if self._hosts_whole(state, j, table.kinds[kind_id])
             )
-        for kinds in hosts.values():
+        for j, kinds in hosts.items():
             if not kinds:
                 continue
             needing = sum(float(rate[t]) for t, other in hosts.items() if other <= kinds)
             expected = arrivals * needing
-            if sum(untouched[k] for k in kinds) <= expected + math.sqrt(expected):
+            left = sum(untouched[k] for k in kinds)
+            if left <= expected + math.sqrt(expected):
                 kept[list(kinds)] = True
+                if left <= self.held_whole_nodes:
+                    wide = int(self.s_gpus[j])
+                    held_for[list(kinds)] = np.maximum(held_for[list(kinds)], wide)
         return kept
 
-    def narrowest_wide_shape(self) -> int:
-        """The fewest GPUs a typical multi-GPU shape asks for (0: none is typical)."""
-        return self._reserve_gpus
+    def held_width(self, gpus: int) -> int:
+        """The fewest GPUs of the shapes whose hosts ``held_rows`` holds from a pod of
+        ``gpus`` GPUs (0: none)."""
+        wider = self._held_for[self._held_for > gpus]
+        return int(wider.min()) if len(wider) else 0
 
     def held_rows(self, state: ClusterState, gpus: int) -> IntArray:
-        """Node rows held from a pod of ``gpus`` GPUs in all: the untouched nodes of the kinds
-        ``kept_for_demand``, once no more than ``held_whole_nodes`` of them are left; none for
-        a pod as wide as the narrowest typical multi-GPU shape (it is what they are kept
-        for). A pod without GPUs is held off them too: its CPU and memory are what the
-        multi-GPU pods would need there."""
+        """Node rows held from a pod of ``gpus`` GPUs in all: for each typical multi-GPU shape
+        whose hosts are ``kept_for_demand`` and no more than ``held_whole_nodes`` untouched
+        nodes, those nodes, from pods narrower than the shape (a pod as wide is what they are
+        kept for). A pod without GPUs is held off them too: its CPU and memory are what the
+        multi-GPU pods would need there. Counted per shape: the 2-GPU shapes' many hosts do
+        not hide that the 8-GPU pods are down to their last two."""
         none: IntArray = np.zeros(0, np.int64)
         if self.held_whole_nodes <= 0 or not self.active or self._reserve_gpus <= 1:
             return none
-        if gpus >= self._reserve_gpus:
+        self.kept_for_demand(state)
+        held_for = self._held_for
+        if not (held_for > gpus).any():
             return none
-        kept = self.kept_for_demand(state)
-        if not kept.any():
-            return none
-        counts = self.scarcity.untouched_kinds()
-        if sum(n for kind_id, n in counts.items() if kept[kind_id]) > self.held_whole_nodes:
-            return none
-        # NOT_UNTOUCHED (-1) reads kept's last entry, which is never set.
+        # NOT_UNTOUCHED (-1) reads the last entry, which is never set.
         row_kind = self.scarcity.row_kind
         n = min(len(row_kind), len(state.n_live))
-        rows: IntArray = np.flatnonzero(kept[row_kind[:n]] & state.n_live[:n])
+        rows: IntArray = np.flatnonzero((held_for[row_kind[:n]] > gpus) & state.n_live[:n])
         return rows
 
     def _hosts_whole(self, state: ClusterState, shape: int, kind: Kind) -> bool:

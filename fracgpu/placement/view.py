@@ -266,6 +266,7 @@ class ClusterView:
         held = self.held_from(demand, policy)
         if chosen.node not in held:
             return chosen
+        gpus = sum(c.gpus for c in demand.containers)
         # A held node ranks below the last node of a rare kind (``reserved``), but that one
         # is no more held than any other: choose again among the rest.
         mine = demand.constraints.nodes
@@ -279,7 +280,7 @@ class ClusterView:
         return NoFit(
             NoFitReason.NOT_NOW,
             f"no node has room for this pod now except the last {len(held)} untouched "
-            f"node(s), kept whole for the pods of {self._frag.narrowest_wide_shape()} or more "
+            f"node(s), kept whole for the pods of {self._frag.held_width(gpus)} or more "
             "GPUs that are still expected; it fits once room frees elsewhere or such pods stop "
             f"arriving (held_whole_nodes is {self._frag.held_whole_nodes}; 0 holds none)",
             held=True,

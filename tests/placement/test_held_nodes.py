@@ -159,3 +159,32 @@ def test_only_a_refusal_for_held_nodes_is_marked_held() -> None:
     refused = view.place(ONE_GPU, Policy.FRAGMENTATION)
     assert isinstance(refused, NoFit) and refused.reason is NoFitReason.NOT_NOW
     assert not refused.held
+
+
+def test_the_last_hosts_of_one_wide_shape_are_held_whatever_other_shapes_have() -> None:
+    """Four untouched nodes of 2 GPUs are kept for the 2-GPU pods, and "big1" and "big2"
+    are the last hosts of the 8-GPU pods: counted per shape, those two are held from a
+    1-GPU pod of 12 CPUs (it fits nowhere else); the small nodes' count does not hide it.
+    A 2-GPU pod is held off them too (they are kept for wider pods than it)."""
+    nodes = [
+        node("big1", 8, cpu_milli=128000, host_memory_mib=786432),
+        node("big2", 8, cpu_milli=128000, host_memory_mib=786432),
+        node("s1", 8, cpu_milli=96000, host_memory_mib=393216),
+        *(node(f"t{i}", 2, cpu_milli=8000, host_memory_mib=65536) for i in range(4)),
+    ]
+    view = ClusterView(nodes)
+    for _ in range(5):
+        view.observe(EIGHT_GPUS)
+    two_gpus = PodDemand((container("main", 100, WHOLE_CARD, gpus=2),), cpu_milli=4000)
+    for _ in range(20):
+        view.observe(two_gpus)
+    one_gpu = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=12000)
+    for _ in range(100):
+        view.observe(one_gpu)
+    fill(view, "s1")
+    assert view.held_from(one_gpu, Policy.FRAGMENTATION) == {"big1", "big2"}
+    refused = view.place(one_gpu, Policy.FRAGMENTATION)
+    assert isinstance(refused, NoFit) and refused.held
+    assert "8 or more GPUs" in refused.message
+    assert view.held_from(two_gpus, Policy.FRAGMENTATION) == {"big1", "big2"}
+    assert view.held_from(EIGHT_GPUS, Policy.FRAGMENTATION) == frozenset()
