@@ -58,8 +58,8 @@ RARITY_STEP = 0.01
 # when nothing else does either.
 NEEDED_RANK = 1.0
 LAST_OF_KIND_RANK = 2.0
-# When no more than this many untouched nodes are left of the kinds the expected multi-GPU
-# pods need (``kept_for_demand``), they are held: a narrower pod that fits nowhere else is
+# When a typical multi-GPU shape's kept hosts (``kept_for_demand``) are down to this many
+# untouched nodes or fewer, they are held from narrower pods: one that fits nowhere else is
 # refused now (in queue mode it waits) instead of opening one. Holding every kept node cost
 # multigpu50 1.1 points of allocation; holding none let a stream of 1-GPU pods open the last
 # hosts at 96-97 % arrived on gpuspec10, where best-fit still had room (benchmarks.md,

@@ -266,7 +266,6 @@ class ClusterView:
         held = self.held_from(demand, policy)
         if chosen.node not in held:
             return chosen
-        gpus = sum(c.gpus for c in demand.containers)
         # A held node ranks below the last node of a rare kind (``reserved``), but that one
         # is no more held than any other: choose again among the rest.
         mine = demand.constraints.nodes
@@ -280,7 +279,7 @@ class ClusterView:
         return NoFit(
             NoFitReason.NOT_NOW,
             f"no node has room for this pod now except the last {len(held)} untouched "
-            f"node(s), kept whole for the pods of {self._frag.held_width(gpus)} or more "
+            f"node(s), kept whole for the pods of {self._frag.held_width(_gpus(demand))} or more "
             "GPUs that are still expected; it fits once room frees elsewhere or such pods stop "
             f"arriving (held_whole_nodes is {self._frag.held_whole_nodes}; 0 holds none)",
             held=True,
@@ -311,8 +310,7 @@ class ClusterView:
         if policy is not Policy.FRAGMENTATION:
             return frozenset()
         self._frag.sync(self._state)
-        gpus = sum(c.gpus for c in demand.containers)
-        rows = self._frag.held_rows(self._state, gpus)
+        rows = self._frag.held_rows(self._state, _gpus(demand))
         return frozenset(self._state.node_names[int(r)] for r in rows)
 
     def fitting_elsewhere(self, demand: PodDemand, reason: NoFitReason) -> tuple[str, ...]:
@@ -353,6 +351,11 @@ class ClusterView:
             self._fgd_seen = seen
         self._fgd.sync(self._state)
         return self._fgd
+
+
+def _gpus(demand: PodDemand) -> int:
+    """The GPUs the pod asks for in all (what ``held_rows`` compares with a shape's)."""
+    return sum(c.gpus for c in demand.containers)
 
 
 def fgd_task_type(demand: PodDemand, shape: Shape | None) -> Shape:

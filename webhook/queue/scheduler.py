@@ -68,8 +68,8 @@ class QueueScheduler:
         state: KubeState,
         api: KubeApi,
         *,
+        held_wait_s: float,
         disable_core_limit: bool = False,
-        held_wait_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._state = state
