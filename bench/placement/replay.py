@@ -41,6 +41,7 @@ class SeedResult:
     # arrived % when the first whole-node pod (as many GPUs as the largest node) was refused
     # for lack of room now (pods that no node could ever hold are not counted)
     first_big_failure_arrived: float | None
+    arrived_at_end: float  # arrived % after the last pod (about tune x 100)
     latencies_ns: npt.NDArray[np.int64]  # wall clock per place() call
     cpu_ns: npt.NDArray[np.int64]  # this thread's CPU time per call (immune to other load)
     wall_s: float
@@ -145,6 +146,7 @@ def replay(
         refused_gpu_less=refused_gpu_less,
         first_failure_arrived=first_failure,
         first_big_failure_arrived=first_big_failure,
+        arrived_at_end=100 * arrived / capacity,
         latencies_ns=latencies,
         cpu_ns=cpu,
         wall_s=time.perf_counter() - started,

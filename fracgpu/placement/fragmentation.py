@@ -58,6 +58,16 @@ RARITY_STEP = 0.01
 # when nothing else does either.
 NEEDED_RANK = 1.0
 LAST_OF_KIND_RANK = 2.0
+# ``kept_for_demand`` takes the arrival rate of the pods that need a kind of node this many
+# standard errors above its estimate: a shape of rate p seen over n arrivals is known to
+# about sqrt(p / n), and a rare shape's decayed rate can sit far below its true one for a
+# while. On multigpu50 seed 47 the 120-CPU 8-GPU pods' rate read 0.004-0.007 against 0.0096
+# over the trace; 4-GPU pods opened 8 of the 39 nodes of 128 CPUs, their only hosts, and the
+# first 8-GPU refusal came at 74 % arrived against best-fit's 92.6. With 1 standard error,
+# 75.7; with 2, 87.5; with 3, 92.5 (at some cost in allocation on multigpu50: -0.09 points).
+# 2 moved the first refusal later on five of ten traces (earlier by 0.1 on two) and allocation
+# by 0.04 points at most (benchmarks.md, sixteenth session).
+RATE_MARGIN = 2.0
 # When a typical multi-GPU shape's kept hosts (``kept_for_demand``) are down to this many
 # untouched nodes or fewer, they are held from narrower pods: one that fits nowhere else is
 # refused now (in queue mode it waits) instead of opening one. Holding every kept node cost
@@ -86,6 +96,7 @@ class FragmentationIndex:
         self.whole_node_penalty = whole_node_penalty
         self.model_rarity = model_rarity
         self.held_whole_nodes = held_whole_nodes  # ``held_rows``; 0: none held
+        self._samples = 0.0  # arrivals the frequencies rest on (``set_workload``)
         # model_rarity x the frequency of model-limited shapes: what a GPU unit of a rare
         # model costs, per unit of ln(live GPUs / live GPUs of the model); 0 turns it off.
         self._rarity_scale = 0.0
@@ -105,7 +116,7 @@ class FragmentationIndex:
         # ``kept_for_demand`` by kind id, and what it was counted from.
         self._kept: BoolArray = np.zeros(1, np.bool_)
         self._held_for: IntArray = np.zeros(1, np.int64)
-        self._kept_key: tuple[int, int, int, int] | None = None
+        self._kept_key: tuple[int, int, int, int, float] | None = None
         self._empty_state()
 
     def _empty_state(self) -> None:
@@ -141,7 +152,12 @@ class FragmentationIndex:
         return len(self.shapes) > 0
 
     # -- building ------------------------------------------------------------------------------
-    def set_workload(self, typical: Sequence[tuple[Shape, float]], state: ClusterState) -> None:
+    def set_workload(
+        self, typical: Sequence[tuple[Shape, float]], state: ClusterState, *, samples: float = 0.0
+    ) -> None:
+        """``typical``: shapes and frequencies; ``samples``: how many arrivals the frequencies
+        rest on (``WorkloadModel.effective_observations``; 0: taken as exact)."""
+        self._samples = samples
         shapes = tuple(s for s, _ in typical)
         weights = np.array([w for _, w in typical], dtype=np.float64)
         if self._topology == state.topology_version and self.shapes and shapes != self.shapes:
@@ -566,7 +582,7 @@ class FragmentationIndex:
         8-GPU pod was refused 1.4 points before best-fit's (benchmarks.md, fourteenth session).
         Recounted when a node enters or leaves the untouched table, or the workload changes."""
         table = self.scarcity
-        key = (self.version, table.version, table.changes, len(table.kinds))
+        key = (self.version, table.version, table.changes, len(table.kinds), self._samples)
         if key == self._kept_key:
             return self._kept
         kept = np.zeros(len(table.kinds) + 1, np.bool_)
@@ -594,6 +610,8 @@ class FragmentationIndex:
             if not kinds:
                 continue
             needing = sum(float(rate[t]) for t, other in hosts.items() if other <= kinds)
+            if self._samples > 0:  # the rate as high as the arrivals seen allow
+                needing += RATE_MARGIN * math.sqrt(needing / self._samples)
             expected = arrivals * needing
             left = sum(untouched[k] for k in kinds)
             if left <= expected + math.sqrt(expected):

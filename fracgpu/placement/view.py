@@ -194,7 +194,11 @@ class ClusterView:
             self._fgd_workload.observe(fgd_task_type(demand, shape))
         seen = self._workload.observations
         if seen % REFRESH_EVERY == 0 or (seen & (seen - 1)) == 0 or not self._frag.active:
-            self._frag.set_workload(self._workload.typical(), self._state)
+            self._frag.set_workload(
+                self._workload.typical(),
+                self._state,
+                samples=self._workload.effective_observations(),
+            )
 
     # -- queries ---------------------------------------------------------------------------------
     @property

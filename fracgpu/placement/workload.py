@@ -135,7 +135,7 @@ class WorkloadModel:
             raise ValueError(f"max_limited_extra={max_limited_extra}: use 0 or more")
         if max_tracked < 1:
             raise ValueError(f"max_tracked={max_tracked}: use 1 or more")
-        self._growth = 2.0 ** (1.0 / half_life)
+        self._growth: float = 2.0 ** (1.0 / half_life)
         self._coverage = coverage
         self._max_shapes = max_shapes
         self._max_limited_extra = max_limited_extra
@@ -225,6 +225,13 @@ class WorkloadModel:
         return shape._replace(
             cpu_milli=max(cpu, shape.cpu_milli), memory_mib=max(memory, shape.memory_mib)
         )
+
+    def effective_observations(self) -> float:
+        """How many arrivals the decayed frequencies rest on: an arrival ``age`` arrivals ago
+        counts 2 ** (-age / half_life), so this tends to half_life / ln 2 (about 2,900 at the
+        default) and a shape's frequency is known to within its sampling error over as many."""
+        step = 1.0 / self._growth
+        return (1.0 - math.pow(step, self.observations)) / (1.0 - step)
 
     def frequency(self, shape: Shape) -> float:
         return self._weights.get(shape, 0.0)

@@ -8,6 +8,7 @@ import pytest
 from bench.cli import main as bench_main
 from bench.placement.cli import DEFAULT_NODES, DEFAULT_PODS, build_parser, default_path
 from bench.placement.replay import arrival_order, bin_x, replay
+from bench.placement.report import big_refusal_or_end, summarize
 from bench.placement.synth import GPUSPEC_FREQUENCY, synthesize
 from bench.placement.trace import (
     TraceError,
@@ -351,6 +352,18 @@ def test_replay_reports_the_first_whole_node_refusal() -> None:
     alone = replay(nodes, [pod("s1", 500), never], Policy.BINPACK, seed=1, tune=0.5)
     assert alone.first_failure_arrived is not None
     assert alone.first_big_failure_arrived is None
+    # Over both runs, the one that never refused counts at the end of its run (all that
+    # arrived, at most tune x capacity), not left out of the mean.
+    both = summarize(Policy.BINPACK, [spread, packed])
+    assert both.big_never_refused == 1
+    assert both.first_big_failure.mean == pytest.approx(spread.first_big_failure_arrived)
+    order = arrival_order(pods, seed, 0.75, 4000)
+    assert packed.arrived_at_end == pytest.approx(
+        100 * sum(pods[i].gpu_request for i in order) / 4000
+    )
+    expected = (spread.first_big_failure_arrived + packed.arrived_at_end) / 2
+    assert both.big_refusal_or_end.mean == pytest.approx(expected)
+    assert big_refusal_or_end(spread) == spread.first_big_failure_arrived
 
 
 def test_cli_compares_fgd_with_its_published_figure(
