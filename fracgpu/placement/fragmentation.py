@@ -28,7 +28,7 @@ from fracgpu.placement.candidates import Candidates
 from fracgpu.placement.classes import StateClasses
 from fracgpu.placement.scarcity import Kind, ScarcityTable
 from fracgpu.placement.state import BoolArray, ClusterState, FloatArray, IntArray
-from fracgpu.placement.workload import Shape, arrival_weight
+from fracgpu.placement.workload import Shape
 
 # Float noise below this (in units x frequency) is not a difference between candidates.
 TIE_TOLERANCE = 1e-7
@@ -137,7 +137,6 @@ class FragmentationIndex:
         self.s_cpu_nudge = np.zeros(s)
         self.s_mem_nudge = np.zeros(s)
         self.s_limited = np.zeros(s, np.bool_)  # shapes limited to (or away from) models
-        self.s_arrival = np.ones(s)  # ``arrival_weight``: what one pod adds to its frequency
         self.model_ok: BoolArray = np.zeros((0, s), np.bool_)  # [model id, shape]
         self.g_rarity: FloatArray = np.zeros(0)  # per GPU slot: ``free_model_rarity``
         self.usable_now: BoolArray = np.zeros((0, s), np.bool_)
@@ -274,7 +273,6 @@ class FragmentationIndex:
         ).reshape(len(cards), len(self.shapes))
         need = need_by_card[card_of_slot]
         self.need_mem = np.where(exclusive[None, :], state.g_mem_total[:, None], need)
-        self.s_arrival = np.array([arrival_weight(s) for s in self.shapes], dtype=np.float64)
         self.model_ok = np.array(
             [[s.allows_model(m) for s in self.shapes] for m in state.models], dtype=np.bool_
         ).reshape(len(state.models), len(self.shapes))
@@ -573,9 +571,9 @@ class FragmentationIndex:
         For a multi-GPU shape s, its hosts are the untouched kinds with the CPU, memory, GPUs
         and model it needs. The pods expected to need them are those of the shapes whose hosts
         are among s's (they can go nowhere else), at their arrival rate (the workload's
-        frequency over the root of the GPU count, ``arrival_weight``) times the arrivals the
-        free GPUs still hold. When s's hosts are no more than that expectation plus its square
-        root (one standard deviation, as for Poisson arrivals), all of them are kept. On the
+        frequency) times the arrivals the free GPUs still hold. When s's hosts are no more than
+        that expectation plus its square root (one standard deviation, as for Poisson
+        arrivals), all of them are kept. On the
         openb multigpu50 variant the 39 nodes of 128 CPUs are the only hosts of the 120-CPU
         8-GPU pods, about 23 of which were still to come with 24 of those nodes untouched; 4-GPU
         pods that would strand a 96-CPU node's other GPUs opened them instead, and the first
@@ -591,10 +589,9 @@ class FragmentationIndex:
         self._kept, self._held_for, self._kept_key = kept, held_for, key
         if len(self.weights) != len(self.shapes) or not (self.s_gpus > 1).any():
             return kept
-        rate = self.weights / self.s_arrival
-        if rate.sum() <= 0:
+        if self.weights.sum() <= 0:
             return kept
-        rate = rate / rate.sum()
+        rate = self.weights / self.weights.sum()
         per_arrival = float((rate * self.s_units * self.s_gpus).sum())
         free = float(np.maximum(state.g_free, 0)[state.g_live].sum())
         arrivals = free / max(per_arrival, 1.0)

@@ -23,7 +23,6 @@ from fracgpu.placement.workload import (
     DEFAULT_MAX_TRACKED,
     Shape,
     WorkloadModel,
-    arrival_weight,
     shape_of,
 )
 
@@ -189,7 +188,7 @@ class ClusterView:
         shape = shape_of(demand)
         if shape is None:
             return
-        self._workload.observe(shape, arrival_weight(shape), demand.cpu_milli, demand.memory_mib)
+        self._workload.observe(shape, demand.cpu_milli, demand.memory_mib)
         if not self._fgd_fixed:
             self._fgd_workload.observe(fgd_task_type(demand, shape))
         seen = self._workload.observations

@@ -36,7 +36,7 @@ DEFAULT_MAX_TRACKED = 1024
 # frequency (so less common big shapes still make the typical set) and fewer shapes are scored.
 BUCKETS_PER_DOUBLING = 2
 _RESCALE_AT = 1e100
-# Multi-GPU shapes with at least this share of the (decayed, weighted) arrivals are typical
+# Multi-GPU shapes with at least this share of the (decayed) arrivals are typical
 # even beyond the coverage cut, at most this many of them.
 WIDE_MIN_SHARE = 1e-3
 MAX_WIDE_SHAPES = 8
@@ -75,18 +75,6 @@ def bucket(amount: int) -> int:
         return 0
     k = math.floor(math.log2(amount) * BUCKETS_PER_DOUBLING + 1e-9)
     return min(amount, math.floor(2 ** (k / BUCKETS_PER_DOUBLING)))
-
-
-def arrival_weight(shape: Shape) -> float:
-    """How many arrivals' worth of frequency one pod of ``shape`` adds: the square root of its
-    GPU count. A pod of g GPUs needs them free together on one node, which a policy that
-    weighs shapes by count alone lets small pods break up (on the openb trace the first
-    8-GPU pod was refused with the cluster 10-20 % full); weighing by the g GPUs it takes
-    over-protects whole nodes at the cost of the common one-GPU shapes. The root keeps both:
-    replayed on seed 42 of the default trace, count 95.30 % allocated at x = 100 and first
-    8-GPU refusal at 10 %; root 95.38 % and 97 % (best-fit's point); GPU count 94.96 % and 97 %.
-    """
-    return math.sqrt(shape.gpus) if shape.gpus > 1 else 1.0
 
 
 def shape_of(demand: PodDemand) -> Shape | None:
@@ -149,12 +137,13 @@ class WorkloadModel:
         self._increment = 1.0
         self.observations = 0
 
-    def observe(
-        self, shape: Shape, amount: float = 1.0, cpu_milli: int = 0, memory_mib: int = 0
-    ) -> None:
-        """Count one arrival of ``shape``, as ``amount`` arrivals' worth of frequency; the pod
-        asked ``cpu_milli`` and ``memory_mib`` (``shape`` holds them rounded down)."""
-        self._weights[shape] = self._weights.get(shape, 0.0) + amount * self._increment
+    def observe(self, shape: Shape, cpu_milli: int = 0, memory_mib: int = 0) -> None:
+        """Count one arrival of ``shape``; the pod asked ``cpu_milli`` and ``memory_mib``
+        (``shape`` holds them rounded down). Every pod counts once, whatever its GPU count:
+        weighing a pod of g GPUs by the root of g (as until the sixteenth session) kept whole
+        nodes when nothing else did, and cost allocation on every trace once the kept hosts,
+        their ranks and the hold did (benchmarks.md)."""
+        self._weights[shape] = self._weights.get(shape, 0.0) + self._increment
         largest = self._largest.get(shape)
         if largest is None or cpu_milli > largest[0] or memory_mib > largest[1]:
             old = largest or (0, 0)

@@ -18,7 +18,7 @@ from fracgpu.model import WHOLE_CARD
 from fracgpu.placement import PodDemand
 from fracgpu.placement.fragmentation import RATE_MARGIN, FragmentationIndex
 from fracgpu.placement.state import ClusterState
-from fracgpu.placement.workload import WorkloadModel, arrival_weight, shape_of
+from fracgpu.placement.workload import WorkloadModel, shape_of
 from tests.placement.helpers import container, node
 
 ONE = shape_of(PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=4000))
@@ -31,8 +31,7 @@ def ten_nodes(wide_rate: float, samples: float) -> tuple[ClusterState, Fragmenta
     for i in range(10):
         state.add_node(node(f"n{i}", 8, cpu_milli=96000, host_memory_mib=393216), split_count=4)
     index = FragmentationIndex()
-    # Frequencies are per arrival weight (``arrival_weight``): per pod, 1 - p and p.
-    typical = [(ONE, 1 - wide_rate), (EIGHT, wide_rate * arrival_weight(EIGHT))]
+    typical = [(ONE, 1 - wide_rate), (EIGHT, wide_rate)]
     index.set_workload(typical, state, samples=samples)
     return state, index
 
@@ -58,7 +57,7 @@ def test_the_margin_moves_with_the_samples_the_view_has_seen() -> None:
     state, index = ten_nodes(0.2, samples=100)
     kind = index.scarcity.row_kind[0]
     assert index.kept_for_demand(state)[kind]
-    index.set_workload([(ONE, 0.8), (EIGHT, 0.2 * arrival_weight(EIGHT))], state, samples=1e6)
+    index.set_workload([(ONE, 0.8), (EIGHT, 0.2)], state, samples=1e6)
     assert not index.kept_for_demand(state)[kind]
 
 

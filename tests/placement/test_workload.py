@@ -8,7 +8,6 @@ from fracgpu.placement.workload import (
     DEFAULT_MAX_TRACKED,
     Shape,
     WorkloadModel,
-    arrival_weight,
     bucket,
     shape_of,
 )
@@ -92,14 +91,14 @@ def _shape(demand: PodDemand) -> Shape:
     return shape
 
 
-def test_a_multi_gpu_pod_counts_the_root_of_its_gpu_count() -> None:
-    """Two one-GPU arrivals weigh as much as one 4-GPU arrival (sqrt 4 = 2)."""
+def test_every_pod_counts_once_whatever_its_gpu_count() -> None:
+    """One 4-GPU arrival weighs as much as one one-GPU arrival (FGD's frequency by count)."""
     model = WorkloadModel(coverage=1.0, half_life=10**9)
     one, four = _shape(share(100)), _shape(share(100, gpus=4))
-    for _ in range(2):
-        model.observe(one, arrival_weight(one))
-    model.observe(four, arrival_weight(four))
-    assert dict(model.typical()) == pytest.approx({one: 0.5, four: 0.5})
+    for _ in range(3):
+        model.observe(one)
+    model.observe(four)
+    assert dict(model.typical()) == pytest.approx({one: 0.75, four: 0.25})
 
 
 def test_typical_shapes_ask_the_most_cpu_and_memory_their_pods_asked() -> None:
@@ -109,8 +108,8 @@ def test_typical_shapes_ask_the_most_cpu_and_memory_their_pods_asked() -> None:
     demand = share(100, gpus=8, cpu_milli=88000, host_memory_mib=300000)
     shape = _shape(demand)
     assert shape.cpu_milli == 65536
-    model.observe(shape, 1.0, 88000, 300000)
-    model.observe(shape, 1.0, 70000, 310000)
+    model.observe(shape, 88000, 300000)
+    model.observe(shape, 70000, 310000)
     (typical, _), *_ = model.typical()
     assert (typical.cpu_milli, typical.memory_mib) == (88000, 310000)
 
@@ -121,7 +120,7 @@ def test_multi_gpu_shapes_stay_typical_past_the_coverage_cut() -> None:
     for _ in range(990):
         model.observe(small)
     for _ in range(3):  # 0.3 % of the arrivals
-        model.observe(whole_node, arrival_weight(whole_node))
+        model.observe(whole_node)
     assert [s.gpus for s, _ in model.typical()] == [1, 8]
     fgd_like = WorkloadModel(coverage=0.95, keep_wide=False)
     for _ in range(990):
