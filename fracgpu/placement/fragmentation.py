@@ -32,10 +32,12 @@ from fracgpu.placement.workload import Shape
 
 # Float noise below this (in units x frequency) is not a difference between candidates.
 TIE_TOLERANCE = 1e-7
-# Breaking into an untouched node costs this many GPUs times the frequency of multi-GPU shapes.
-WHOLE_NODE_PENALTY = 4.0
-# ...plus this many GPUs times how scarce its kind of node is (``scarcity``), whatever shapes
-# have been seen: the pods that need the scarce kind whole may not have come yet. With
+# Breaking into an untouched node costs this many GPUs times how scarce its kind of node is
+# (``scarcity``), whatever shapes have been seen: the pods that need the scarce kind whole may
+# not have come yet. (A second cost, 4 GPUs times the frequency of the multi-GPU shapes the
+# node could host, kept whole nodes before the kept hosts, their ranks and the hold did; with
+# those, it cost allocation on most traces: mixed-b 94.09 -> 95.91 without it, multigpu50
+# 97.15 -> 97.19; benchmarks.md, sixteenth session.) With
 # ln(U / D) alone 0.05 allocated most; with the model in the kind and the 1 / D part, 0.1
 # (0.05 and 0.1 tried, on the default trace and four derived ones).
 SCARCE_NODE_GPUS = 0.1
@@ -88,12 +90,13 @@ class FragmentationIndex:
         self,
         *,
         stranding: bool = True,
-        whole_node_penalty: float = WHOLE_NODE_PENALTY,
+        keep_whole_nodes: bool = True,
         model_rarity: float = MODEL_RARITY_GPUS,
         held_whole_nodes: int = 0,
     ) -> None:
         self.stranding = stranding
-        self.whole_node_penalty = whole_node_penalty
+        # The scarcity cost, the ranks and the hold (FGD has none of them).
+        self.keep_whole_nodes = keep_whole_nodes
         self.model_rarity = model_rarity
         self.held_whole_nodes = held_whole_nodes  # ``held_rows``; 0: none held
         self._samples = 0.0  # arrivals the frequencies rest on (``set_workload``)
@@ -235,7 +238,7 @@ class FragmentationIndex:
         if not self.shapes:
             return
         self._count(state)
-        if self.whole_node_penalty > 0:
+        if self.keep_whole_nodes:
             self.scarcity.rebuild(state)
         if self._classes_topology != state.topology_version:
             self._classes.rebuild(state)
@@ -304,7 +307,7 @@ class FragmentationIndex:
         # most decisions are answered from scores cached by class and read none.
         self._stale.add(row)
         self._classes.update_node(state, row, changed)
-        if self.whole_node_penalty > 0:
+        if self.keep_whole_nodes:
             self.scarcity.update_row(state, row)
 
     def _refresh(self, state: ClusterState) -> None:
@@ -430,7 +433,7 @@ class FragmentationIndex:
     ) -> FloatArray:
         """Usable capacity (weighted by frequency) each candidate would destroy.
         ``distinct``: no two candidates are in the same state (``representatives``).
-        ``scarce``: with the scarcity part of the opening cost (``scarcity_cost``); without
+        ``scarce``: with the cost of opening an untouched node (``scarcity_cost``); without
         it, what is left depends only on the candidate's node and GPU state and the workload,
         so it may be cached by class."""
         rows, pair_cand, slots = cands.rows, cands.pair_cand, cands.slots
@@ -475,7 +478,8 @@ class FragmentationIndex:
             if pair_cand is not None:
                 rare = np.bincount(pair_cand, weights=rare, minlength=n).astype(np.float64)
             lost = lost + rare
-        lost = self._opening_cost(lost, state, rows, scarce=scarce)
+        if scarce:
+            lost = lost + self.scarcity_cost(state, rows)
         return lost if expand is None else lost[expand.reshape(-1)]
 
     def node_loss_cpu_only(
@@ -496,43 +500,7 @@ class FragmentationIndex:
             cpu_milli / np.maximum(state.n_cpu_free[rows], 1),
             memory_mib / np.maximum(state.n_mem_free[rows], 1),
         )
-        return self._opening_cost(result, state, rows, share=np.minimum(share, 1.0))
-
-    def _opening_cost(
-        self,
-        lost: FloatArray,
-        state: ClusterState,
-        rows: IntArray,
-        *,
-        scarce: bool = True,
-        share: FloatArray | None = None,
-    ) -> FloatArray:
-        """``lost`` plus the cost of breaking into a node whose GPUs are all untouched, in GPUs:
-        ``whole_node_penalty`` times the frequency of the multi-GPU shapes that ask for no
-        more GPUs than the node has, plus (when ``scarce``) ``scarcity_cost`` (``share``: for
-        a pod without GPUs, the share of each node's free CPU or memory it takes). The
-        expected loss above counts what the typical shapes lose now; an untouched node is
-        also what a multi-GPU pod will need when it comes, the more often the more such pods
-        arrive (0 when none do). Whether a node is untouched, and how many GPUs it has,
-        depends only on its GPUs' state, so nodes of one class still score alike."""
-        if self.whole_node_penalty <= 0 or not len(self.weights):
-            return lost
-        wide_shapes = self.s_gpus > 1
-        result = lost
-        if self.weights[wide_shapes].sum() > 0:
-            capacity = state.n_unit_capacity[rows]
-            untouched = (state.n_free_units[rows] == capacity) & (capacity > 0)
-            # Only the shapes that ask for no more GPUs than the node has wait for it: a node
-            # of 2 GPUs costs the 2-GPU shapes' frequency, not the 8-GPU ones' too. (With
-            # every multi-GPU shape counted, pods that could run anywhere kept off 114 nodes
-            # of 2 T4s on mixed-b and filled the 8-GPU nodes instead.)
-            gpus_here = capacity // state.gpu_units
-            fits = self.s_gpus[wide_shapes][None, :] <= gpus_here[:, None]
-            wide = fits @ self.weights[wide_shapes]
-            result = result + self.whole_node_penalty * wide * state.gpu_units * untouched
-        if scarce:
-            result = result + self.scarcity_cost(state, rows, share=share)
-        return result
+        return result + self.scarcity_cost(state, rows, share=np.minimum(share, 1.0))
 
     def reserved(self, state: ClusterState, rows: IntArray, *, takes: bool = True) -> FloatArray:
         """Per row: ``LAST_OF_KIND_RANK`` where the pod would take from one of the last nodes
@@ -657,7 +625,7 @@ class FragmentationIndex:
 
     def scarce_costs_apply(self) -> bool:
         """Whether scores include ``scarcity_cost``."""
-        return self.whole_node_penalty > 0 and len(self.weights) > 0
+        return self.keep_whole_nodes and len(self.weights) > 0
 
     def scarce_cost_of_kind(self, state: ClusterState, kind_id: int) -> float:
         """``scarcity_cost`` of an untouched node of this kind (``ScarcityTable`` id)."""

@@ -95,7 +95,7 @@ class ClusterView:
             max_limited_extra=0,
             keep_wide=False,
         )
-        self._fgd = FragmentationIndex(stranding=False, whole_node_penalty=0.0, model_rarity=0.0)
+        self._fgd = FragmentationIndex(stranding=False, keep_whole_nodes=False, model_rarity=0.0)
         self._fgd_seen = 0
         self._fgd_fixed = False  # set_fgd_workload was called: observe leaves it alone
         for node in nodes:

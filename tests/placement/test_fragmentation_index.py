@@ -15,7 +15,6 @@ from fracgpu.placement.candidates import CandidateFinder
 from fracgpu.placement.fragmentation import (
     MODEL_RARITY_GPUS,
     SCARCE_NODE_GPUS,
-    WHOLE_NODE_PENALTY,
     FragmentationIndex,
 )
 from fracgpu.placement.scarcity import (
@@ -82,16 +81,15 @@ def test_lazy_recount_equals_a_fresh_index(
         assert np.array_equal(getattr(index, name), getattr(fresh, name)), name
 
 
-def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
+def test_opening_an_untouched_node_costs_by_the_scarcity_of_its_kind() -> None:
     """A one-GPU share scored on every GPU: candidates on untouched nodes lose
-    WHOLE_NODE_PENALTY x (frequency of the multi-GPU shapes that fit the node's GPU count: the
-    2-GPU shape on nodes of 2 and 3 GPUs, none on nodes of 1) GPUs more than without the
-    penalty, plus SCARCE_NODE_GPUS x (ln(U / D) + LAST_FEW x (1 / D - 1 / U)) for its kind (U
-    untouched nodes, D of them with at least its GPUs: CPU, memory and model are alike here);
-    those on a node already in use lose the same."""
+    SCARCE_NODE_GPUS x (ln(U / D) + LAST_FEW x (1 / D - 1 / U)) GPUs more than without that
+    cost, for their kind (U untouched nodes, D of them with at least its GPUs: CPU, memory and
+    model are alike here); those on a node already in use lose the same. FGD's index
+    (``keep_whole_nodes=False``) has no such cost."""
     state, index = counted(8)
     state.apply("n1", [GPUAllocation("n1-gpu0", 10, 0)], 0, 0, sign=1)  # n1 is in use
-    plain = FragmentationIndex(whole_node_penalty=0.0)
+    plain = FragmentationIndex(keep_whole_nodes=False)
     plain.shapes, plain.weights = index.shapes, index.weights
     plain.rebuild(state)
     index.rebuild(state)
@@ -99,8 +97,6 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     demand = share(10, 1024)
     cands = finder.find(demand)
     extra = index.loss(state, cands, 0, 0) - plain.loss(state, cands, 0, 0)
-    wide = float(index.weights[index.s_gpus > 1].sum())
-    assert wide > 0
     used = np.array([state.node_names[r] == "n1" for r in cands.rows])
     assert np.allclose(extra[used], 0.0)
     untouched_gpus = [i % 4 for i in range(8) if i % 4 > 0 and f"n{i}" != "n1"]
@@ -109,10 +105,10 @@ def test_opening_an_untouched_node_costs_by_the_multi_gpu_frequency() -> None:
     u = len(untouched_gpus)
     scarce = np.log(u / hosts) + LAST_FEW * (1 / hosts - 1 / u)
     assert scarce.max() > scarce.min()  # the 3-GPU nodes are scarcer than the 1-GPU ones
-    wide_here = wide * (gpus >= 2)
-    assert not wide_here.all()  # the 1-GPU nodes pay nothing for the 2-GPU shape
-    expected = (WHOLE_NODE_PENALTY * wide_here + SCARCE_NODE_GPUS * scarce) * state.gpu_units
-    assert np.allclose(extra[~used], expected)
+    assert np.allclose(extra[~used], SCARCE_NODE_GPUS * scarce * state.gpu_units)
+    # Without the scarcity part (the per-class cache's scores) nothing is added.
+    bare = index.loss(state, cands, 0, 0, scarce=False) - plain.loss(state, cands, 0, 0)
+    assert np.allclose(bare, 0.0)
 
 
 def test_a_new_typical_set_on_the_same_nodes_equals_a_fresh_index() -> None:
