@@ -46,7 +46,7 @@ def test_a_narrow_pod_that_fits_only_on_the_last_host_waits_and_says_why() -> No
     refused = view.place(ONE_GPU, Policy.FRAGMENTATION)
     assert isinstance(refused, NoFit)
     assert refused.reason is NoFitReason.NOT_NOW  # it waits in queue mode
-    for words in ("last 1 untouched node", "8 or more GPUs", "held_whole_nodes is 2"):
+    for words in ("last 1 untouched node", "8 or more GPUs", "held_whole_nodes is 3"):
         assert words in refused.message
     # The pods it is held for still take it, and a pod without GPUs may not drain its CPU.
     assert view.held_from(EIGHT_GPUS, Policy.FRAGMENTATION) == frozenset()

@@ -84,10 +84,11 @@ def test_fragmentation_opens_the_scarce_big_node_last() -> None:
     """Whole-node (8-GPU) pods are common. Only "big" has the CPUs for every 8-GPU shape; s1
     and s2 are the common kind. A one-GPU pod that fits any node alike (same usable capacity
     lost everywhere) must open a common node, not the one kind of node some whole-node pods
-    can only run on: without the scarcity cost it ties and goes to the first node, "big"."""
+    can only run on: without the scarcity cost it ties and goes to the first node, "big".
+    No hold: with three, every node of this cluster would be held from the one-GPU pod."""
     big = node("big", 8, cpu_milli=128000, host_memory_mib=786432)
     small = [node(f"s{i}", 8, cpu_milli=96000, host_memory_mib=393216) for i in (1, 2)]
-    view = ClusterView([big, *small])
+    view = ClusterView([big, *small], held_whole_nodes=0)
     whole_node = PodDemand((container("main", 100, WHOLE_CARD, gpus=8),), cpu_milli=88000)
     one_gpu = PodDemand((container("main", 100, WHOLE_CARD),), cpu_milli=12000)
     for _ in range(5):
@@ -108,8 +109,9 @@ def test_fragmentation_takes_the_last_node_of_a_kind_only_when_nothing_else_fits
     """A pod of 90 CPUs on s1 leaves 6 CPUs there and strands 7 or 8 GPUs of the usual
     shape; on "big" it strands none. That loss outweighs the cost of opening the scarce
     node, so without the reserve the pod opens "big", the last node of its kind. With it,
-    the pod goes to s1; a pod of 100 CPUs, which only "big" can host, still gets it."""
-    view = reserve_cluster()
+    the pod goes to s1; a pod of 100 CPUs, which only "big" can host, still gets it. (No
+    hold: with three, all three untouched nodes would be held from these pods.)"""
+    view = reserve_cluster(held_whole_nodes=0)
     containers = (container("main", 100, WHOLE_CARD),) * gpus
     fits_anywhere = PodDemand(containers, cpu_milli=90000)
     assert placed(view, fits_anywhere, Policy.FRAGMENTATION).node == "s1"

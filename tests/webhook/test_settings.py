@@ -9,6 +9,7 @@ import pytest
 
 from fracgpu.model import MemoryRequest
 from fracgpu.placement import Policy
+from fracgpu.placement.fragmentation import HELD_WHOLE_NODES
 from webhook import settings
 from webhook.cli import main as cli
 from webhook.cluster.apiclient import Endpoint
@@ -333,7 +334,7 @@ def test_a_misspelt_setting_variable_is_named_with_the_one_meant() -> None:
 
 
 def test_held_whole_nodes_is_bounded_and_0_turns_it_off() -> None:
-    assert parse([], {}).held_whole_nodes == 2
+    assert parse([], {}).held_whole_nodes == HELD_WHOLE_NODES == 3
     assert parse(["--held-whole-nodes", "0"], {}).held_whole_nodes == 0
     for bad in ("-1", "65"):
         with pytest.raises(settings.SettingsError, match="from 0 \\(hold none\\) to 64"):
