@@ -79,6 +79,13 @@ RATE_MARGIN = 2.0
 # gone: the first 8-GPU refusal later on 13 of 14 traces measured (the same on the last),
 # allocation down by 0.07 points at most (sixteenth session). 0 turns holding off.
 HELD_WHOLE_NODES = 3
+# ``_effective`` counts GPUs stranded for lack of CPU while the cluster's free CPU share is
+# at most this far below its free GPU share; past that, CPU binds everywhere and it judges by
+# FGD's "one pod fits" (``follow_binding``). Keeping a node's CPU for its own GPUs then only
+# moves CPU between GPU pods, and kept back large-CPU pods that use more CPU per GPU: on
+# cpu-heavy 2.5 77.23 -> 77.88 allocated (FGD 77.91), cpu300 85.72 -> 86.00; at 0, cpu250
+# lost 1.1 points; at 0.2 neither moved (benchmarks.md, sixteenth session).
+CPU_BINDS_MARGIN = 0.1
 # For a shape that needs none of a host resource, any node hosts plenty of such pods.
 _PLENTY = 1e9
 # floor(a * (1/b)) may land just below an exact integer quotient; nudge it up.
@@ -96,6 +103,9 @@ class FragmentationIndex:
         model_rarity: float = MODEL_RARITY_GPUS,
         held_whole_nodes: int = 0,
     ) -> None:
+        # Whether the stranding part of ``_effective`` may count, and whether it does now
+        # (``follow_binding``).
+        self.may_strand = stranding
         self.stranding = stranding
         # The scarcity cost, the ranks and the hold (FGD has none of them).
         self.keep_whole_nodes = keep_whole_nodes
@@ -162,6 +172,7 @@ class FragmentationIndex:
         """``typical``: shapes and frequencies; ``samples``: how many arrivals the frequencies
         rest on (``WorkloadModel.effective_observations``; 0: taken as exact)."""
         self._samples = samples
+        self.follow_binding(state)
         shapes = tuple(s for s, _ in typical)
         weights = np.array([w for _, w in typical], dtype=np.float64)
         if self._topology == state.topology_version and self.shapes and shapes != self.shapes:
@@ -178,6 +189,30 @@ class FragmentationIndex:
         wide = self.s_gpus[(self.s_gpus > 1) & (weights > 0)]
         self._reserve_gpus = int(wide.min()) if len(wide) else 0
         self.version += 1
+
+    def follow_binding(self, state: ClusterState) -> None:
+        """Count stranding (when ``may_strand``) unless the cluster's free CPU share is more
+        than ``CPU_BINDS_MARGIN`` below its free GPU share. Checked when the workload is
+        (every ``REFRESH_EVERY`` arrivals, ``view``): a change re-scores every class."""
+        if not self.may_strand:
+            return
+        live = state.n_live
+        cpu_total = float(state.n_cpu_total[live].sum())
+        gpu_total = float(state.n_unit_capacity[live].sum())
+        if cpu_total <= 0 or gpu_total <= 0:
+            return
+        cpu_free = float(state.n_cpu_free[live].sum()) / cpu_total
+        gpu_free = float(np.maximum(state.g_free, 0)[state.g_live].sum()) / gpu_total
+        strand = cpu_free + CPU_BINDS_MARGIN >= gpu_free
+        if strand == self.stranding:
+            return
+        self.stranding = strand
+        if self.shapes and self._topology == state.topology_version:
+            self._refresh(state)
+            self.effective_now = self._effective(
+                self.usable, self.pods, state.n_cpu_free, state.n_mem_free
+            )
+            self.version += 1
 
     def _recount_rarity(self, state: ClusterState) -> bool:
         """``g_rarity`` from the free compute now, when some model's moved by more than
