@@ -204,7 +204,7 @@ class FragmentationIndex:
         if cpu_total <= 0 or gpu_total <= 0:
             return
         cpu_free = float(state.n_cpu_free[live].sum()) / cpu_total
-        gpu_free = float(np.maximum(state.g_free, 0)[state.g_live].sum()) / gpu_total
+        gpu_free = free_units(state) / gpu_total
         strand = cpu_free + CPU_BINDS_MARGIN >= gpu_free
         if strand == self.stranding:
             return
@@ -600,7 +600,7 @@ class FragmentationIndex:
             return kept
         rate = self.weights / self.weights.sum()
         per_arrival = float((rate * self.s_units * self.s_gpus).sum())
-        free = float(np.maximum(state.g_free, 0)[state.g_live].sum())
+        free = free_units(state)
         arrivals = free / max(per_arrival, 1.0)
         untouched = table.untouched_kinds()
         hosts: dict[int, frozenset[int]] = {}
@@ -695,6 +695,11 @@ class FragmentationIndex:
             costs = log_part + (costs - log_part) * share
         result: FloatArray = SCARCE_NODE_GPUS * state.gpu_units * costs
         return result
+
+
+def free_units(state: ClusterState) -> float:
+    """Free compute units over the live GPUs (a GPU used past its capacity counts 0)."""
+    return float(np.maximum(state.g_free, 0)[state.g_live].sum())
 
 
 def free_model_rarity(state: ClusterState) -> FloatArray:
